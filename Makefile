@@ -1,0 +1,60 @@
+# hydrant's commands. `make run` serves the demo on the embedded store; `make test` runs what CI runs.
+# Both install what they need on a fresh Debian machine (as root).
+
+SHELL := /bin/bash
+ORT_DIR := $(CURDIR)/.ort/lib
+ORT_LIB := $(ORT_DIR)/libonnxruntime.so.1.31.1
+export ORT_DYLIB_PATH ?= $(ORT_LIB)
+CARGO ?= cargo
+BIN := target/release/hydrant
+DATA := data/hydrant.redb
+
+.PHONY: run test ort ort-gpu system-deps build demo-data lint fmt validate clean
+
+## run: build, load the demo rows into the embedded store, and serve on 127.0.0.1:8080
+run: ort build demo-data
+	$(BIN) serve
+
+## test: format and lint checks, then every test (unit and integration, with a real redis-server)
+test: system-deps ort
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --all-targets --workspace -- -D warnings
+	$(CARGO) test --workspace --all-targets 2>&1 | tee target/test.log; exit $${PIPESTATUS[0]}
+
+## ort: the ONNX Runtime 1.31.1 CPU library, from the official onnxruntime wheel on PyPI
+ort: $(ORT_LIB)
+$(ORT_LIB):
+	scripts/install-ort.sh cpu $(ORT_DIR)
+
+## ort-gpu: the onnxruntime-gpu wheel's libraries instead (CUDA provider beside libonnxruntime.so)
+ort-gpu:
+	scripts/install-ort.sh gpu $(ORT_DIR)
+
+## system-deps: tools the tests start for real (redis-server), installed from Debian when missing
+system-deps:
+	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust (https://rustup.rs) first" >&2; exit 1; }
+	@command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; }
+	@command -v python3 >/dev/null || { apt-get update -qq && apt-get install -y -qq python3 python3-pip >/dev/null; }
+
+build:
+	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust (https://rustup.rs) first" >&2; exit 1; }
+	$(CARGO) build --release --bin hydrant
+
+## demo-data: (re)load the demo feature rows into the embedded store
+demo-data: build
+	$(BIN) load --view user_profile demo/rows/user_profile.jsonl
+	$(BIN) load --view item_stats demo/rows/item_stats.jsonl
+
+## validate: check the schemas and model bindings, as a data team's CI would
+validate: ort build
+	$(BIN) validate
+
+lint:
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --all-targets --workspace -- -D warnings
+
+fmt:
+	$(CARGO) fmt --all
+
+clean:
+	rm -rf target data

@@ -1,0 +1,148 @@
+//! The HTTP API: routes, and handlers that decode the HTTP envelope, call one [`Gateway`] method, and answer.
+//! No cache, store or tensor logic lives here.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+use tower_http::catch_panic::CatchPanicLayer;
+
+use crate::error::ApiError;
+use crate::gateway::Gateway;
+
+/// Builds the router over `gw`.
+pub fn router(gw: Arc<Gateway>) -> Router {
+    let limits = gw.config.limits.clone();
+    Router::new()
+        .route("/v1/models/{model}/predict", post(predict))
+        .route("/v1/features", post(features))
+        .route("/v2/health/live", get(live))
+        .route("/v2/health/ready", get(ready))
+        .route("/v2/models/{model}", get(model_metadata))
+        .route("/v2/models/{model}/ready", get(model_ready))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(
+            limits.request_timeout,
+            timeout,
+        ))
+        .layer(DefaultBodyLimit::max(limits.max_body_bytes))
+        .layer(CatchPanicLayer::custom(|_| {
+            ApiError::Internal("a request handler panicked".to_owned()).into_response()
+        }))
+        .with_state(gw)
+}
+
+/// Answers 503 `deadline_exceeded` when a request outlives `limits.request_timeout`.
+async fn timeout(State(limit): State<Duration>, req: Request, next: Next) -> Response {
+    match tokio::time::timeout(limit, next.run(req)).await {
+        Ok(r) => r,
+        Err(_) => ApiError::Timeout(format!(
+            "the request took longer than the gateway's limit of {limit:?}"
+        ))
+        .into_response(),
+    }
+}
+
+fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
+    body.map_err(|r| {
+        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::TooLarge {
+                code: "body_too_large",
+                message: format!("the request body is larger than the limit of {limit} bytes"),
+                field: None,
+            }
+        } else {
+            ApiError::Malformed {
+                code: "invalid_body",
+                message: format!("cannot read the request body: {r}"),
+                field: None,
+            }
+        }
+    })
+}
+
+async fn predict(
+    State(gw): State<Arc<Gateway>>,
+    Path(model): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body_bytes(body, gw.config.limits.max_body_bytes)?;
+    gw.predict(&model, &headers, &body).await
+}
+
+async fn features(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body_bytes(body, gw.config.limits.max_body_bytes)?;
+    gw.features(&headers, &body).await
+}
+
+async fn live() -> StatusCode {
+    StatusCode::OK
+}
+
+async fn ready(State(gw): State<Arc<Gateway>>) -> Response {
+    if gw.ready.load(Relaxed) {
+        (StatusCode::OK, Json(json!({"ready": true}))).into_response()
+    } else {
+        ApiError::NotReady("the gateway is starting".to_owned()).into_response()
+    }
+}
+
+async fn model_metadata(State(gw): State<Arc<Gateway>>, Path(model): Path<String>) -> Response {
+    let Some(engine) = gw.engines.get(&model) else {
+        return (
+            StatusCode::NOT_FOUND,
+            Json(json!({"error": format!("model `{model}` is not registered")})),
+        )
+            .into_response();
+    };
+    let info = engine.info();
+    let m = engine.model();
+    Json(json!({
+        "name": m.name,
+        "versions": [m.version.to_string()],
+        "platform": "onnxruntime_onnx",
+        "inputs": [{"name": info.input_name, "datatype": "FP32", "shape": info.input_shape}],
+        "outputs": info.outputs.iter().map(|o| json!({"name": o.name, "datatype": "FP32", "shape": o.shape})).collect::<Vec<_>>(),
+        "parameters": {"device": info.device, "sessions": info.sessions, "binding_width": m.width},
+    }))
+    .into_response()
+}
+
+async fn model_ready(State(gw): State<Arc<Gateway>>, Path(model): Path<String>) -> Response {
+    if gw.engines.contains_key(&model) && gw.ready.load(Relaxed) {
+        (StatusCode::OK, Json(json!({"name": model, "ready": true}))).into_response()
+    } else if gw.engines.contains_key(&model) {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"name": model, "ready": false})),
+        )
+            .into_response()
+    } else {
+        (
+            StatusCode::NOT_FOUND,
+            Json(json!({"error": format!("model `{model}` is not registered")})),
+        )
+            .into_response()
+    }
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::NotFound {
+        code: "unknown_route",
+        message: format!("no route {} {}", req.method(), req.uri().path()),
+    }
+}

@@ -1,0 +1,161 @@
+//! Start-up and shutdown: builds a [`Gateway`] from a [`Config`] (schemas, store, cache, model sessions),
+//! binds the listener, and serves until a shutdown signal, draining in-flight requests.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+use anyhow::Context as _;
+use axum::Router;
+use tokio::net::TcpListener;
+
+use crate::cache::FeatureCache;
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::gateway::Gateway;
+use crate::hydrate::Hydrator;
+use crate::infer::{self, Engine};
+use crate::schema::Registry;
+use crate::store::{EmbeddedStore, Store};
+use crate::telemetry::Telemetry;
+
+/// The running model engines by name.
+pub type Engines = HashMap<String, Arc<Engine>>;
+
+/// A built gateway with its bound listener, ready to serve.
+pub struct Application {
+    listener: TcpListener,
+    router: Router,
+    gateway: Arc<Gateway>,
+}
+
+/// Opens the configured store: Redis when `store.redis.url` is set, else the embedded file.
+pub fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
+    if !config.store.redis.url.is_empty() {
+        anyhow::bail!("store.redis.url is set, but this build serves the embedded store only");
+    }
+    Ok(Arc::new(EmbeddedStore::open(&config.store.embedded.path)?))
+}
+
+/// Loads and validates the schemas, then starts every model's sessions (which checks each binding's width
+/// against its ONNX input).
+pub fn load_models(config: &Config) -> anyhow::Result<(Arc<Registry>, Engines)> {
+    let registry = Registry::load_dir(&config.registry.schemas, &config.registry.models)?;
+    let env = infer::runtime(&config.onnxruntime_library())?;
+    let mut engines = HashMap::new();
+    let mut names: Vec<_> = registry.models.keys().cloned().collect();
+    names.sort();
+    for name in names {
+        let model = registry.models[&name].clone();
+        engines.insert(
+            name,
+            Arc::new(Engine::start(env, model, &config.inference)?),
+        );
+    }
+    Ok((Arc::new(registry), engines))
+}
+
+impl Application {
+    pub async fn build(config: Config) -> anyhow::Result<Self> {
+        let store = open_store(&config)?;
+        Self::build_with_store(config, store, Clock::default()).await
+    }
+
+    /// Builds over a given store and clock (tests move the clock).
+    pub async fn build_with_store(
+        config: Config,
+        store: Arc<dyn Store>,
+        clock: Clock,
+    ) -> anyhow::Result<Self> {
+        let cfg = config.clone();
+        let (registry, engines) = tokio::task::spawn_blocking(move || load_models(&cfg))
+            .await
+            .context("model loading task failed")??;
+        let telemetry = Arc::new(Telemetry::default());
+        let cache = FeatureCache::new(
+            config.cache.max_bytes,
+            clock,
+            telemetry.clone(),
+            config.store.prefix.clone(),
+        );
+        let hydrator = Hydrator::new(store, cache, config.store.prefix.clone(), telemetry.clone());
+        let listener = TcpListener::bind(config.server.bind)
+            .await
+            .with_context(|| format!("cannot listen on {} (server.bind)", config.server.bind))?;
+        let gateway = Arc::new(Gateway {
+            config,
+            registry,
+            engines,
+            hydrator,
+            telemetry,
+            ready: AtomicBool::new(false),
+        });
+        let router = crate::api::router(gateway.clone());
+        gateway.ready.store(true, Relaxed);
+        Ok(Self {
+            listener,
+            router,
+            gateway,
+        })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.listener.local_addr().map(|a| a.port()).unwrap_or(0)
+    }
+
+    pub fn gateway(&self) -> Arc<Gateway> {
+        self.gateway.clone()
+    }
+
+    /// Serves until `shutdown` resolves, then stops accepting, and lets in-flight requests finish for up to
+    /// `server.shutdown_grace`.
+    pub async fn run_until_stopped(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let addr = self.listener.local_addr()?;
+        tracing::info!(%addr, "hydrant listening");
+        let grace = self.gateway.config.server.shutdown_grace;
+        let gateway = self.gateway.clone();
+        let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+        let server = axum::serve(self.listener, self.router).with_graceful_shutdown(async move {
+            shutdown.await;
+            gateway.ready.store(false, Relaxed);
+            tracing::info!("shutting down: draining in-flight requests");
+            let _ = stop_tx.send(true);
+        });
+        tokio::select! {
+            r = server => r,
+            _ = async move {
+                let _ = stop_rx.wait_for(|s| *s).await;
+                tokio::time::sleep(grace).await;
+            } => {
+                tracing::warn!(?grace, "shutdown grace period over with requests still in flight");
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}

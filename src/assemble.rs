@@ -1,0 +1,217 @@
+//! Stage `assemble`: turns hydrated features and the request context into the model's row-major input
+//! buffer, through each slot's transforms.
+//!
+//! A missing value (entity not found, null, outside `max_age`, store failure) takes the slot's
+//! `fill_missing` value when it has one, else the feature's declared default, before the transforms run.
+//! Transforms compute in f64 and the result is stored as f32. The buffer comes from the caller (a pool), so
+//! a request does not allocate its input.
+
+use crate::hydrate::Resolved;
+use crate::schema::{Model, Slot, Source, Transform};
+use crate::value::Value;
+
+/// FNV-1a, 64-bit: the documented, stable hash behind `hash_bucket`.
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// Fills `buf` with `rows` rows of `model.width` columns.
+///
+/// `views[i]` holds the resolutions of `model.views[i]`: one (shared by all rows) or one per row.
+/// `context[i]` is the request's value for `model.context[i]`, `None` when not sent.
+/// Returns, per slot, whether any row used a default or fill value.
+pub fn assemble(
+    model: &Model,
+    views: &[Vec<Resolved>],
+    context: &[Option<Value>],
+    rows: usize,
+    buf: &mut Vec<f32>,
+    defaulted: &mut Vec<bool>,
+) {
+    buf.clear();
+    buf.resize(rows * model.width, 0.0);
+    defaulted.clear();
+    defaulted.resize(model.slots.len(), false);
+    for (r, row) in buf.chunks_exact_mut(model.width).enumerate() {
+        for (si, slot) in model.slots.iter().enumerate() {
+            let raw = match slot.source {
+                Source::View { view, feature } => {
+                    let per_view = &views[view];
+                    let resolved = if per_view.len() == 1 {
+                        &per_view[0]
+                    } else {
+                        &per_view[r]
+                    };
+                    resolved.found().map(|f| &f.values[feature])
+                }
+                Source::Context { index } => context[index].as_ref(),
+            };
+            let value = match raw {
+                Some(v) if !v.is_null() => v,
+                _ => {
+                    defaulted[si] = true;
+                    slot.fill.as_ref().unwrap_or(&slot.default)
+                }
+            };
+            write_slot(slot, value, &mut row[slot.offset..slot.offset + slot.width]);
+        }
+    }
+}
+
+/// Applies `slot`'s transforms to `value`, writing `slot.width` numbers into `out`.
+pub fn write_slot(slot: &Slot, value: &Value, out: &mut [f32]) {
+    match value {
+        Value::Str(s) => {
+            // Validation guarantees a one_hot or hash_bucket turns the string into numbers.
+            let Some(at) = slot
+                .steps
+                .iter()
+                .position(|t| matches!(t, Transform::OneHot { .. } | Transform::HashBucket { .. }))
+            else {
+                out.fill(0.0);
+                return;
+            };
+            match &slot.steps[at] {
+                Transform::OneHot { vocabulary } => {
+                    for (o, word) in out.iter_mut().zip(vocabulary.iter()) {
+                        *o = if **word == **s { 1.0 } else { 0.0 };
+                    }
+                }
+                Transform::HashBucket { buckets } => {
+                    out[0] = (fnv1a64(s.as_bytes()) % buckets) as f32
+                }
+                _ => {}
+            }
+            let rest = &slot.steps[at + 1..];
+            if !rest.is_empty() {
+                for o in out.iter_mut() {
+                    *o = numeric(rest, f64::from(*o)) as f32;
+                }
+            }
+        }
+        Value::List(l) => {
+            for (o, x) in out.iter_mut().zip(l.iter()) {
+                *o = numeric(&slot.steps, f64::from(*x)) as f32;
+            }
+        }
+        Value::Bool(b) => out[0] = numeric(&slot.steps, if *b { 1.0 } else { 0.0 }) as f32,
+        Value::Int(i) => out[0] = numeric(&slot.steps, *i as f64) as f32,
+        Value::Float(f) => out[0] = numeric(&slot.steps, *f) as f32,
+        Value::Null => out.fill(0.0),
+    }
+}
+
+/// Runs the numeric steps on one number.
+fn numeric(steps: &[Transform], mut x: f64) -> f64 {
+    for t in steps {
+        x = match t {
+            Transform::Identity | Transform::OneHot { .. } | Transform::HashBucket { .. } => x,
+            Transform::Standardize { mean, std } => (x - mean) / std,
+            // Defined for counts and durations; negative inputs are clamped to 0 so the model never sees NaN.
+            Transform::Log1p => x.max(0.0).ln_1p(),
+            Transform::Clip { min, max } => x.clamp(*min, *max),
+            Transform::Bucketize { boundaries } => {
+                boundaries.iter().filter(|b| x >= **b).count() as f64
+            }
+        };
+    }
+    x
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::value::Dtype;
+
+    fn slot(dtype: Dtype, steps: Vec<Transform>, width: usize) -> Slot {
+        Slot {
+            label: "v:f".into(),
+            source: Source::Context { index: 0 },
+            dtype,
+            fill: None,
+            default: dtype.zero(),
+            steps,
+            offset: 0,
+            width,
+        }
+    }
+
+    fn run(s: &Slot, v: Value) -> Vec<f32> {
+        let mut out = vec![f32::NAN; s.width];
+        write_slot(s, &v, &mut out);
+        out
+    }
+
+    #[test]
+    fn fnv1a_matches_the_reference_values() {
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a64(b"brand_45") % 16, 8);
+    }
+
+    #[test]
+    fn transforms_compute_what_the_schema_language_documents() {
+        let s = slot(
+            Dtype::Int64,
+            vec![Transform::Standardize {
+                mean: 40.0,
+                std: 12.0,
+            }],
+            1,
+        );
+        assert_eq!(run(&s, Value::Int(52)), vec![1.0]);
+        let s = slot(Dtype::Float32, vec![Transform::Log1p], 1);
+        assert_eq!(run(&s, Value::Float(std::f64::consts::E - 1.0)), vec![1.0]);
+        assert_eq!(run(&s, Value::Float(-5.0)), vec![0.0]);
+        let s = slot(
+            Dtype::Float32,
+            vec![Transform::Clip { min: 0.0, max: 0.5 }],
+            1,
+        );
+        assert_eq!(run(&s, Value::Float(0.7)), vec![0.5]);
+        let s = slot(
+            Dtype::Int64,
+            vec![Transform::Bucketize {
+                boundaries: vec![10.0, 100.0],
+            }],
+            1,
+        );
+        assert_eq!(run(&s, Value::Int(9)), vec![0.0]);
+        assert_eq!(run(&s, Value::Int(10)), vec![1.0]);
+        assert_eq!(run(&s, Value::Int(1000)), vec![2.0]);
+        let s = slot(
+            Dtype::String,
+            vec![Transform::OneHot {
+                vocabulary: vec!["a".into(), "b".into(), "c".into()],
+            }],
+            3,
+        );
+        assert_eq!(run(&s, Value::Str("b".into())), vec![0.0, 1.0, 0.0]);
+        assert_eq!(run(&s, Value::Str("zz".into())), vec![0.0, 0.0, 0.0]);
+        let s = slot(
+            Dtype::String,
+            vec![Transform::HashBucket { buckets: 16 }],
+            1,
+        );
+        assert_eq!(run(&s, Value::Str("brand_45".into())), vec![8.0]);
+        let s = slot(
+            Dtype::Float32List(2),
+            vec![Transform::Clip {
+                min: -1.0,
+                max: 1.0,
+            }],
+            2,
+        );
+        assert_eq!(
+            run(&s, Value::List(vec![3.0, -0.5].into_boxed_slice())),
+            vec![1.0, -0.5]
+        );
+        let s = slot(Dtype::Bool, vec![], 1);
+        assert_eq!(run(&s, Value::Bool(true)), vec![1.0]);
+    }
+}

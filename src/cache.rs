@@ -1,0 +1,198 @@
+//! The in-process feature cache: one moka cache for all views, keyed by store key, bounded by bytes.
+//!
+//! Entries carry the time they were fetched; [`FeatureCache::lookup`] classifies them against the view's
+//! policy (fresh, past `refresh_after`, past `ttl` but within `max_staleness`). moka's own expiry is set to
+//! the longest an entry can still be useful, so memory stays bounded while the policy decisions stay here,
+//! testable with a [`Clock`] that tests move.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use moka::Expiry;
+use moka::notification::RemovalCause;
+
+use crate::clock::Clock;
+use crate::schema::Policy;
+use crate::telemetry::Telemetry;
+use crate::value::Value;
+
+/// A decoded record as cached.
+#[derive(Debug)]
+pub struct Found {
+    pub event_ts_ms: i64,
+    /// In the view's feature order, each already of its declared type or null.
+    pub values: Box<[Value]>,
+}
+
+/// What the cache holds for one key.
+#[derive(Debug)]
+pub struct Entry {
+    /// When the value was read from the store, on [`Clock::now_ms`].
+    pub fetched_at_ms: i64,
+    /// `None` caches "not found" (negative caching).
+    pub found: Option<Found>,
+    /// The store held a record that could not be decoded (cached like "not found", reported as `DEFAULTED`).
+    pub unreadable: bool,
+    /// How long moka keeps the entry: ttl + max_staleness, or negative_ttl.
+    keep: Duration,
+    weight: u32,
+}
+
+impl Entry {
+    pub fn new(fetched_at_ms: i64, found: Option<Found>, policy: &Policy, key_len: usize) -> Self {
+        let keep = if found.is_some() {
+            policy.ttl + policy.max_staleness
+        } else {
+            policy.negative_ttl
+        };
+        let values_bytes: usize = found.as_ref().map_or(0, |f| {
+            f.values
+                .iter()
+                .map(|v| {
+                    std::mem::size_of::<Value>()
+                        + match v {
+                            Value::Str(s) => s.len(),
+                            Value::List(l) => l.len() * 4,
+                            _ => 0,
+                        }
+                })
+                .sum()
+        });
+        // Key, entry, Arc and moka's per-entry bookkeeping (about 100 bytes).
+        let weight = key_len + std::mem::size_of::<Entry>() + values_bytes + 128;
+        Self {
+            fetched_at_ms,
+            found,
+            unreadable: false,
+            keep,
+            weight: u32::try_from(weight).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// An entry for a record that could not be decoded: cached for `negative_ttl`, so a bad hot key does not
+    /// hammer the store, and served as defaults.
+    pub fn unreadable(fetched_at_ms: i64, policy: &Policy, key_len: usize) -> Self {
+        Self {
+            unreadable: true,
+            ..Self::new(fetched_at_ms, None, policy, key_len)
+        }
+    }
+
+    pub fn weight(&self) -> u32 {
+        self.weight
+    }
+}
+
+/// How a cached entry stands against its view's policy.
+#[derive(Debug, Clone)]
+pub enum Lookup {
+    /// Younger than `refresh_after` (or `ttl` when no refresh is configured): serve it.
+    Fresh(Arc<Entry>),
+    /// Past `refresh_after`, younger than `ttl`: serve it and refresh in the background.
+    RefreshDue(Arc<Entry>),
+    /// Past `ttl`: fetch again; serve it only if the store fails and it is within `max_staleness`.
+    Expired(Arc<Entry>),
+    Absent,
+}
+
+struct Keep;
+
+impl Expiry<Box<str>, Arc<Entry>> for Keep {
+    fn expire_after_create(&self, _: &Box<str>, v: &Arc<Entry>, _: Instant) -> Option<Duration> {
+        Some(v.keep)
+    }
+    fn expire_after_update(
+        &self,
+        _: &Box<str>,
+        v: &Arc<Entry>,
+        _: Instant,
+        _: Option<Duration>,
+    ) -> Option<Duration> {
+        Some(v.keep)
+    }
+}
+
+#[derive(Clone)]
+pub struct FeatureCache {
+    inner: moka::sync::Cache<Box<str>, Arc<Entry>>,
+    clock: Clock,
+    telemetry: Arc<Telemetry>,
+}
+
+impl FeatureCache {
+    /// A cache holding at most `max_bytes` (by the entries' estimated size).
+    pub fn new(max_bytes: u64, clock: Clock, telemetry: Arc<Telemetry>, prefix: String) -> Self {
+        let listener_telemetry = telemetry.clone();
+        let inner = moka::sync::Cache::builder()
+            .max_capacity(max_bytes)
+            .weigher(|_k, v: &Arc<Entry>| v.weight)
+            .expire_after(Keep)
+            .eviction_listener(
+                move |k: Arc<Box<str>>, v: Arc<Entry>, _cause: RemovalCause| {
+                    // Every removal (expiry, eviction, replacement, invalidation) undoes one insert.
+                    if let Some(view) = crate::store::view_of_key(&prefix, &k) {
+                        listener_telemetry.view(view).removed(v.weight);
+                    }
+                },
+            )
+            .build();
+        Self {
+            inner,
+            clock,
+            telemetry,
+        }
+    }
+
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// Classifies the entry at `key` against `policy`.
+    pub fn lookup(&self, key: &str, policy: &Policy) -> Lookup {
+        let Some(e) = self.inner.get(key) else {
+            return Lookup::Absent;
+        };
+        let age = Duration::from_millis((self.clock.now_ms() - e.fetched_at_ms).max(0) as u64);
+        if e.found.is_none() {
+            return if age < policy.negative_ttl {
+                Lookup::Fresh(e)
+            } else {
+                Lookup::Absent
+            };
+        }
+        if age >= policy.ttl + policy.max_staleness {
+            Lookup::Absent
+        } else if age >= policy.ttl {
+            Lookup::Expired(e)
+        } else if policy.refresh_after.is_some_and(|r| age >= r) {
+            Lookup::RefreshDue(e)
+        } else {
+            Lookup::Fresh(e)
+        }
+    }
+
+    /// Stores an entry of `view` (accounted in that view's entries and bytes; the removal listener undoes it).
+    pub fn insert(&self, view: &str, key: Box<str>, entry: Arc<Entry>) {
+        self.telemetry.view(view).inserted(entry.weight);
+        self.inner.insert(key, entry);
+    }
+
+    /// Drops a key, e.g. after a write through hydrant or an invalidation message.
+    pub fn invalidate(&self, key: &str) {
+        self.inner.invalidate(key);
+    }
+
+    /// Drops everything (e.g. after a lost invalidation connection).
+    pub fn invalidate_all(&self) {
+        self.inner.invalidate_all();
+    }
+
+    pub fn entry_count(&self) -> u64 {
+        self.inner.entry_count()
+    }
+
+    /// Runs moka's pending maintenance (expiry, eviction listeners) now; for tests and stats.
+    pub fn run_pending_tasks(&self) {
+        self.inner.run_pending_tasks();
+    }
+}

@@ -1,0 +1,602 @@
+//! Stage `decode`: parses request bodies (JSON or MessagePack, by `Content-Type`) and checks them against the
+//! model's binding, producing the keys to hydrate and the typed context.
+//!
+//! Every mistake a caller can make maps to a 4xx that names the field: a wrong type
+//! (`candidates[3].item_id`), a missing entity, an unknown entity or context field, an empty or oversized
+//! candidate list, a key that is empty, too long or holds control characters.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use axum::http::{HeaderMap, header};
+use serde::Deserialize;
+use serde::de::{self, DeserializeOwned, Deserializer, Visitor};
+
+use crate::config::LimitsConfig;
+use crate::error::ApiError;
+use crate::schema::{Entity, Model, Registry, View};
+use crate::value::{Dtype, Value};
+
+/// A wire format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Json,
+    Msgpack,
+}
+
+impl Format {
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Self::Json => "application/json",
+            Self::Msgpack => "application/msgpack",
+        }
+    }
+
+    fn parse(mime: &str) -> Option<Self> {
+        let essence = mime
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        match essence.as_str() {
+            "application/json" => Some(Self::Json),
+            "application/msgpack" | "application/x-msgpack" | "application/vnd.msgpack" => {
+                Some(Self::Msgpack)
+            }
+            _ => None,
+        }
+    }
+
+    /// The request's format from `Content-Type` (absent means JSON).
+    pub fn of_request(headers: &HeaderMap) -> Result<Self, ApiError> {
+        match headers.get(header::CONTENT_TYPE) {
+            None => Ok(Self::Json),
+            Some(v) => {
+                let s = v.to_str().unwrap_or("");
+                Self::parse(s).ok_or_else(|| ApiError::UnsupportedMediaType(s.to_owned()))
+            }
+        }
+    }
+
+    /// The answer's format: the first supported type in `Accept`, else the request's format.
+    pub fn of_response(headers: &HeaderMap, request: Self) -> Self {
+        headers
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|a| a.split(',').find_map(Self::parse))
+            .unwrap_or(request)
+    }
+}
+
+/// Deserializes `body` in `format`, turning any failure into a 400 that names the field.
+pub fn parse_body<T: DeserializeOwned>(format: Format, body: &[u8]) -> Result<T, ApiError> {
+    let malformed = |code, message: String, path: String| ApiError::Malformed {
+        code,
+        message,
+        field: (!path.is_empty() && path != ".").then_some(path),
+    };
+    match format {
+        Format::Json => {
+            let mut de = serde_json::Deserializer::from_slice(body);
+            let v: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+                let path = e.path().to_string();
+                let inner = e.into_inner();
+                if inner.is_syntax() || inner.is_eof() {
+                    malformed(
+                        "invalid_json",
+                        format!("the body is not valid JSON: {inner}"),
+                        String::new(),
+                    )
+                } else {
+                    let msg = strip_position(&inner.to_string());
+                    malformed("invalid_field", field_message(&path, &msg), path)
+                }
+            })?;
+            de.end().map_err(|e| {
+                malformed(
+                    "invalid_json",
+                    format!("the body is not valid JSON: {e}"),
+                    String::new(),
+                )
+            })?;
+            Ok(v)
+        }
+        Format::Msgpack => {
+            let mut de = rmp_serde::Deserializer::from_read_ref(body);
+            serde_path_to_error::deserialize(&mut de).map_err(|e| {
+                let path = e.path().to_string();
+                let inner = e.into_inner();
+                match inner {
+                    rmp_serde::decode::Error::Syntax(m)
+                    | rmp_serde::decode::Error::Uncategorized(m) => {
+                        malformed("invalid_field", field_message(&path, &m), path)
+                    }
+                    other => malformed(
+                        "invalid_msgpack",
+                        format!("the body is not valid MessagePack: {other}"),
+                        String::new(),
+                    ),
+                }
+            })
+        }
+    }
+}
+
+fn strip_position(m: &str) -> String {
+    match m.rfind(" at line ") {
+        Some(i) => m[..i].to_owned(),
+        None => m.to_owned(),
+    }
+}
+
+fn field_message(path: &str, msg: &str) -> String {
+    if path.is_empty() || path == "." {
+        msg.to_owned()
+    } else {
+        format!("{path}: {msg}")
+    }
+}
+
+/// An entity key as sent: a string or an integer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EntityKey {
+    Str(String),
+    Int(i64),
+}
+
+impl<'de> Deserialize<'de> for EntityKey {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = EntityKey;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an entity key (a string or an integer)")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<EntityKey, E> {
+                Ok(EntityKey::Str(s.to_owned()))
+            }
+            fn visit_string<E: de::Error>(self, s: String) -> Result<EntityKey, E> {
+                Ok(EntityKey::Str(s))
+            }
+            fn visit_i64<E: de::Error>(self, i: i64) -> Result<EntityKey, E> {
+                Ok(EntityKey::Int(i))
+            }
+            fn visit_u64<E: de::Error>(self, u: u64) -> Result<EntityKey, E> {
+                i64::try_from(u)
+                    .map(EntityKey::Int)
+                    .map_err(|_| E::custom("entity key out of int64 range"))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// One key or a list of keys (`/v1/features`).
+#[derive(Debug, Clone)]
+pub struct EntityKeys(pub Vec<EntityKey>);
+
+impl<'de> Deserialize<'de> for EntityKeys {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = EntityKeys;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an entity key or a list of entity keys")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<EntityKeys, E> {
+                Ok(EntityKeys(vec![EntityKey::Str(s.to_owned())]))
+            }
+            fn visit_i64<E: de::Error>(self, i: i64) -> Result<EntityKeys, E> {
+                Ok(EntityKeys(vec![EntityKey::Int(i)]))
+            }
+            fn visit_u64<E: de::Error>(self, u: u64) -> Result<EntityKeys, E> {
+                EntityKey::deserialize(de::value::U64Deserializer::new(u))
+                    .map(|k| EntityKeys(vec![k]))
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<EntityKeys, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+                while let Some(k) = seq.next_element::<EntityKey>()? {
+                    out.push(k);
+                }
+                Ok(EntityKeys(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Options {
+    #[serde(default)]
+    pub return_features: bool,
+    #[serde(default = "yes")]
+    pub timings: bool,
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            return_features: false,
+            timings: true,
+            deadline_ms: None,
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `POST /v1/models/{model}/predict`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PredictRequest {
+    #[serde(default)]
+    pub entities: HashMap<String, EntityKey>,
+    #[serde(default)]
+    pub context: HashMap<String, Value>,
+    #[serde(default)]
+    pub candidates: Option<Vec<HashMap<String, EntityKey>>>,
+    #[serde(default)]
+    pub options: Options,
+}
+
+/// `POST /v1/features`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FeaturesRequest {
+    pub entities: HashMap<String, EntityKeys>,
+    /// `view` (all its features) or `view:feature`.
+    pub features: Vec<String>,
+    #[serde(default)]
+    pub options: Options,
+}
+
+/// What a predict request resolves to.
+#[derive(Debug)]
+pub struct Plan {
+    /// Output rows: the number of candidates, or 1.
+    pub rows: usize,
+    /// Per model view: one shared key, or one key per row.
+    pub keys: Vec<Vec<String>>,
+    /// Per model view: whether its keys come from the candidates (one per row).
+    pub per_row: Vec<bool>,
+    /// Per model context field: the value sent, typed; `None` when not sent.
+    pub context: Vec<Option<Value>>,
+}
+
+/// Checks a key against its entity and the limits, returning it as a string.
+pub fn key_string(
+    entity: &Entity,
+    key: &EntityKey,
+    field: &str,
+    limits: &LimitsConfig,
+) -> Result<String, ApiError> {
+    let s = match (entity.dtype, key) {
+        (Dtype::Int64, EntityKey::Int(i)) => i.to_string(),
+        (Dtype::Int64, EntityKey::Str(_)) => {
+            return Err(ApiError::invalid(
+                "invalid_entity_key",
+                field,
+                format!(
+                    "{field}: entity `{}` takes int64 keys, got a string",
+                    entity.name
+                ),
+            ));
+        }
+        (_, EntityKey::Int(_)) => {
+            return Err(ApiError::invalid(
+                "invalid_entity_key",
+                field,
+                format!(
+                    "{field}: entity `{}` takes string keys, got an integer",
+                    entity.name
+                ),
+            ));
+        }
+        (_, EntityKey::Str(s)) => s.clone(),
+    };
+    if s.is_empty() {
+        return Err(ApiError::invalid(
+            "invalid_entity_key",
+            field,
+            format!("{field}: the key is empty"),
+        ));
+    }
+    if s.len() > limits.max_key_bytes {
+        return Err(ApiError::invalid(
+            "invalid_entity_key",
+            field,
+            format!(
+                "{field}: the key is {} bytes, the limit is {}",
+                s.len(),
+                limits.max_key_bytes
+            ),
+        ));
+    }
+    if s.chars().any(char::is_control) {
+        return Err(ApiError::invalid(
+            "invalid_entity_key",
+            field,
+            format!("{field}: the key holds control characters"),
+        ));
+    }
+    Ok(s)
+}
+
+impl PredictRequest {
+    /// Resolves the request against `model`: which keys each view reads, and the typed context.
+    pub fn plan(&self, model: &Model, limits: &LimitsConfig) -> Result<Plan, ApiError> {
+        let candidates = self.candidates.as_deref();
+        if let Some(c) = candidates {
+            if c.is_empty() {
+                return Err(ApiError::invalid(
+                    "empty_candidates",
+                    "candidates",
+                    "candidates: expected at least one candidate (leave the field out to score the entities alone)",
+                ));
+            }
+            if c.len() > limits.max_candidates {
+                return Err(ApiError::TooLarge {
+                    code: "too_many_candidates",
+                    message: format!(
+                        "candidates: {} candidates, the limit is {}",
+                        c.len(),
+                        limits.max_candidates
+                    ),
+                    field: Some("candidates".to_owned()),
+                });
+            }
+        }
+        let used = |name: &str| model.views.iter().any(|v| v.entity.name == name);
+        let mut names: Vec<&String> = self.entities.keys().collect();
+        names.sort();
+        for name in names {
+            if !used(name) {
+                return Err(unknown_entity(model, &format!("entities.{name}"), name));
+            }
+        }
+        if let Some(c) = candidates {
+            for (i, cand) in c.iter().enumerate() {
+                for name in cand.keys() {
+                    if !used(name) {
+                        return Err(unknown_entity(
+                            model,
+                            &format!("candidates[{i}].{name}"),
+                            name,
+                        ));
+                    }
+                }
+            }
+        }
+        let mut rows = 1;
+        let mut keys = Vec::with_capacity(model.views.len());
+        let mut per_row = Vec::with_capacity(model.views.len());
+        for view in &model.views {
+            let (k, p) = self.view_keys(view, candidates, limits, &mut rows)?;
+            keys.push(k);
+            per_row.push(p);
+        }
+        let mut context = vec![None; model.context.len()];
+        let mut names: Vec<&String> = self.context.keys().collect();
+        names.sort();
+        for name in names {
+            let field = format!("context.{name}");
+            let Some(i) = model.context_index(name) else {
+                let known: Vec<_> = model.context.iter().map(|f| f.name.as_str()).collect();
+                return Err(ApiError::invalid(
+                    "unknown_context_field",
+                    &field,
+                    format!(
+                        "{field}: model `{}` takes no context field `{name}` (it takes: {})",
+                        model.name,
+                        known.join(", ")
+                    ),
+                ));
+            };
+            let v = model.context[i]
+                .dtype
+                .coerce(self.context[name].clone())
+                .map_err(|e| ApiError::invalid("invalid_field", &field, format!("{field}: {e}")))?;
+            context[i] = Some(v);
+        }
+        Ok(Plan {
+            rows,
+            keys,
+            per_row,
+            context,
+        })
+    }
+
+    fn view_keys(
+        &self,
+        view: &View,
+        candidates: Option<&[HashMap<String, EntityKey>]>,
+        limits: &LimitsConfig,
+        rows: &mut usize,
+    ) -> Result<(Vec<String>, bool), ApiError> {
+        let entity = &view.entity;
+        let in_candidates =
+            candidates.is_some_and(|c| c.iter().any(|m| m.contains_key(&entity.name)));
+        if let Some(k) = self.entities.get(&entity.name) {
+            if in_candidates {
+                return Err(ApiError::invalid(
+                    "ambiguous_entity",
+                    format!("entities.{}", entity.name),
+                    format!(
+                        "entity `{}` is given both in `entities` and in `candidates`: give it in one place",
+                        entity.name
+                    ),
+                ));
+            }
+            return Ok((
+                vec![key_string(
+                    entity,
+                    k,
+                    &format!("entities.{}", entity.name),
+                    limits,
+                )?],
+                false,
+            ));
+        }
+        match candidates {
+            Some(c) if in_candidates => {
+                let mut out = Vec::with_capacity(c.len());
+                for (i, cand) in c.iter().enumerate() {
+                    let field = format!("candidates[{i}].{}", entity.name);
+                    let k = cand.get(&entity.name).ok_or_else(|| {
+                        ApiError::invalid("missing_entity", &field, format!("{field}: every candidate needs a `{}` key (view `{}` is keyed by it)", entity.name, view.name))
+                    })?;
+                    out.push(key_string(entity, k, &field, limits)?);
+                }
+                *rows = c.len();
+                Ok((out, true))
+            }
+            _ => Err(ApiError::invalid(
+                "missing_entity",
+                format!("entities.{}", entity.name),
+                format!(
+                    "entities.{}: model needs entity `{}` for view `{}`: send it in `entities` (or per candidate in `candidates`)",
+                    entity.name, entity.name, view.name
+                ),
+            )),
+        }
+    }
+}
+
+fn unknown_entity(model: &Model, field: &str, name: &str) -> ApiError {
+    let mut known: Vec<_> = model.views.iter().map(|v| v.entity.name.as_str()).collect();
+    known.sort_unstable();
+    known.dedup();
+    ApiError::invalid(
+        "unknown_entity",
+        field,
+        format!(
+            "{field}: model `{}` uses no entity `{name}` (it uses: {})",
+            model.name,
+            known.join(", ")
+        ),
+    )
+}
+
+/// A resolved `/v1/features` request.
+#[derive(Debug)]
+pub struct FeaturesPlan {
+    /// The views to read, each with the keys of its entity and the features asked for (indexes).
+    pub views: Vec<(std::sync::Arc<View>, Vec<String>, Vec<usize>)>,
+}
+
+impl FeaturesRequest {
+    pub fn plan(
+        &self,
+        registry: &Registry,
+        limits: &LimitsConfig,
+    ) -> Result<FeaturesPlan, ApiError> {
+        if self.features.is_empty() {
+            return Err(ApiError::invalid(
+                "invalid_field",
+                "features",
+                "features: expected at least one `view` or `view:feature`",
+            ));
+        }
+        let total: usize = self.entities.values().map(|k| k.0.len()).sum();
+        if total > limits.max_entities {
+            return Err(ApiError::TooLarge {
+                code: "too_many_entities",
+                message: format!(
+                    "entities: {total} keys, the limit is {}",
+                    limits.max_entities
+                ),
+                field: Some("entities".to_owned()),
+            });
+        }
+        let mut views: Vec<(std::sync::Arc<View>, Vec<String>, Vec<usize>)> = Vec::new();
+        for (i, name) in self.features.iter().enumerate() {
+            let field = format!("features[{i}]");
+            let (vname, fname) = match name.split_once(':') {
+                Some((v, f)) => (v, Some(f)),
+                None => (name.as_str(), None),
+            };
+            let Some(view) = registry.views.get(vname) else {
+                let mut known: Vec<_> = registry.views.keys().map(String::as_str).collect();
+                known.sort_unstable();
+                return Err(ApiError::invalid(
+                    "unknown_view",
+                    &field,
+                    format!(
+                        "{field}: no view `{vname}` is registered (views: {})",
+                        known.join(", ")
+                    ),
+                ));
+            };
+            let idx = match views.iter().position(|(v, _, _)| v.name == vname) {
+                Some(idx) => idx,
+                None => {
+                    let entity = &view.entity;
+                    let keys = self.entities.get(&entity.name).ok_or_else(|| {
+                        ApiError::invalid(
+                            "missing_entity",
+                            format!("entities.{}", entity.name),
+                            format!(
+                                "entities.{}: view `{vname}` is keyed by `{}`: send its keys",
+                                entity.name, entity.name
+                            ),
+                        )
+                    })?;
+                    if keys.0.is_empty() {
+                        return Err(ApiError::invalid(
+                            "missing_entity",
+                            format!("entities.{}", entity.name),
+                            format!("entities.{}: expected at least one key", entity.name),
+                        ));
+                    }
+                    let mut ks = Vec::with_capacity(keys.0.len());
+                    for (j, k) in keys.0.iter().enumerate() {
+                        ks.push(key_string(
+                            entity,
+                            k,
+                            &format!("entities.{}[{j}]", entity.name),
+                            limits,
+                        )?);
+                    }
+                    views.push((view.clone(), ks, Vec::new()));
+                    views.len() - 1
+                }
+            };
+            let wanted = &mut views[idx].2;
+            match fname {
+                None => wanted.extend(0..view.features.len()),
+                Some(f) => {
+                    let fi = view.feature_index(f).ok_or_else(|| {
+                        ApiError::invalid(
+                            "unknown_feature",
+                            &field,
+                            format!("{field}: view `{vname}` has no feature `{f}`"),
+                        )
+                    })?;
+                    wanted.push(fi);
+                }
+            }
+        }
+        for (_, _, wanted) in &mut views {
+            let mut seen = std::collections::HashSet::new();
+            wanted.retain(|i| seen.insert(*i));
+        }
+        let mut names: Vec<&String> = self.entities.keys().collect();
+        names.sort();
+        for name in names {
+            if !views.iter().any(|(v, _, _)| &v.entity.name == name) {
+                return Err(ApiError::invalid(
+                    "unknown_entity",
+                    format!("entities.{name}"),
+                    format!("entities.{name}: none of the requested views is keyed by `{name}`"),
+                ));
+            }
+        }
+        Ok(FeaturesPlan { views })
+    }
+}

@@ -1,0 +1,162 @@
+//! The HTTP edge's one error type and its one mapping to status codes and the error body
+//! `{"error": {"code", "message", "field"}}`.
+//!
+//! Client mistakes name the field and what was expected; internal failures answer a generic message and log
+//! the full cause.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use crate::infer::InferError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The body is not valid JSON/MessagePack, or a field has the wrong type.
+    #[error("{message}")]
+    Malformed {
+        code: &'static str,
+        message: String,
+        field: Option<String>,
+    },
+    /// Well-formed but not acceptable: a missing entity, an unknown context field, an empty list...
+    #[error("{message}")]
+    Invalid {
+        code: &'static str,
+        message: String,
+        field: Option<String>,
+    },
+    #[error("{message}")]
+    NotFound { code: &'static str, message: String },
+    #[error("{message}")]
+    TooLarge {
+        code: &'static str,
+        message: String,
+        field: Option<String>,
+    },
+    #[error("unsupported content type `{0}`: send `application/json` or `application/msgpack`")]
+    UnsupportedMediaType(String),
+    /// Load shed: the model's queue is full.
+    #[error("{0}")]
+    Overloaded(String),
+    /// The request's deadline or the gateway's request timeout passed.
+    #[error("{0}")]
+    Timeout(String),
+    #[error("{0}")]
+    NotReady(String),
+    /// A bug or an unexpected failure: logged with its cause, answered generically.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    error: Detail<'a>,
+}
+
+#[derive(Serialize)]
+struct Detail<'a> {
+    code: &'a str,
+    message: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    field: Option<&'a str>,
+}
+
+impl ApiError {
+    pub fn invalid(
+        code: &'static str,
+        field: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        Self::Invalid {
+            code,
+            message: message.into(),
+            field: Some(field.into()),
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::Malformed { .. } | Self::Invalid { .. } => StatusCode::BAD_REQUEST,
+            Self::NotFound { .. } => StatusCode::NOT_FOUND,
+            Self::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::Overloaded(_) | Self::Timeout(_) | Self::NotReady(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Malformed { code, .. }
+            | Self::Invalid { code, .. }
+            | Self::NotFound { code, .. }
+            | Self::TooLarge { code, .. } => code,
+            Self::UnsupportedMediaType(_) => "unsupported_media_type",
+            Self::Overloaded(_) => "overloaded",
+            Self::Timeout(_) => "deadline_exceeded",
+            Self::NotReady(_) => "not_ready",
+            Self::Internal(_) => "internal",
+        }
+    }
+
+    fn field(&self) -> Option<&str> {
+        match self {
+            Self::Malformed { field, .. }
+            | Self::Invalid { field, .. }
+            | Self::TooLarge { field, .. } => field.as_deref(),
+            _ => None,
+        }
+    }
+}
+
+impl From<InferError> for ApiError {
+    fn from(e: InferError) -> Self {
+        match e {
+            InferError::QueueFull(_) => Self::Overloaded(e.to_string()),
+            InferError::Expired(_) => Self::Timeout(e.to_string()),
+            InferError::Closed(_) => Self::NotReady(e.to_string()),
+            InferError::Runtime(_) | InferError::Load { .. } | InferError::Run { .. } => {
+                Self::Internal(e.to_string())
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let internal;
+        let message = match &self {
+            Self::Internal(cause) => {
+                tracing::error!(cause = %cause, "internal error");
+                internal = "internal error; the cause is in the gateway's log".to_owned();
+                &internal
+            }
+            other => {
+                internal = other.to_string();
+                &internal
+            }
+        };
+        let body = Body {
+            error: Detail {
+                code: self.code(),
+                message,
+                field: self.field(),
+            },
+        };
+        let bytes = serde_json::to_vec(&body).unwrap_or_default();
+        let mut resp = (status, bytes).into_response();
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        resp
+    }
+}

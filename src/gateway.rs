@@ -1,0 +1,277 @@
+//! The core of a request: runs the stages in order (decode, hydrate, assemble, queue + infer, postprocess,
+//! encode), timing each. HTTP handlers call [`Gateway::predict`] and [`Gateway::features`] and nothing else.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use axum::http::HeaderMap;
+use axum::response::Response;
+use serde::Serialize;
+
+use crate::assemble::assemble;
+use crate::config::Config;
+use crate::decode::{FeaturesRequest, Format, PredictRequest, parse_body};
+use crate::encode::{BodyWriter, TimingsBody, respond};
+use crate::error::ApiError;
+use crate::hydrate::{Hydrator, Status};
+use crate::infer::Engine;
+use crate::postprocess::{FeatureStatus, InputRows, Outputs, defaulted};
+use crate::schema::{Model, Registry};
+use crate::telemetry::{Stage, Telemetry, Timings, us_since};
+use crate::value::Value;
+
+/// Everything a request needs, shared by all requests.
+pub struct Gateway {
+    pub config: Config,
+    pub registry: Arc<Registry>,
+    pub engines: HashMap<String, Arc<Engine>>,
+    pub hydrator: Arc<Hydrator>,
+    pub telemetry: Arc<Telemetry>,
+    /// False until models are loaded (and, with warm start, the cache is warm).
+    pub ready: AtomicBool,
+}
+
+impl Gateway {
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Relaxed)
+    }
+
+    fn deadline(&self, started: Instant, deadline_ms: Option<u64>) -> Instant {
+        let limit = self.config.limits.request_timeout;
+        let d = deadline_ms.map_or(limit, |ms| Duration::from_millis(ms).min(limit));
+        started + d
+    }
+
+    fn engine(&self, model: &str) -> Result<&Arc<Engine>, ApiError> {
+        self.engines.get(model).ok_or_else(|| {
+            let mut known: Vec<_> = self.engines.keys().map(String::as_str).collect();
+            known.sort_unstable();
+            ApiError::NotFound {
+                code: "unknown_model",
+                message: format!(
+                    "no model `{model}` is registered (models: {})",
+                    known.join(", ")
+                ),
+            }
+        })
+    }
+
+    /// `POST /v1/models/{model}/predict`.
+    pub async fn predict(
+        &self,
+        model: &str,
+        headers: &HeaderMap,
+        body: &[u8],
+    ) -> Result<Response, ApiError> {
+        let started = Instant::now();
+        let engine = self.engine(model)?;
+        let stats = self.telemetry.model(model);
+        let result = self.run_predict(engine, headers, body, started).await;
+        if result.is_err() {
+            stats.errors.fetch_add(1, Relaxed);
+        }
+        result
+    }
+
+    async fn run_predict(
+        &self,
+        engine: &Arc<Engine>,
+        headers: &HeaderMap,
+        body: &[u8],
+        started: Instant,
+    ) -> Result<Response, ApiError> {
+        let model: &Arc<Model> = engine.model();
+        let mut t = Timings::default();
+
+        // decode
+        let format = Format::of_request(headers)?;
+        let answer = Format::of_response(headers, format);
+        let req: PredictRequest = parse_body(format, body)?;
+        let plan = req.plan(model, &self.config.limits)?;
+        let deadline = self.deadline(started, req.options.deadline_ms);
+        t.set(Stage::Decode, us_since(started));
+
+        // hydrate
+        let s = Instant::now();
+        let lookups: Vec<_> = model
+            .views
+            .iter()
+            .zip(&plan.keys)
+            .map(|(v, k)| (v, k.as_slice()))
+            .collect();
+        let hydrated = self.hydrator.hydrate(&lookups, deadline).await;
+        t.set(Stage::Hydrate, us_since(s));
+
+        // assemble
+        let s = Instant::now();
+        let mut buf = engine.take_buffer();
+        let mut flags = Vec::new();
+        assemble(
+            model,
+            &hydrated.views,
+            &plan.context,
+            plan.rows,
+            &mut buf,
+            &mut flags,
+        );
+        t.set(Stage::Assemble, us_since(s));
+
+        // queue + infer
+        let out = engine.infer(plan.rows, buf, deadline).await?;
+        t.set(Stage::Queue, out.queue_us);
+        t.set(Stage::Infer, out.infer_us);
+
+        // postprocess
+        let s = Instant::now();
+        let outputs = Outputs {
+            model,
+            values: &out.outputs,
+        };
+        let status = FeatureStatus {
+            model,
+            views: &hydrated.views,
+            per_row: &plan.per_row,
+        };
+        let defaulted = defaulted(model, &flags);
+        t.set(Stage::Postprocess, us_since(s));
+
+        // encode
+        let s = Instant::now();
+        let fields = 6
+            + u32::from(!defaulted.is_empty())
+            + u32::from(req.options.return_features)
+            + u32::from(req.options.timings);
+        let mut w = BodyWriter::new(answer, fields, 256 + plan.rows * 16);
+        w.field("model", &model.name);
+        w.field("model_version", &model.version);
+        w.field("outputs", &outputs);
+        w.field("degraded", &hydrated.degraded);
+        w.field("feature_status", &status);
+        if !defaulted.is_empty() {
+            w.field("defaulted", &defaulted);
+        }
+        w.field("cache", &hydrated.cache);
+        if req.options.return_features {
+            w.field(
+                "features",
+                &InputRows {
+                    width: model.width,
+                    data: &out.input,
+                },
+            );
+        }
+        t.set(Stage::Encode, us_since(s));
+        t.total_us = us_since(started);
+        if req.options.timings {
+            w.field("timings_us", &TimingsBody::from(&t));
+        }
+        let body = w.finish();
+        engine.give_buffer(out.input);
+        self.telemetry.model(&model.name).record(&t, plan.rows);
+        Ok(respond(answer, body, &t))
+    }
+
+    /// `POST /v1/features`: features only, no model. Values are what a model would be served (defaults
+    /// where missing); `statuses` say why.
+    pub async fn features(&self, headers: &HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
+        let started = Instant::now();
+        let mut t = Timings::default();
+        let format = Format::of_request(headers)?;
+        let answer = Format::of_response(headers, format);
+        let req: FeaturesRequest = parse_body(format, body)?;
+        let plan = req.plan(&self.registry, &self.config.limits)?;
+        let deadline = self.deadline(started, req.options.deadline_ms);
+        t.set(Stage::Decode, us_since(started));
+
+        let s = Instant::now();
+        let lookups: Vec<_> = plan
+            .views
+            .iter()
+            .map(|(v, k, _)| (v, k.as_slice()))
+            .collect();
+        let hydrated = self.hydrator.hydrate(&lookups, deadline).await;
+        t.set(Stage::Hydrate, us_since(s));
+
+        let s = Instant::now();
+        let mut columns: Vec<(String, Column)> = Vec::new();
+        for ((view, _, wanted), resolved) in plan.views.iter().zip(&hydrated.views) {
+            for &fi in wanted {
+                let feature = &view.features[fi];
+                let mut col = Column {
+                    values: Vec::with_capacity(resolved.len()),
+                    statuses: Vec::with_capacity(resolved.len()),
+                };
+                for r in resolved {
+                    let (v, st) = match r.found() {
+                        Some(f) if !f.values[fi].is_null() => {
+                            (f.values[fi].clone(), r.status.into())
+                        }
+                        Some(_) => (feature.default.clone(), FeatureStatusName::NullValue),
+                        None => (feature.default.clone(), r.status.into()),
+                    };
+                    col.values.push(v);
+                    col.statuses.push(st);
+                }
+                columns.push((format!("{}:{}", view.name, feature.name), col));
+            }
+        }
+        t.set(Stage::Postprocess, us_since(s));
+
+        let s = Instant::now();
+        let mut w = BodyWriter::new(answer, 3 + u32::from(req.options.timings), 256);
+        w.field("features", &ColumnsBody(&columns));
+        w.field("degraded", &hydrated.degraded);
+        w.field("cache", &hydrated.cache);
+        t.set(Stage::Encode, us_since(s));
+        t.total_us = us_since(started);
+        if req.options.timings {
+            w.field("timings_us", &TimingsBody::from(&t));
+        }
+        Ok(respond(answer, w.finish(), &t))
+    }
+}
+
+/// A feature-level status: the entity's, or `NULL_VALUE` for a null in a present record.
+#[derive(Debug, Clone, Copy, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+enum FeatureStatusName {
+    Present,
+    NotFound,
+    NullValue,
+    OutsideMaxAge,
+    Stale,
+    Defaulted,
+}
+
+impl From<Status> for FeatureStatusName {
+    fn from(s: Status) -> Self {
+        match s {
+            Status::Present => Self::Present,
+            Status::NotFound => Self::NotFound,
+            Status::OutsideMaxAge => Self::OutsideMaxAge,
+            Status::Stale => Self::Stale,
+            Status::Defaulted => Self::Defaulted,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Column {
+    values: Vec<Value>,
+    statuses: Vec<FeatureStatusName>,
+}
+
+struct ColumnsBody<'a>(&'a [(String, Column)]);
+
+impl Serialize for ColumnsBody<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in self.0 {
+            m.serialize_entry(k, v)?;
+        }
+        m.end()
+    }
+}

@@ -1,0 +1,544 @@
+//! Stages `queue` and `infer`: a per-model pool of ONNX Runtime sessions on dedicated threads, fed by a
+//! bounded queue that micro-batches the rows of concurrent requests.
+//!
+//! `Session::run` needs `&mut Session` and blocks for the whole forward pass, so each session lives on its
+//! own OS thread and the async executor only ever awaits a oneshot reply. A worker takes the first queued
+//! request and then whatever else is already queued, up to `max_batch_rows` (waiting up to `max_delay_us`
+//! for company only when that is configured, as Triton's dynamic batcher does), runs them as one batch, and
+//! hands each request exactly its own rows back.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender, TryRecvError, TrySendError};
+use crossbeam_queue::ArrayQueue;
+use ort::environment::Environment;
+use ort::session::Session;
+use ort::session::builder::GraphOptimizationLevel;
+use ort::value::{TensorElementType, TensorRef, ValueType};
+use tokio::sync::oneshot;
+
+use crate::config::InferenceConfig;
+use crate::schema::{DeviceKind, Model};
+
+/// Why inference could not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum InferError {
+    #[error("{0}")]
+    Runtime(String),
+    #[error("model `{model}` ({}): {message}", path.display())]
+    Load {
+        model: String,
+        path: PathBuf,
+        message: String,
+    },
+    #[error("the inference queue of model `{0}` is full")]
+    QueueFull(String),
+    #[error("the request's deadline passed while it waited in the queue of model `{0}`")]
+    Expired(String),
+    #[error("model `{0}` is shutting down")]
+    Closed(String),
+    #[error("ONNX Runtime failed running model `{model}`: {message}")]
+    Run { model: String, message: String },
+}
+
+static ENVIRONMENT: OnceLock<Result<Environment, String>> = OnceLock::new();
+
+/// Loads ONNX Runtime from `library` and creates the process's one environment (ONNX Runtime allows one
+/// per process; later calls return the first result whatever path they name).
+pub fn runtime(library: &Path) -> Result<&'static Environment, InferError> {
+    let env = ENVIRONMENT.get_or_init(|| {
+        if !library.exists() {
+            return Err(format!(
+                "ONNX Runtime library not found at {}: run `make ort` (installs onnxruntime 1.31.1 from its PyPI wheel into .ort/) or set ORT_DYLIB_PATH to libonnxruntime.so",
+                library.display()
+            ));
+        }
+        let builder = ort::init_from(library).map_err(|e| {
+            format!(
+                "cannot load ONNX Runtime from {}: {e}. hydrant needs onnxruntime 1.31.x: run `make ort` or set ORT_DYLIB_PATH",
+                library.display()
+            )
+        })?;
+        builder
+            .with_name("hydrant")
+            .with_telemetry(false)
+            .build()
+            .map_err(|e| format!("cannot create the ONNX Runtime environment: {e}"))
+    });
+    env.as_ref().map_err(|e| InferError::Runtime(e.clone()))
+}
+
+/// A model output as served: its name and the numbers per row.
+#[derive(Debug, Clone)]
+pub struct OutputInfo {
+    pub name: String,
+    /// Numbers per row (1 for `[batch]` or `[batch, 1]`), when the model says; `None` for dynamic.
+    pub width: Option<usize>,
+    pub shape: Vec<i64>,
+}
+
+/// What the loaded ONNX file declares, checked against the binding.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    pub input_name: String,
+    pub input_shape: Vec<i64>,
+    pub outputs: Vec<OutputInfo>,
+    /// `cpu` or `cuda`: where the sessions actually run.
+    pub device: &'static str,
+    pub sessions: usize,
+}
+
+/// The rows one request gets back.
+#[derive(Debug)]
+pub struct InferOutput {
+    /// Per requested output (in the binding's order): numbers per row, and `rows × width` numbers.
+    pub outputs: Vec<(usize, Vec<f32>)>,
+    /// The input buffer, for reuse.
+    pub input: Vec<f32>,
+    pub queue_us: u64,
+    pub infer_us: u64,
+    /// Rows in the batch this request ran in (its own and others').
+    pub batch_rows: usize,
+}
+
+struct Job {
+    rows: usize,
+    input: Vec<f32>,
+    enqueued: Instant,
+    deadline: Instant,
+    reply: oneshot::Sender<Result<InferOutput, InferError>>,
+}
+
+/// The running sessions of one model.
+pub struct Engine {
+    model: Arc<Model>,
+    info: ModelInfo,
+    tx: Option<Sender<Job>>,
+    workers: Vec<JoinHandle<()>>,
+    depth: Arc<AtomicUsize>,
+    buffers: ArrayQueue<Vec<f32>>,
+}
+
+impl Engine {
+    /// Loads the model into its session pool and starts the workers. Fails, naming the file, when the file
+    /// is missing or not ONNX, when the binding does not fit the model's input, or when the device cannot be
+    /// used.
+    pub fn start(
+        env: &Environment,
+        model: Arc<Model>,
+        cfg: &InferenceConfig,
+    ) -> Result<Self, InferError> {
+        let load_err = |message: String| InferError::Load {
+            model: model.name.clone(),
+            path: model.path.clone(),
+            message,
+        };
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let n = model.sessions.unwrap_or(if cfg.default_sessions == 0 {
+            (cores / cfg.intra_threads.max(1)).max(1)
+        } else {
+            cfg.default_sessions
+        });
+        let mut sessions = Vec::with_capacity(n);
+        let mut device = "cpu";
+        for _ in 0..n {
+            let (s, d) = open_session(env, &model, cfg.intra_threads).map_err(load_err)?;
+            device = d;
+            sessions.push(s);
+        }
+        let info = inspect(&sessions[0], &model, device, n).map_err(load_err)?;
+        let (tx, rx) = crossbeam_channel::bounded::<Job>(cfg.max_queue);
+        let depth = Arc::new(AtomicUsize::new(0));
+        let mut workers = Vec::with_capacity(n);
+        for (i, session) in sessions.into_iter().enumerate() {
+            let worker = Worker {
+                model: model.clone(),
+                info: info.clone(),
+                rx: rx.clone(),
+                depth: depth.clone(),
+                session,
+                batch: Vec::new(),
+            };
+            let handle = std::thread::Builder::new()
+                .name(format!("infer-{}-{i}", model.name))
+                .spawn(move || worker.run())
+                .map_err(|e| {
+                    InferError::Runtime(format!("cannot start an inference thread: {e}"))
+                })?;
+            workers.push(handle);
+        }
+        tracing::info!(model = %model.name, version = model.version, sessions = n, device, "model loaded");
+        Ok(Self {
+            model,
+            info,
+            tx: Some(tx),
+            workers,
+            depth,
+            buffers: ArrayQueue::new(256),
+        })
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// Requests waiting for a session now.
+    pub fn queue_depth(&self) -> usize {
+        self.depth.load(Relaxed)
+    }
+
+    /// A cleared input buffer from the pool.
+    pub fn take_buffer(&self) -> Vec<f32> {
+        self.buffers.pop().unwrap_or_default()
+    }
+
+    /// Returns a buffer to the pool.
+    pub fn give_buffer(&self, buf: Vec<f32>) {
+        let _ = self.buffers.push(buf);
+    }
+
+    /// Queues `rows` rows (`input` is `rows × width`, row-major) and waits for their outputs. A request whose
+    /// `deadline` passes while queued is not run.
+    pub async fn infer(
+        &self,
+        rows: usize,
+        input: Vec<f32>,
+        deadline: Instant,
+    ) -> Result<InferOutput, InferError> {
+        let tx = self
+            .tx
+            .as_ref()
+            .ok_or_else(|| InferError::Closed(self.model.name.clone()))?;
+        let (reply, rx) = oneshot::channel();
+        let job = Job {
+            rows,
+            input,
+            enqueued: Instant::now(),
+            deadline,
+            reply,
+        };
+        self.depth.fetch_add(1, Relaxed);
+        match tx.try_send(job) {
+            Ok(()) => {}
+            Err(TrySendError::Full(job)) => {
+                self.depth.fetch_sub(1, Relaxed);
+                self.give_buffer(job.input);
+                return Err(InferError::QueueFull(self.model.name.clone()));
+            }
+            Err(TrySendError::Disconnected(_)) => {
+                self.depth.fetch_sub(1, Relaxed);
+                return Err(InferError::Closed(self.model.name.clone()));
+            }
+        }
+        rx.await
+            .map_err(|_| InferError::Closed(self.model.name.clone()))?
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // Closing the queue lets each worker finish what is queued and exit.
+        self.tx = None;
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+fn open_session(
+    env: &Environment,
+    model: &Model,
+    intra_threads: usize,
+) -> Result<(Session, &'static str), String> {
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    let cpu = || -> Result<Session, String> {
+        Session::builder(env)
+            .map_err(|x| e(&x))?
+            .with_optimization_level(GraphOptimizationLevel::Level3)
+            .map_err(|x| e(&x))?
+            .with_intra_threads(intra_threads)
+            .map_err(|x| e(&x))?
+            .with_inter_threads(1)
+            .map_err(|x| e(&x))?
+            .commit_from_file(&model.path)
+            .map_err(|x| e(&x))
+    };
+    let cuda = || -> Result<Session, String> {
+        Session::builder(env)
+            .map_err(|x| e(&x))?
+            .with_execution_providers([ort::ep::CUDA::default().build().error_on_failure()])
+            .map_err(|x| e(&x))?
+            .with_optimization_level(GraphOptimizationLevel::Level3)
+            .map_err(|x| e(&x))?
+            .commit_from_file(&model.path)
+            .map_err(|x| e(&x))
+    };
+    if !model.path.exists() {
+        return Err("the ONNX file does not exist".to_owned());
+    }
+    match model.device {
+        DeviceKind::Cpu => cpu().map(|s| (s, "cpu")).map_err(|m| format!("not a loadable ONNX model: {m}")),
+        DeviceKind::Cuda => cuda().map(|s| (s, "cuda")).map_err(|m| {
+            format!("device = \"cuda\" but the CUDA execution provider cannot be used: {m}. Install the onnxruntime-gpu libraries (`make ort-gpu`) on a machine with CUDA, or set `device: cpu` or `device: auto`")
+        }),
+        DeviceKind::Auto => match cuda() {
+            Ok(s) => Ok((s, "cuda")),
+            Err(why) => {
+                tracing::warn!(model = %model.name, "device = auto: CUDA unavailable, running on CPU ({why})");
+                cpu().map(|s| (s, "cpu")).map_err(|m| format!("not a loadable ONNX model: {m}"))
+            }
+        },
+    }
+}
+
+/// Reads the session's input and outputs and checks them against the binding.
+fn inspect(
+    session: &Session,
+    model: &Model,
+    device: &'static str,
+    sessions: usize,
+) -> Result<ModelInfo, String> {
+    let inputs = session.inputs();
+    let input = match &model.input {
+        Some(name) => inputs.iter().find(|i| i.name() == name).ok_or_else(|| {
+            let names: Vec<_> = inputs.iter().map(|i| i.name()).collect();
+            format!(
+                "the binding fills input `{name}`, which the model does not have (inputs: {})",
+                names.join(", ")
+            )
+        })?,
+        None if inputs.len() == 1 => &inputs[0],
+        None => {
+            let names: Vec<_> = inputs.iter().map(|i| i.name()).collect();
+            return Err(format!(
+                "the model has {} inputs ({}): name the one the binding fills with `input:`",
+                names.len(),
+                names.join(", ")
+            ));
+        }
+    };
+    let ValueType::Tensor { ty, shape, .. } = input.dtype() else {
+        return Err(format!("input `{}` is not a tensor", input.name()));
+    };
+    if *ty != TensorElementType::Float32 {
+        return Err(format!(
+            "input `{}` is {ty:?}; hydrant fills float32 inputs",
+            input.name()
+        ));
+    }
+    let dims: Vec<i64> = shape.iter().copied().collect();
+    if dims.len() != 2 {
+        return Err(format!(
+            "input `{}` has shape {dims:?}; expected [batch, width]",
+            input.name()
+        ));
+    }
+    if dims[1] >= 0 && dims[1] as usize != model.width {
+        return Err(format!(
+            "the binding in {} is {} columns wide, but input `{}` of the ONNX model takes {} (shape {dims:?})",
+            model.file.display(),
+            model.width,
+            input.name(),
+            dims[1]
+        ));
+    }
+    let mut outputs = Vec::with_capacity(model.outputs.len());
+    for name in &model.outputs {
+        let o = session
+            .outputs()
+            .iter()
+            .find(|o| o.name() == name)
+            .ok_or_else(|| {
+                let names: Vec<_> = session.outputs().iter().map(|o| o.name()).collect();
+                format!(
+                    "output `{name}` is not an output of the model (outputs: {})",
+                    names.join(", ")
+                )
+            })?;
+        let ValueType::Tensor { ty, shape, .. } = o.dtype() else {
+            return Err(format!("output `{name}` is not a tensor"));
+        };
+        if *ty != TensorElementType::Float32 {
+            return Err(format!(
+                "output `{name}` is {ty:?}; hydrant returns float32 outputs"
+            ));
+        }
+        let dims: Vec<i64> = shape.iter().copied().collect();
+        let width = match dims.len() {
+            1 => Some(1),
+            0 => {
+                return Err(format!(
+                    "output `{name}` is a scalar; expected one row per input row"
+                ));
+            }
+            _ => dims[1..]
+                .iter()
+                .try_fold(1usize, |acc, d| (*d >= 0).then(|| acc * *d as usize)),
+        };
+        outputs.push(OutputInfo {
+            name: name.clone(),
+            width,
+            shape: dims,
+        });
+    }
+    Ok(ModelInfo {
+        input_name: input.name().to_owned(),
+        input_shape: dims,
+        outputs,
+        device,
+        sessions,
+    })
+}
+
+struct Worker {
+    model: Arc<Model>,
+    info: ModelInfo,
+    rx: Receiver<Job>,
+    depth: Arc<AtomicUsize>,
+    session: Session,
+    /// Reused buffer for the concatenated rows of a multi-request batch.
+    batch: Vec<f32>,
+}
+
+impl Worker {
+    fn run(mut self) {
+        let max_rows = self.model.batching.max_batch_rows;
+        let max_delay = Duration::from_micros(self.model.batching.max_delay_us);
+        let mut carry: Option<Job> = None;
+        let mut jobs: Vec<Job> = Vec::new();
+        loop {
+            let first = match carry.take() {
+                Some(j) => j,
+                None => match self.rx.recv() {
+                    Ok(j) => j,
+                    Err(_) => return, // queue closed and drained
+                },
+            };
+            self.depth.fetch_sub(1, Relaxed);
+            let mut rows = first.rows;
+            jobs.push(first);
+            let wait_until = Instant::now() + max_delay;
+            while rows < max_rows {
+                let next = match self.rx.try_recv() {
+                    Ok(j) => Some(j),
+                    Err(TryRecvError::Empty) if !max_delay.is_zero() => {
+                        self.rx.recv_deadline(wait_until).ok()
+                    }
+                    Err(_) => None,
+                };
+                let Some(j) = next else { break };
+                self.depth.fetch_sub(1, Relaxed);
+                if rows + j.rows > max_rows {
+                    carry = Some(j);
+                    self.depth.fetch_add(1, Relaxed);
+                    break;
+                }
+                rows += j.rows;
+                jobs.push(j);
+            }
+            self.run_batch(&mut jobs);
+        }
+    }
+
+    fn run_batch(&mut self, jobs: &mut Vec<Job>) {
+        let now = Instant::now();
+        // Requests whose deadline passed in the queue are answered without running.
+        let mut i = 0;
+        while i < jobs.len() {
+            if jobs[i].deadline <= now {
+                let j = jobs.swap_remove(i);
+                let _ = j
+                    .reply
+                    .send(Err(InferError::Expired(self.model.name.clone())));
+            } else {
+                i += 1;
+            }
+        }
+        if jobs.is_empty() {
+            return;
+        }
+        let rows: usize = jobs.iter().map(|j| j.rows).sum();
+        let width = self.model.width;
+        let started = Instant::now();
+        let result = if jobs.len() == 1 {
+            run_session(&mut self.session, &self.info, &jobs[0].input, rows, width)
+        } else {
+            self.batch.clear();
+            for j in jobs.iter() {
+                self.batch.extend_from_slice(&j.input);
+            }
+            run_session(&mut self.session, &self.info, &self.batch, rows, width)
+        };
+        let infer_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        match result {
+            Ok(outputs) => {
+                let mut at = 0;
+                for j in jobs.drain(..) {
+                    let own = outputs
+                        .iter()
+                        .map(|(w, data)| (*w, data[at * w..(at + j.rows) * w].to_vec()))
+                        .collect();
+                    at += j.rows;
+                    let queue_us =
+                        u64::try_from(started.duration_since(j.enqueued).as_micros()).unwrap_or(0);
+                    let _ = j.reply.send(Ok(InferOutput {
+                        outputs: own,
+                        input: j.input,
+                        queue_us,
+                        infer_us,
+                        batch_rows: rows,
+                    }));
+                }
+            }
+            Err(message) => {
+                tracing::error!(model = %self.model.name, rows, "inference failed: {message}");
+                for j in jobs.drain(..) {
+                    let _ = j.reply.send(Err(InferError::Run {
+                        model: self.model.name.clone(),
+                        message: message.clone(),
+                    }));
+                }
+            }
+        }
+    }
+}
+
+/// Runs one forward pass; returns, per requested output, its width and all rows' numbers.
+fn run_session(
+    session: &mut Session,
+    info: &ModelInfo,
+    input: &[f32],
+    rows: usize,
+    width: usize,
+) -> Result<Vec<(usize, Vec<f32>)>, String> {
+    let tensor = TensorRef::from_array_view(([rows, width], input)).map_err(|e| e.to_string())?;
+    let outputs = session
+        .run(ort::inputs![info.input_name.as_str() => tensor])
+        .map_err(|e| e.to_string())?;
+    let mut out = Vec::with_capacity(info.outputs.len());
+    for o in &info.outputs {
+        let value = outputs
+            .get(&o.name)
+            .ok_or_else(|| format!("the model produced no `{}`", o.name))?;
+        let (shape, data) = value
+            .try_extract_tensor::<f32>()
+            .map_err(|e| e.to_string())?;
+        let per_row = data.len().checked_div(rows).unwrap_or(0);
+        if shape.first().copied() != Some(rows as i64) || per_row * rows != data.len() {
+            return Err(format!(
+                "output `{}` has shape {shape:?} for {rows} input rows",
+                o.name
+            ));
+        }
+        out.push((per_row, data.to_vec()));
+    }
+    Ok(out)
+}

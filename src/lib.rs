@@ -1,0 +1,51 @@
+//! hydrant: a feature-hydration and caching gateway in front of ONNX models.
+//!
+//! A product service asks "score this user (and these candidate items) in this context"; hydrant resolves
+//! the entities' features from an in-process cache backed by a store, builds the model's input through the
+//! transforms the data team registered, runs ONNX Runtime, and answers with the scores, the cache outcome and
+//! the time spent in each stage.
+//!
+//! # Layout
+//!
+//! A predict request flows through these stages, each timed, each in the module of the same name:
+//!
+//! | stage | module | what it owns |
+//! | --- | --- | --- |
+//! | decode | [`decode`] | JSON/MessagePack bodies, checking them against the model binding |
+//! | hydrate | [`hydrate`] | cache lookups, one batched store round trip for the misses, single-flight, degraded answers |
+//! | assemble | [`assemble`] | transforms features and context into the model's row-major input buffer |
+//! | queue, infer | [`infer`] | per-model micro-batching queue and ONNX Runtime session pool on dedicated threads |
+//! | postprocess | [`postprocess`] | shapes outputs and statuses for the response |
+//! | encode | [`encode`] | writes the body in the negotiated format, `Server-Timing` |
+//!
+//! Around them:
+//!
+//! - [`gateway`]: runs the stages in order for one request; [`api`]: HTTP routes and thin handlers;
+//!   [`error`]: the one error type and its status mapping.
+//! - [`cache`]: the moka feature cache and its per-view policies; [`clock`]: the time it measures ages by.
+//! - [`store`]: the storage backends (embedded redb file) behind the `Store` trait; [`value`]: feature
+//!   values and the stored record format.
+//! - [`schema`]: the schema registry: parsing, validation and compilation of entities, views and models.
+//! - [`loader`]: the bulk loader for JSON Lines and CSV feature rows.
+//! - [`config`]: typed configuration, file plus `HYDRANT_*` environment overrides.
+//! - [`telemetry`]: stage timings, counters and histograms, logging set-up.
+//! - [`app`]: start-up (build) and graceful shutdown.
+
+pub mod api;
+pub mod app;
+pub mod assemble;
+pub mod cache;
+pub mod clock;
+pub mod config;
+pub mod decode;
+pub mod encode;
+pub mod error;
+pub mod gateway;
+pub mod hydrate;
+pub mod infer;
+pub mod loader;
+pub mod postprocess;
+pub mod schema;
+pub mod store;
+pub mod telemetry;
+pub mod value;

@@ -1,0 +1,159 @@
+//! The `hydrant` command: serve the gateway, validate schemas, or bulk-load feature rows.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use hydrant::app::{Application, load_models, open_store, shutdown_signal};
+use hydrant::config::Config;
+use hydrant::schema::Registry;
+
+#[derive(Parser)]
+#[command(
+    name = "hydrant",
+    version,
+    about = "Feature-hydration and caching gateway in front of ONNX models"
+)]
+struct Cli {
+    /// Config file (default: config/hydrant.toml when it exists). HYDRANT_SECTION__KEY variables override it.
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the HTTP API.
+    Serve,
+    /// Validate the schemas (and, unless --no-models, load each model to check its binding width).
+    Validate {
+        /// Schemas folder (default: registry.schemas).
+        dir: Option<PathBuf>,
+        /// Models folder (default: registry.models).
+        #[arg(long)]
+        models: Option<PathBuf>,
+        /// Check the schemas only, without loading ONNX Runtime.
+        #[arg(long)]
+        no_models: bool,
+    },
+    /// Load feature rows (JSON Lines, or CSV by extension) into the configured store.
+    Load {
+        /// The view the rows belong to.
+        #[arg(long)]
+        view: String,
+        /// Files to load.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn load_config(path: Option<&Path>) -> anyhow::Result<Config> {
+    let default = Path::new("config/hydrant.toml");
+    let path = match path {
+        Some(p) => Some(p),
+        None if default.exists() => Some(default),
+        None => None,
+    };
+    Ok(Config::load(path, std::env::vars())?)
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let config = load_config(cli.config.as_deref())?;
+    hydrant::telemetry::init_logging(&config.telemetry);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    match cli.command {
+        Command::Serve => rt.block_on(async {
+            let app = Application::build(config).await?;
+            app.run_until_stopped(shutdown_signal()).await?;
+            Ok(ExitCode::SUCCESS)
+        }),
+        Command::Validate {
+            dir,
+            models,
+            no_models,
+        } => {
+            let mut config = config;
+            if let Some(d) = dir {
+                config.registry.schemas = d;
+            }
+            if let Some(m) = models {
+                config.registry.models = m;
+            }
+            let result = if no_models {
+                Registry::load_dir(&config.registry.schemas, &config.registry.models)
+                    .map(|r| r.models.len())
+                    .map_err(anyhow::Error::from)
+            } else {
+                load_models(&config).map(|(r, _)| r.models.len())
+            };
+            match result {
+                Ok(n) => {
+                    println!(
+                        "ok: {} is valid ({n} model(s))",
+                        config.registry.schemas.display()
+                    );
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => {
+                    eprintln!("{e:#}");
+                    Ok(ExitCode::FAILURE)
+                }
+            }
+        }
+        Command::Load { view, files } => rt.block_on(async {
+            let registry = Registry::load_dir(&config.registry.schemas, &config.registry.models)?;
+            let v = registry.views.get(&view).ok_or_else(|| {
+                let mut known: Vec<_> = registry.views.keys().map(String::as_str).collect();
+                known.sort_unstable();
+                anyhow::anyhow!(
+                    "no view `{view}` is registered (views: {})",
+                    known.join(", ")
+                )
+            })?;
+            let store = open_store(&config)?;
+            let mut failed = false;
+            for file in files {
+                let f = std::fs::File::open(&file)
+                    .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", file.display()))?;
+                let report = hydrant::loader::load(
+                    v,
+                    &config.store.prefix,
+                    std::io::BufReader::new(f),
+                    hydrant::loader::is_csv(&file),
+                    &config.limits,
+                    store.as_ref(),
+                )
+                .await?;
+                for r in &report.rejected {
+                    eprintln!("{}:{}: rejected: {}", file.display(), r.line, r.reason);
+                }
+                println!(
+                    "{}: {} rows written to view `{view}`, {} rejected",
+                    file.display(),
+                    report.written,
+                    report.rejected.len()
+                );
+                failed |= !report.rejected.is_empty();
+            }
+            Ok(if failed {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            })
+        }),
+    }
+}

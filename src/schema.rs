@@ -1,0 +1,1242 @@
+//! Schema registry: parses and validates the entities, feature views and model bindings that data teams write
+//! in `schemas/*.yaml`, and compiles them into the lookup tables the request path uses.
+//!
+//! Validation collects every problem it finds, each with the file, the path inside the document and what was
+//! expected, so a data team fixes a schema in one round. The binding width is checked against the ONNX
+//! model's input by [`crate::infer`] when the model is loaded.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::config::duration;
+use crate::value::{Dtype, Value};
+
+/// Reserved source name for request-time features in a model binding (`context:hour_of_day`).
+pub const CONTEXT: &str = "context";
+
+/// One problem in one schema file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchemaError {
+    pub file: PathBuf,
+    /// Where in the document, e.g. `inputs[4].feature`; empty for the whole file.
+    pub path: String,
+    pub message: String,
+}
+
+impl fmt::Display for SchemaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() {
+            write!(f, "{}: {}", self.file.display(), self.message)
+        } else {
+            write!(
+                f,
+                "{}: {}: {}",
+                self.file.display(),
+                self.path,
+                self.message
+            )
+        }
+    }
+}
+
+/// Every problem found in a set of schema files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchemaErrors(pub Vec<SchemaError>);
+
+impl fmt::Display for SchemaErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} schema problem(s):", self.0.len())?;
+        for e in &self.0 {
+            write!(f, "\n  {e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for SchemaErrors {}
+
+// ---------------------------------------------------------------------------------------------------------
+// The documents as written.
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EntityDoc {
+    name: String,
+    #[serde(default = "default_entity_dtype")]
+    dtype: String,
+    #[serde(default)]
+    description: Option<String>,
+}
+
+fn default_entity_dtype() -> String {
+    "string".to_owned()
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FeatureDoc {
+    name: String,
+    dtype: String,
+    #[serde(default)]
+    default: Option<serde_yaml::Value>,
+    #[serde(default)]
+    description: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct CacheDoc {
+    #[serde(default, with = "opt_duration")]
+    ttl: Option<Duration>,
+    #[serde(default, with = "opt_duration")]
+    refresh_after: Option<Duration>,
+    #[serde(default, with = "opt_duration")]
+    negative_ttl: Option<Duration>,
+    #[serde(default, with = "opt_duration")]
+    max_staleness: Option<Duration>,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct StoreDoc {
+    #[serde(default, with = "opt_duration")]
+    key_ttl: Option<Duration>,
+    #[serde(default, with = "opt_duration")]
+    timeout: Option<Duration>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ViewDoc {
+    name: String,
+    version: u32,
+    entity: String,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(default, with = "opt_duration")]
+    max_age: Option<Duration>,
+    #[serde(default)]
+    cache: CacheDoc,
+    #[serde(default)]
+    store: StoreDoc,
+    features: Vec<FeatureDoc>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SlotDoc {
+    feature: String,
+    #[serde(default)]
+    transform: Option<serde_yaml::Value>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchingDoc {
+    #[serde(default = "default_max_batch_rows")]
+    max_batch_rows: usize,
+    #[serde(default)]
+    max_delay_us: u64,
+}
+
+impl Default for BatchingDoc {
+    fn default() -> Self {
+        Self {
+            max_batch_rows: default_max_batch_rows(),
+            max_delay_us: 0,
+        }
+    }
+}
+
+fn default_max_batch_rows() -> usize {
+    256
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModelDoc {
+    name: String,
+    version: u32,
+    file: PathBuf,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(default)]
+    input: Option<String>,
+    outputs: Vec<String>,
+    #[serde(default)]
+    device: DeviceKind,
+    #[serde(default)]
+    sessions: Option<usize>,
+    #[serde(default)]
+    batching: BatchingDoc,
+    #[serde(default)]
+    context: Vec<FeatureDoc>,
+    inputs: Vec<SlotDoc>,
+}
+
+/// Where a model runs.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceKind {
+    #[default]
+    Cpu,
+    Cuda,
+    /// CUDA when it can be registered, else CPU (logged and shown on `/v2/models/{model}`).
+    Auto,
+}
+
+mod opt_duration {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, de::Error};
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        let s = Option::<String>::deserialize(d)?;
+        s.map(|s| super::duration::parse(&s).map_err(D::Error::custom))
+            .transpose()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The compiled registry.
+
+/// A key type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entity {
+    pub name: String,
+    /// `String` or `Int64`.
+    pub dtype: Dtype,
+    pub description: Option<String>,
+}
+
+/// One feature of a view.
+#[derive(Debug, Clone)]
+pub struct Feature {
+    pub name: String,
+    pub dtype: Dtype,
+    /// Served when the value is missing; always of `dtype`, never null.
+    pub default: Value,
+}
+
+/// Per-view cache and store policies (DESIGN.md, "Cache semantics").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// Expire a cached value this long after it was fetched.
+    pub ttl: Duration,
+    /// Serve, and refresh in the background, once a cached value is older than this.
+    pub refresh_after: Option<Duration>,
+    /// How long "entity not found" is cached.
+    pub negative_ttl: Duration,
+    /// How long a cached value may still be served when the store fails.
+    pub max_staleness: Duration,
+    /// Values whose event timestamp is older than this are `OUTSIDE_MAX_AGE`.
+    pub max_age: Option<Duration>,
+    /// Redis key expiry set on write.
+    pub key_ttl: Option<Duration>,
+    /// Store deadline for this view's reads.
+    pub store_timeout: Duration,
+}
+
+/// A named group of features of one entity, stored together under one key per entity.
+#[derive(Debug, Clone)]
+pub struct View {
+    pub name: String,
+    pub version: u32,
+    pub entity: Entity,
+    pub description: Option<String>,
+    pub features: Vec<Feature>,
+    pub policy: Policy,
+    pub file: PathBuf,
+}
+
+impl View {
+    pub fn feature_index(&self, name: &str) -> Option<usize> {
+        self.features.iter().position(|f| f.name == name)
+    }
+}
+
+/// One step of a slot's transform chain.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Transform {
+    Identity,
+    Standardize { mean: f64, std: f64 },
+    Log1p,
+    Clip { min: f64, max: f64 },
+    OneHot { vocabulary: Vec<Box<str>> },
+    Bucketize { boundaries: Vec<f64> },
+    HashBucket { buckets: u64 },
+}
+
+/// Where a slot's raw value comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// `view` indexes [`Model::views`]; `feature` indexes that view's features.
+    View { view: usize, feature: usize },
+    /// Indexes [`Model::context`].
+    Context { index: usize },
+}
+
+/// One entry of a model binding: a feature, its transforms, and the input columns it fills.
+#[derive(Debug, Clone)]
+pub struct Slot {
+    /// `view:feature` or `context:name`, as written.
+    pub label: String,
+    pub source: Source,
+    pub dtype: Dtype,
+    /// Replaces a missing value before the transforms (`fill_missing`); else the feature's default does.
+    pub fill: Option<Value>,
+    pub default: Value,
+    pub steps: Vec<Transform>,
+    /// First input column this slot writes.
+    pub offset: usize,
+    /// Number of input columns this slot writes.
+    pub width: usize,
+}
+
+/// Batching knobs of a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Batching {
+    pub max_batch_rows: usize,
+    pub max_delay_us: u64,
+}
+
+/// An ONNX model and its binding.
+#[derive(Debug, Clone)]
+pub struct Model {
+    pub name: String,
+    pub version: u32,
+    pub description: Option<String>,
+    /// The ONNX file, resolved against the models folder.
+    pub path: PathBuf,
+    /// The ONNX input the binding fills; `None` means the model's only input.
+    pub input: Option<String>,
+    pub outputs: Vec<String>,
+    pub device: DeviceKind,
+    pub sessions: Option<usize>,
+    pub batching: Batching,
+    pub context: Vec<Feature>,
+    /// The views the binding reads, each once, in first-use order.
+    pub views: Vec<Arc<View>>,
+    pub slots: Vec<Slot>,
+    /// Total input columns: the sum of the slots' widths.
+    pub width: usize,
+    pub file: PathBuf,
+}
+
+impl Model {
+    pub fn context_index(&self, name: &str) -> Option<usize> {
+        self.context.iter().position(|f| f.name == name)
+    }
+}
+
+/// Everything registered: the compiled, validated schemas.
+#[derive(Debug, Clone, Default)]
+pub struct Registry {
+    pub entities: HashMap<String, Entity>,
+    pub views: HashMap<String, Arc<View>>,
+    pub models: HashMap<String, Arc<Model>>,
+}
+
+impl Registry {
+    /// Reads every `*.yaml`/`*.yml` file of `dir` (sorted by name) and compiles them.
+    pub fn load_dir(dir: &Path, models_dir: &Path) -> Result<Self, SchemaErrors> {
+        let read_err = |message: String| {
+            SchemaErrors(vec![SchemaError {
+                file: dir.to_owned(),
+                path: String::new(),
+                message,
+            }])
+        };
+        let entries = std::fs::read_dir(dir)
+            .map_err(|e| read_err(format!("cannot read the schemas folder: {e}")))?;
+        let mut files: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")))
+            .collect();
+        files.sort();
+        if files.is_empty() {
+            return Err(read_err("no *.yaml schema files found".to_owned()));
+        }
+        let mut sources = Vec::with_capacity(files.len());
+        let mut errors = Vec::new();
+        for file in files {
+            match std::fs::read_to_string(&file) {
+                Ok(text) => sources.push((file, text)),
+                Err(e) => errors.push(SchemaError {
+                    file,
+                    path: String::new(),
+                    message: format!("cannot read: {e}"),
+                }),
+            }
+        }
+        if !errors.is_empty() {
+            return Err(SchemaErrors(errors));
+        }
+        Self::compile(&sources, models_dir)
+    }
+
+    /// Compiles schema sources given as `(file name, YAML text)`.
+    pub fn compile(sources: &[(PathBuf, String)], models_dir: &Path) -> Result<Self, SchemaErrors> {
+        let mut errs = Errs::default();
+        let mut entities = Vec::new();
+        let mut views = Vec::new();
+        let mut models = Vec::new();
+        for (file, text) in sources {
+            for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
+                let value = match serde_yaml::Value::deserialize(doc) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        errs.push(file, "", format!("not valid YAML: {e}"));
+                        break;
+                    }
+                };
+                if value.is_null() {
+                    continue; // an empty document, e.g. a trailing `---`
+                }
+                let prefix = if i == 0 {
+                    String::new()
+                } else {
+                    format!("document {}: ", i + 1)
+                };
+                let Some(kind) = value
+                    .get("kind")
+                    .and_then(|k| k.as_str())
+                    .map(str::to_owned)
+                else {
+                    errs.push(
+                        file,
+                        &format!("{prefix}kind"),
+                        "missing: expected `kind: entity`, `kind: view` or `kind: model`".into(),
+                    );
+                    continue;
+                };
+                let mut body = value;
+                if let Some(m) = body.as_mapping_mut() {
+                    m.remove("kind");
+                }
+                match kind.as_str() {
+                    "entity" => {
+                        if let Some(d) = parse_doc::<EntityDoc>(&mut errs, file, &prefix, body) {
+                            entities.push((file.clone(), d));
+                        }
+                    }
+                    "view" => {
+                        if let Some(d) = parse_doc::<ViewDoc>(&mut errs, file, &prefix, body) {
+                            views.push((file.clone(), d));
+                        }
+                    }
+                    "model" => {
+                        if let Some(d) = parse_doc::<ModelDoc>(&mut errs, file, &prefix, body) {
+                            models.push((file.clone(), d));
+                        }
+                    }
+                    other => errs.push(
+                        file,
+                        &format!("{prefix}kind"),
+                        format!("unknown kind `{other}`: expected entity, view or model"),
+                    ),
+                }
+            }
+        }
+
+        let mut reg = Registry::default();
+        for (file, d) in entities {
+            if let Some(e) = compile_entity(&mut errs, &file, d) {
+                if reg.entities.contains_key(&e.name) {
+                    errs.push(
+                        &file,
+                        "name",
+                        format!("entity `{}` is defined twice", e.name),
+                    );
+                } else {
+                    reg.entities.insert(e.name.clone(), e);
+                }
+            }
+        }
+        for (file, d) in views {
+            if let Some(v) = compile_view(&mut errs, &file, d, &reg.entities) {
+                if reg.views.contains_key(&v.name) {
+                    errs.push(&file, "name", format!("view `{}` is defined twice", v.name));
+                } else {
+                    reg.views.insert(v.name.clone(), Arc::new(v));
+                }
+            }
+        }
+        for (file, d) in models {
+            if let Some(m) = compile_model(&mut errs, &file, d, &reg.views, models_dir) {
+                if reg.models.contains_key(&m.name) {
+                    errs.push(
+                        &file,
+                        "name",
+                        format!("model `{}` is defined twice", m.name),
+                    );
+                } else {
+                    reg.models.insert(m.name.clone(), Arc::new(m));
+                }
+            }
+        }
+        errs.finish(reg)
+    }
+}
+
+#[derive(Default)]
+struct Errs(Vec<SchemaError>);
+
+impl Errs {
+    fn push(&mut self, file: &Path, path: &str, message: String) {
+        self.0.push(SchemaError {
+            file: file.to_owned(),
+            path: path.to_owned(),
+            message,
+        });
+    }
+
+    fn finish<T>(self, ok: T) -> Result<T, SchemaErrors> {
+        if self.0.is_empty() {
+            Ok(ok)
+        } else {
+            Err(SchemaErrors(self.0))
+        }
+    }
+}
+
+fn parse_doc<T: serde::de::DeserializeOwned>(
+    errs: &mut Errs,
+    file: &Path,
+    prefix: &str,
+    body: serde_yaml::Value,
+) -> Option<T> {
+    match serde_path_to_error::deserialize::<_, T>(body) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            let path = e.path().to_string();
+            let path = if path == "." { String::new() } else { path };
+            errs.push(file, &format!("{prefix}{path}"), e.inner().to_string());
+            None
+        }
+    }
+}
+
+/// Names are lowercase identifiers so keys (`{prefix}:{view}:{key}`) and bindings (`view:feature`) stay
+/// unambiguous.
+fn check_name(errs: &mut Errs, file: &Path, path: &str, name: &str) -> bool {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if !ok {
+        errs.push(
+            file,
+            path,
+            format!("`{name}` is not a valid name: expected lowercase letters, digits and `_`, starting with a letter, at most 64 characters"),
+        );
+    }
+    ok
+}
+
+fn compile_entity(errs: &mut Errs, file: &Path, d: EntityDoc) -> Option<Entity> {
+    let name_ok = check_name(errs, file, "name", &d.name);
+    let dtype = match d.dtype.as_str() {
+        "string" => Some(Dtype::String),
+        "int64" => Some(Dtype::Int64),
+        other => {
+            errs.push(
+                file,
+                "dtype",
+                format!("entity keys are `string` or `int64`, not `{other}`"),
+            );
+            None
+        }
+    };
+    Some(Entity {
+        name: d.name,
+        dtype: dtype?,
+        description: d.description,
+    })
+    .filter(|_| name_ok)
+}
+
+fn compile_features(
+    errs: &mut Errs,
+    file: &Path,
+    base: &str,
+    docs: Vec<FeatureDoc>,
+) -> Vec<Feature> {
+    let mut out = Vec::with_capacity(docs.len());
+    let mut seen = HashSet::new();
+    for (i, f) in docs.into_iter().enumerate() {
+        let at = format!("{base}[{i}]");
+        let mut ok = check_name(errs, file, &format!("{at}.name"), &f.name);
+        if !seen.insert(f.name.clone()) {
+            errs.push(
+                file,
+                &format!("{at}.name"),
+                format!("feature `{}` appears twice", f.name),
+            );
+            ok = false;
+        }
+        let dtype = match Dtype::parse(&f.dtype) {
+            Ok(t) => t,
+            Err(e) => {
+                errs.push(file, &format!("{at}.dtype"), e);
+                continue;
+            }
+        };
+        let default = match &f.default {
+            None => dtype.zero(),
+            Some(v) => match Value::from_yaml(v).and_then(|v| dtype.coerce(v)) {
+                Ok(Value::Null) => {
+                    errs.push(file, &format!("{at}.default"), format!("expected a {dtype} value, got null (leave `default` out for the zero value)"));
+                    continue;
+                }
+                Ok(v) => v,
+                Err(e) => {
+                    errs.push(
+                        file,
+                        &format!("{at}.default"),
+                        format!("does not match dtype {dtype}: {e}"),
+                    );
+                    continue;
+                }
+            },
+        };
+        let _ = &f.description;
+        if ok {
+            out.push(Feature {
+                name: f.name,
+                dtype,
+                default,
+            });
+        }
+    }
+    out
+}
+
+fn compile_view(
+    errs: &mut Errs,
+    file: &Path,
+    d: ViewDoc,
+    entities: &HashMap<String, Entity>,
+) -> Option<View> {
+    let before = errs.0.len();
+    check_name(errs, file, "name", &d.name);
+    if d.name == CONTEXT {
+        errs.push(
+            file,
+            "name",
+            "`context` is reserved for request-time features".into(),
+        );
+    }
+    if d.version == 0 {
+        errs.push(file, "version", "versions start at 1".into());
+    }
+    let entity = entities.get(&d.entity).cloned();
+    if entity.is_none() {
+        let mut known: Vec<_> = entities.keys().map(String::as_str).collect();
+        known.sort_unstable();
+        errs.push(
+            file,
+            "entity",
+            format!(
+                "unknown entity `{}` (declared entities: {})",
+                d.entity,
+                known.join(", ")
+            ),
+        );
+    }
+    if d.features.is_empty() {
+        errs.push(file, "features", "a view needs at least one feature".into());
+    }
+    let features = compile_features(errs, file, "features", d.features);
+    let ttl = d.cache.ttl.unwrap_or(Duration::from_secs(300));
+    if ttl.is_zero() {
+        errs.push(file, "cache.ttl", "must be longer than 0".into());
+    }
+    if let Some(r) = d.cache.refresh_after
+        && r >= ttl
+    {
+        errs.push(
+            file,
+            "cache.refresh_after",
+            format!(
+                "must be shorter than cache.ttl ({})",
+                humantime::format_duration(ttl)
+            ),
+        );
+    }
+    let store_timeout = d.store.timeout.unwrap_or(Duration::from_millis(50));
+    if store_timeout.is_zero() {
+        errs.push(file, "store.timeout", "must be longer than 0".into());
+    }
+    let policy = Policy {
+        ttl,
+        refresh_after: d.cache.refresh_after,
+        negative_ttl: d.cache.negative_ttl.unwrap_or(Duration::from_secs(30)),
+        max_staleness: d.cache.max_staleness.unwrap_or(Duration::from_secs(3600)),
+        max_age: d.max_age,
+        key_ttl: d.store.key_ttl,
+        store_timeout,
+    };
+    if errs.0.len() != before {
+        return None;
+    }
+    Some(View {
+        name: d.name,
+        version: d.version,
+        entity: entity?,
+        description: d.description,
+        features,
+        policy,
+        file: file.to_owned(),
+    })
+}
+
+/// The type flowing through a transform chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    Str,
+    Num(usize),
+}
+
+fn parse_transform(v: &serde_yaml::Value) -> Result<Option<Transform>, String> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Standardize {
+        mean: f64,
+        std: f64,
+    }
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Clip {
+        min: f64,
+        max: f64,
+    }
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct OneHot {
+        vocabulary: Vec<String>,
+    }
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Bucketize {
+        boundaries: Vec<f64>,
+    }
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct HashBucket {
+        buckets: u64,
+    }
+    const KNOWN: &str = "identity, standardize{mean,std}, log1p, clip{min,max}, one_hot{vocabulary}, bucketize{boundaries}, hash_bucket{buckets}, fill_missing{value}";
+    fn params<T: serde::de::DeserializeOwned>(
+        name: &str,
+        v: &serde_yaml::Value,
+    ) -> Result<T, String> {
+        serde_yaml::from_value(v.clone()).map_err(|e| format!("{name}: {e}"))
+    }
+    let (name, p) = match v {
+        serde_yaml::Value::String(s) => (s.as_str(), None),
+        serde_yaml::Value::Mapping(m) if m.len() == 1 => {
+            let (k, p) = m.iter().next().ok_or("empty transform")?;
+            (
+                k.as_str().ok_or("a transform name must be a string")?,
+                Some(p),
+            )
+        }
+        _ => {
+            return Err(format!(
+                "expected a transform name or a one-key map: {KNOWN}"
+            ));
+        }
+    };
+    let need = |p: Option<&serde_yaml::Value>| {
+        p.cloned()
+            .ok_or_else(|| format!("`{name}` needs parameters"))
+    };
+    Ok(Some(match name {
+        "identity" => Transform::Identity,
+        "log1p" => Transform::Log1p,
+        "standardize" => {
+            let s: Standardize = params(name, &need(p)?)?;
+            if !(s.std.is_finite() && s.std > 0.0 && s.mean.is_finite()) {
+                return Err("standardize: std must be a positive number and mean finite".into());
+            }
+            Transform::Standardize {
+                mean: s.mean,
+                std: s.std,
+            }
+        }
+        "clip" => {
+            let c: Clip = params(name, &need(p)?)?;
+            if c.min.is_nan() || c.max.is_nan() || c.min > c.max {
+                return Err(format!(
+                    "clip: min ({}) must not exceed max ({})",
+                    c.min, c.max
+                ));
+            }
+            Transform::Clip {
+                min: c.min,
+                max: c.max,
+            }
+        }
+        "one_hot" => {
+            let o: OneHot = params(name, &need(p)?)?;
+            if o.vocabulary.is_empty() {
+                return Err("one_hot: the vocabulary is empty".into());
+            }
+            let mut seen = HashSet::new();
+            for w in &o.vocabulary {
+                if !seen.insert(w) {
+                    return Err(format!("one_hot: `{w}` appears twice in the vocabulary"));
+                }
+            }
+            Transform::OneHot {
+                vocabulary: o
+                    .vocabulary
+                    .into_iter()
+                    .map(String::into_boxed_str)
+                    .collect(),
+            }
+        }
+        "bucketize" => {
+            let b: Bucketize = params(name, &need(p)?)?;
+            if b.boundaries.is_empty()
+                || b.boundaries
+                    .windows(2)
+                    .any(|w| w[0].partial_cmp(&w[1]) != Some(std::cmp::Ordering::Less))
+            {
+                return Err(
+                    "bucketize: boundaries must be non-empty and strictly increasing".into(),
+                );
+            }
+            Transform::Bucketize {
+                boundaries: b.boundaries,
+            }
+        }
+        "hash_bucket" => {
+            let h: HashBucket = params(name, &need(p)?)?;
+            if h.buckets == 0 || h.buckets > 1 << 24 {
+                return Err("hash_bucket: buckets must be between 1 and 16777216".into());
+            }
+            Transform::HashBucket { buckets: h.buckets }
+        }
+        "fill_missing" => return Ok(None), // handled by the caller, which knows the dtype
+        other => {
+            return Err(format!(
+                "unknown transform `{other}`: expected one of {KNOWN}"
+            ));
+        }
+    }))
+}
+
+/// A compiled chain: the fill value, the steps, and the output width.
+type Chain = (Option<Value>, Vec<Transform>, usize);
+
+/// Parses a slot's `transform` (one transform or a list) into its fill value and steps, checking each step
+/// against the type flowing into it. Returns the output width.
+fn compile_chain(
+    spec: Option<&serde_yaml::Value>,
+    dtype: Dtype,
+) -> Result<Chain, (String, String)> {
+    let items: Vec<&serde_yaml::Value> = match spec {
+        None => Vec::new(),
+        Some(serde_yaml::Value::Sequence(s)) => s.iter().collect(),
+        Some(v) => vec![v],
+    };
+    let single = !matches!(spec, Some(serde_yaml::Value::Sequence(_)));
+    let at = |i: usize| {
+        if single {
+            String::new()
+        } else {
+            format!("[{i}]")
+        }
+    };
+    let mut flow = match dtype {
+        Dtype::String => Flow::Str,
+        other => Flow::Num(other.width()),
+    };
+    let mut fill = None;
+    let mut steps = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let t = parse_transform(item).map_err(|e| (at(i), e))?;
+        let Some(t) = t else {
+            // fill_missing{value}
+            if i != 0 {
+                return Err((at(i), "fill_missing must come first in the chain".into()));
+            }
+            let v = item
+                .get("fill_missing")
+                .and_then(|p| p.get("value"))
+                .ok_or_else(|| (at(i), "fill_missing needs `value`".to_owned()))?;
+            let v = Value::from_yaml(v)
+                .and_then(|v| dtype.coerce(v))
+                .map_err(|e| {
+                    (
+                        at(i),
+                        format!("fill_missing: value does not match dtype {dtype}: {e}"),
+                    )
+                })?;
+            if v.is_null() {
+                return Err((at(i), "fill_missing: value must not be null".into()));
+            }
+            fill = Some(v);
+            continue;
+        };
+        flow = match (&t, flow) {
+            (Transform::Identity, f) => f,
+            (Transform::OneHot { vocabulary }, Flow::Str) => Flow::Num(vocabulary.len()),
+            (Transform::HashBucket { .. }, Flow::Str) => Flow::Num(1),
+            (
+                Transform::Standardize { .. } | Transform::Log1p | Transform::Clip { .. },
+                Flow::Num(n),
+            ) => Flow::Num(n),
+            (Transform::Bucketize { .. }, Flow::Num(1)) => Flow::Num(1),
+            (Transform::Bucketize { .. }, Flow::Num(n)) => {
+                return Err((
+                    at(i),
+                    format!("bucketize takes one number, but this value has {n}"),
+                ));
+            }
+            (Transform::OneHot { .. } | Transform::HashBucket { .. }, Flow::Num(_)) => {
+                return Err((
+                    at(i),
+                    format!(
+                        "one_hot and hash_bucket take strings, but this value is numeric ({dtype})"
+                    ),
+                ));
+            }
+            (_, Flow::Str) => {
+                return Err((at(i), "this transform takes numbers, but the value is a string: use one_hot or hash_bucket first".into()));
+            }
+        };
+        steps.push(t);
+    }
+    match flow {
+        Flow::Num(n) => Ok((fill, steps, n)),
+        Flow::Str => Err((
+            String::new(),
+            "a string feature must be turned into numbers: end its transform with one_hot{vocabulary} or hash_bucket{buckets}".into(),
+        )),
+    }
+}
+
+fn compile_model(
+    errs: &mut Errs,
+    file: &Path,
+    d: ModelDoc,
+    views: &HashMap<String, Arc<View>>,
+    models_dir: &Path,
+) -> Option<Model> {
+    let before = errs.0.len();
+    check_name(errs, file, "name", &d.name);
+    if d.version == 0 {
+        errs.push(file, "version", "versions start at 1".into());
+    }
+    if d.outputs.is_empty() {
+        errs.push(
+            file,
+            "outputs",
+            "name at least one model output to return".into(),
+        );
+    }
+    if d.inputs.is_empty() {
+        errs.push(
+            file,
+            "inputs",
+            "the binding needs at least one input".into(),
+        );
+    }
+    if d.sessions == Some(0) {
+        errs.push(file, "sessions", "must be at least 1".into());
+    }
+    if d.batching.max_batch_rows == 0 {
+        errs.push(file, "batching.max_batch_rows", "must be at least 1".into());
+    }
+    if d.batching.max_delay_us > 1_000_000 {
+        errs.push(
+            file,
+            "batching.max_delay_us",
+            "must be at most 1000000 (1 s)".into(),
+        );
+    }
+    let context = compile_features(errs, file, "context", d.context);
+    let mut model_views: Vec<Arc<View>> = Vec::new();
+    let mut slots = Vec::with_capacity(d.inputs.len());
+    let mut offset = 0;
+    for (i, s) in d.inputs.into_iter().enumerate() {
+        let at = format!("inputs[{i}]");
+        let Some((src, feat)) = s.feature.split_once(':') else {
+            errs.push(
+                file,
+                &format!("{at}.feature"),
+                format!("`{}`: expected `view:feature` or `context:name`", s.feature),
+            );
+            continue;
+        };
+        let (source, dtype, default) = if src == CONTEXT {
+            match context.iter().position(|f| f.name == feat) {
+                Some(index) => (
+                    Source::Context { index },
+                    context[index].dtype,
+                    context[index].default.clone(),
+                ),
+                None => {
+                    errs.push(file, &format!("{at}.feature"), format!("model `{}` input {i} names context field `{feat}`, which the model's `context` does not declare", d.name));
+                    continue;
+                }
+            }
+        } else {
+            let Some(view) = views.get(src) else {
+                let mut known: Vec<_> = views.keys().map(String::as_str).collect();
+                known.sort_unstable();
+                errs.push(file, &format!("{at}.feature"), format!("model `{}` input {i} names view `{src}`, which is not registered (views: {})", d.name, known.join(", ")));
+                continue;
+            };
+            let Some(feature) = view.feature_index(feat) else {
+                errs.push(
+                    file,
+                    &format!("{at}.feature"),
+                    format!(
+                        "model `{}` input {i} names feature `{}`, which view `{src}` does not have",
+                        d.name, s.feature
+                    ),
+                );
+                continue;
+            };
+            let vi = match model_views.iter().position(|v| v.name == view.name) {
+                Some(vi) => vi,
+                None => {
+                    model_views.push(view.clone());
+                    model_views.len() - 1
+                }
+            };
+            let f = &view.features[feature];
+            (
+                Source::View { view: vi, feature },
+                f.dtype,
+                f.default.clone(),
+            )
+        };
+        match compile_chain(s.transform.as_ref(), dtype) {
+            Ok((fill, steps, width)) => {
+                slots.push(Slot {
+                    label: s.feature,
+                    source,
+                    dtype,
+                    fill,
+                    default,
+                    steps,
+                    offset,
+                    width,
+                });
+                offset += width;
+            }
+            Err((sub, msg)) => errs.push(file, &format!("{at}.transform{sub}"), msg),
+        }
+    }
+    // Two views of one entity would be fine; two entities of one name cannot happen (names are unique).
+    if errs.0.len() != before {
+        return None;
+    }
+    let path = if d.file.is_absolute() {
+        d.file
+    } else {
+        models_dir.join(d.file)
+    };
+    Some(Model {
+        name: d.name,
+        version: d.version,
+        description: d.description,
+        path,
+        input: d.input,
+        outputs: d.outputs,
+        device: d.device,
+        sessions: d.sessions,
+        batching: Batching {
+            max_batch_rows: d.batching.max_batch_rows,
+            max_delay_us: d.batching.max_delay_us,
+        },
+        context,
+        views: model_views,
+        slots,
+        width: offset,
+        file: file.to_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ENTITIES: &str =
+        "kind: entity\nname: user_id\ndtype: string\n---\nkind: entity\nname: item_id\n";
+    const VIEW: &str = r#"
+kind: view
+name: user_profile
+version: 1
+entity: user_id
+max_age: 30d
+cache: {ttl: 5m, refresh_after: 1m, negative_ttl: 30s, max_staleness: 1h}
+features:
+  - {name: age, dtype: int64, default: 30}
+  - {name: country, dtype: string, default: unknown}
+  - {name: emb, dtype: "float32[2]"}
+"#;
+
+    fn model(inputs: &str) -> String {
+        format!(
+            "kind: model\nname: m\nversion: 1\nfile: m.onnx\noutputs: [score]\ncontext:\n  - {{name: device, dtype: string, default: web}}\ninputs:\n{inputs}"
+        )
+    }
+
+    fn compile(extra: &str) -> Result<Registry, SchemaErrors> {
+        Registry::compile(
+            &[
+                (PathBuf::from("entities.yaml"), ENTITIES.into()),
+                (PathBuf::from("user.yaml"), VIEW.into()),
+                (PathBuf::from("m.yaml"), extra.into()),
+            ],
+            Path::new("models"),
+        )
+    }
+
+    #[test]
+    fn a_valid_binding_compiles_with_offsets_and_widths() {
+        let reg = compile(&model(
+            "  - {feature: user_profile:age, transform: {standardize: {mean: 40, std: 12}}}\n  - {feature: user_profile:country, transform: {one_hot: {vocabulary: [us, de]}}}\n  - {feature: user_profile:emb}\n  - {feature: context:device, transform: [{fill_missing: {value: ios}}, {hash_bucket: {buckets: 8}}]}\n",
+        ))
+        .expect("valid");
+        let m = &reg.models["m"];
+        assert_eq!(m.width, 1 + 2 + 2 + 1);
+        let offsets: Vec<_> = m.slots.iter().map(|s| (s.offset, s.width)).collect();
+        assert_eq!(offsets, vec![(0, 1), (1, 2), (3, 2), (5, 1)]);
+        assert_eq!(m.slots[3].fill, Some(Value::Str("ios".into())));
+        assert_eq!(m.path, PathBuf::from("models/m.onnx"));
+        let v = &reg.views["user_profile"];
+        assert_eq!(v.policy.refresh_after, Some(Duration::from_secs(60)));
+        assert_eq!(v.policy.max_age, Some(Duration::from_secs(30 * 86400)));
+    }
+
+    #[test]
+    fn a_typo_in_a_feature_name_is_reported_with_file_and_path() {
+        let e = compile(&model(
+            "  - {feature: user_profile:age}\n  - {feature: user_profile:agee}\n",
+        ))
+        .expect_err("typo");
+        assert_eq!(e.0.len(), 1, "{e}");
+        assert_eq!(e.0[0].file, PathBuf::from("m.yaml"));
+        assert_eq!(e.0[0].path, "inputs[1].feature");
+        assert!(e.0[0].message.contains("user_profile:agee"), "{e}");
+    }
+
+    #[test]
+    fn type_mismatches_are_reported() {
+        // A string feature without a string-to-number transform.
+        let e = compile(&model("  - {feature: user_profile:country}\n")).expect_err("string");
+        assert!(e.to_string().contains("one_hot"), "{e}");
+        // A numeric transform on a string.
+        let e = compile(&model(
+            "  - {feature: user_profile:country, transform: log1p}\n",
+        ))
+        .expect_err("log1p on string");
+        assert_eq!(e.0[0].path, "inputs[0].transform");
+        // one_hot on a number.
+        let e = compile(&model(
+            "  - {feature: user_profile:age, transform: {one_hot: {vocabulary: [a]}}}\n",
+        ))
+        .expect_err("one_hot on int");
+        assert!(e.to_string().contains("take strings"), "{e}");
+        // A default that does not match the dtype.
+        let bad_view = VIEW.replace("default: 30", "default: thirty");
+        let e = Registry::compile(
+            &[
+                (PathBuf::from("e.yaml"), ENTITIES.into()),
+                (PathBuf::from("v.yaml"), bad_view),
+            ],
+            Path::new("."),
+        )
+        .expect_err("bad default");
+        assert_eq!(e.0[0].path, "features[0].default");
+        // fill_missing of the wrong type, in a chain.
+        let e = compile(&model(
+            "  - {feature: user_profile:age, transform: [{fill_missing: {value: x}}, log1p]}\n",
+        ))
+        .expect_err("fill");
+        assert_eq!(e.0[0].path, "inputs[0].transform[0]");
+    }
+
+    #[test]
+    fn unknown_keys_transforms_and_kinds_are_rejected() {
+        let e = Registry::compile(
+            &[(
+                PathBuf::from("e.yaml"),
+                "kind: entity\nname: u\ndtyp: string\n".into(),
+            )],
+            Path::new("."),
+        )
+        .expect_err("unknown key");
+        assert!(e.to_string().contains("dtyp"), "{e}");
+        let e = compile(&model(
+            "  - {feature: user_profile:age, transform: standardise}\n",
+        ))
+        .expect_err("unknown transform");
+        assert!(
+            e.to_string().contains("unknown transform `standardise`"),
+            "{e}"
+        );
+        let e = Registry::compile(
+            &[(PathBuf::from("x.yaml"), "kind: widget\n".into())],
+            Path::new("."),
+        )
+        .expect_err("kind");
+        assert!(e.to_string().contains("unknown kind"), "{e}");
+        let e = Registry::compile(
+            &[(PathBuf::from("x.yaml"), "kind: [\n".into())],
+            Path::new("."),
+        )
+        .expect_err("syntax");
+        assert!(e.to_string().contains("not valid YAML"), "{e}");
+    }
+
+    #[test]
+    fn policies_are_checked() {
+        let v = VIEW.replace("refresh_after: 1m", "refresh_after: 10m");
+        let e = Registry::compile(
+            &[
+                (PathBuf::from("e.yaml"), ENTITIES.into()),
+                (PathBuf::from("v.yaml"), v),
+            ],
+            Path::new("."),
+        )
+        .expect_err("refresh_after >= ttl");
+        assert_eq!(e.0[0].path, "cache.refresh_after");
+        let v = VIEW.replace("max_age: 30d", "max_age: a month");
+        let e = Registry::compile(
+            &[
+                (PathBuf::from("e.yaml"), ENTITIES.into()),
+                (PathBuf::from("v.yaml"), v),
+            ],
+            Path::new("."),
+        )
+        .expect_err("duration");
+        assert!(
+            e.to_string().contains("max_age") && e.to_string().contains("not a valid duration"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_shipped_schemas_compile() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let reg = Registry::load_dir(&root.join("schemas"), &root.join("models"))
+            .expect("schemas/ must be valid");
+        assert!(reg.models.contains_key("ctr"));
+        assert_eq!(reg.models["ctr"].width, 27);
+    }
+}

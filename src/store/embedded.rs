@@ -1,0 +1,152 @@
+//! The embedded store: records in a local redb file, so the gateway runs with no server at all.
+//!
+//! redb calls block (file I/O, fsync on commit), so every call runs on the blocking pool. Each record is
+//! stored with its expiry time (0 = never) so `store.key_ttl` means the same here as in Redis.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redb::{Database, ReadableDatabase, TableDefinition};
+
+use super::{BoxFuture, Store, StoreError, Writes};
+use crate::value::now_ms;
+
+/// key -> (expires_at_ms or 0, record bytes)
+const RECORDS: TableDefinition<&str, (i64, &[u8])> = TableDefinition::new("records");
+
+#[derive(Clone)]
+pub struct EmbeddedStore {
+    db: Arc<Database>,
+}
+
+impl EmbeddedStore {
+    /// Opens (or creates) the store file, creating its folder if needed.
+    pub fn open(path: &Path) -> anyhow::Result<Self> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot create the embedded store folder {}: {e}",
+                    dir.display()
+                )
+            })?;
+        }
+        let db = Database::create(path).map_err(|e| {
+            anyhow::anyhow!("cannot open the embedded store {}: {e}", path.display())
+        })?;
+        // Create the table up front so reads never see "table does not exist".
+        let tx = db.begin_write()?;
+        tx.open_table(RECORDS)?;
+        tx.commit()?;
+        Ok(Self { db: Arc::new(db) })
+    }
+
+    fn read(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let io = |e: &dyn std::fmt::Display| StoreError::Io(e.to_string());
+        let tx = self.db.begin_read().map_err(|e| io(&e))?;
+        let table = tx.open_table(RECORDS).map_err(|e| io(&e))?;
+        let now = now_ms();
+        let mut out = Vec::with_capacity(keys.len());
+        for k in keys {
+            let v = table.get(k.as_str()).map_err(|e| io(&e))?;
+            out.push(v.and_then(|g| {
+                let (expires, bytes) = g.value();
+                (expires == 0 || expires > now).then(|| bytes.to_vec())
+            }));
+        }
+        Ok(out)
+    }
+
+    fn write(&self, writes: &Writes, ttl: Option<Duration>) -> Result<(), StoreError> {
+        let io = |e: &dyn std::fmt::Display| StoreError::Io(e.to_string());
+        let expires = ttl.map_or(0, |t| now_ms() + t.as_millis() as i64);
+        let tx = self.db.begin_write().map_err(|e| io(&e))?;
+        {
+            let mut table = tx.open_table(RECORDS).map_err(|e| io(&e))?;
+            for (k, v) in writes {
+                table
+                    .insert(k.as_str(), (expires, v.as_slice()))
+                    .map_err(|e| io(&e))?;
+            }
+        }
+        tx.commit().map_err(|e| io(&e))
+    }
+}
+
+impl Store for EmbeddedStore {
+    fn backend(&self) -> &'static str {
+        "embedded"
+    }
+
+    fn get_many<'a>(
+        &'a self,
+        keys: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<Option<Vec<u8>>>, StoreError>> {
+        Box::pin(async move {
+            let this = self.clone();
+            let keys = keys.to_vec();
+            tokio::task::spawn_blocking(move || this.read(&keys))
+                .await
+                .map_err(|e| StoreError::Io(format!("read task failed: {e}")))?
+        })
+    }
+
+    fn put_many(
+        &self,
+        writes: Writes,
+        ttl: Option<Duration>,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            let this = self.clone();
+            tokio::task::spawn_blocking(move || this.write(&writes, ttl))
+                .await
+                .map_err(|e| StoreError::Io(format!("write task failed: {e}")))?
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn written_values_are_read_back_and_survive_reopening() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s.redb");
+        {
+            let s = EmbeddedStore::open(&path).expect("open");
+            s.put_many(
+                vec![
+                    ("hy:v:a".into(), b"one".to_vec()),
+                    ("hy:v:b".into(), b"two".to_vec()),
+                ],
+                None,
+            )
+            .await
+            .expect("write");
+        }
+        let s = EmbeddedStore::open(&path).expect("reopen");
+        let got = s
+            .get_many(&["hy:v:a".into(), "hy:v:zz".into(), "hy:v:b".into()])
+            .await
+            .expect("read");
+        assert_eq!(
+            got,
+            vec![Some(b"one".to_vec()), None, Some(b"two".to_vec())]
+        );
+    }
+
+    #[tokio::test]
+    async fn expired_keys_read_as_absent() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = EmbeddedStore::open(&dir.path().join("s.redb")).expect("open");
+        s.put_many(
+            vec![("k".into(), b"x".to_vec())],
+            Some(Duration::from_millis(1)),
+        )
+        .await
+        .expect("write");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert_eq!(s.get_many(&["k".into()]).await.expect("read"), vec![None]);
+    }
+}

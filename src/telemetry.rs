@@ -1,0 +1,275 @@
+//! Telemetry: per-request stage timings, per-view cache counters, per-model stage histograms, the
+//! `Server-Timing` header and logging set-up.
+//!
+//! Counters are plain atomics owned by the app (not a process-global recorder), so several gateways in one
+//! process, as in the integration tests, never mix their numbers.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::time::Instant;
+
+use parking_lot::RwLock;
+
+use crate::config::{LogFormat, TelemetryConfig};
+
+/// The stages of a request, in order. Each has the module of the same name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    Decode = 0,
+    Hydrate = 1,
+    Assemble = 2,
+    Queue = 3,
+    Infer = 4,
+    Postprocess = 5,
+    Encode = 6,
+}
+
+impl Stage {
+    pub const ALL: [Stage; 7] = [
+        Stage::Decode,
+        Stage::Hydrate,
+        Stage::Assemble,
+        Stage::Queue,
+        Stage::Infer,
+        Stage::Postprocess,
+        Stage::Encode,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Decode => "decode",
+            Stage::Hydrate => "hydrate",
+            Stage::Assemble => "assemble",
+            Stage::Queue => "queue",
+            Stage::Infer => "infer",
+            Stage::Postprocess => "postprocess",
+            Stage::Encode => "encode",
+        }
+    }
+}
+
+/// Microseconds spent in each stage of one request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Timings {
+    pub us: [u64; 7],
+    pub total_us: u64,
+}
+
+impl Timings {
+    pub fn set(&mut self, stage: Stage, us: u64) {
+        self.us[stage as usize] = us;
+    }
+
+    pub fn get(&self, stage: Stage) -> u64 {
+        self.us[stage as usize]
+    }
+
+    /// The `Server-Timing` header value (durations in milliseconds, as the header specifies).
+    pub fn server_timing(&self) -> String {
+        let mut s = String::with_capacity(160);
+        for stage in Stage::ALL {
+            let _ = write!(
+                s,
+                "{};dur={:.3}, ",
+                stage.name(),
+                self.get(stage) as f64 / 1000.0
+            );
+        }
+        let _ = write!(s, "total;dur={:.3}", self.total_us as f64 / 1000.0);
+        s
+    }
+}
+
+/// Microseconds since `t`, saturating.
+pub fn us_since(t: Instant) -> u64 {
+    u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX)
+}
+
+/// Cache and store counters of one view.
+#[derive(Debug, Default)]
+pub struct ViewStats {
+    pub hits: AtomicU64,
+    pub stale: AtomicU64,
+    pub misses: AtomicU64,
+    pub negative: AtomicU64,
+    pub entries: AtomicI64,
+    pub bytes: AtomicI64,
+    /// Records in the store that could not be decoded (bad MessagePack, version or length).
+    pub bad_records: AtomicU64,
+    pub degraded_timeout: AtomicU64,
+    pub degraded_error: AtomicU64,
+}
+
+impl ViewStats {
+    pub fn inserted(&self, weight: u32) {
+        self.entries.fetch_add(1, Relaxed);
+        self.bytes.fetch_add(i64::from(weight), Relaxed);
+    }
+
+    pub fn removed(&self, weight: u32) {
+        self.entries.fetch_sub(1, Relaxed);
+        self.bytes.fetch_sub(i64::from(weight), Relaxed);
+    }
+}
+
+/// Upper bounds (seconds) of the latency histogram buckets: 5 µs to 10 s.
+pub const BUCKETS_S: [f64; 20] = [
+    0.000_005, 0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005,
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// A Prometheus-style histogram over [`BUCKETS_S`], lock-free.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    counts: [AtomicU64; 21],
+    sum_us: AtomicU64,
+}
+
+impl Histogram {
+    pub fn observe_us(&self, us: u64) {
+        let s = us as f64 / 1e6;
+        let i = BUCKETS_S
+            .iter()
+            .position(|b| s <= *b)
+            .unwrap_or(BUCKETS_S.len());
+        self.counts[i].fetch_add(1, Relaxed);
+        self.sum_us.fetch_add(us, Relaxed);
+    }
+
+    /// Cumulative counts per bucket (the last is +Inf), and the sum in seconds.
+    pub fn snapshot(&self) -> ([u64; 21], f64) {
+        let mut out = [0; 21];
+        let mut acc = 0;
+        for (i, c) in self.counts.iter().enumerate() {
+            acc += c.load(Relaxed);
+            out[i] = acc;
+        }
+        (out, self.sum_us.load(Relaxed) as f64 / 1e6)
+    }
+}
+
+/// Request counters and stage histograms of one model.
+#[derive(Debug, Default)]
+pub struct ModelStats {
+    pub requests: AtomicU64,
+    pub errors: AtomicU64,
+    pub rows: AtomicU64,
+    pub stages: [Histogram; 7],
+    pub total: Histogram,
+}
+
+impl ModelStats {
+    pub fn record(&self, t: &Timings, rows: usize) {
+        self.requests.fetch_add(1, Relaxed);
+        self.rows.fetch_add(rows as u64, Relaxed);
+        for stage in Stage::ALL {
+            self.stages[stage as usize].observe_us(t.get(stage));
+        }
+        self.total.observe_us(t.total_us);
+    }
+}
+
+/// All counters of one gateway.
+#[derive(Debug, Default)]
+pub struct Telemetry {
+    views: RwLock<HashMap<String, Arc<ViewStats>>>,
+    models: RwLock<HashMap<String, Arc<ModelStats>>>,
+}
+
+impl Telemetry {
+    /// The counters of `view`, created on first use. Hot paths keep the returned `Arc`.
+    pub fn view(&self, view: &str) -> Arc<ViewStats> {
+        if let Some(v) = self.views.read().get(view) {
+            return v.clone();
+        }
+        self.views
+            .write()
+            .entry(view.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    pub fn model(&self, model: &str) -> Arc<ModelStats> {
+        if let Some(m) = self.models.read().get(model) {
+            return m.clone();
+        }
+        self.models
+            .write()
+            .entry(model.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    pub fn views(&self) -> Vec<(String, Arc<ViewStats>)> {
+        let mut v: Vec<_> = self
+            .views
+            .read()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    pub fn models(&self) -> Vec<(String, Arc<ModelStats>)> {
+        let mut v: Vec<_> = self
+            .models
+            .read()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+}
+
+/// Installs the global `tracing` subscriber (once; later calls are ignored, as in tests).
+pub fn init_logging(cfg: &TelemetryConfig) {
+    let filter = tracing_subscriber::EnvFilter::try_new(&cfg.log_level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match cfg.log_format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_timing_lists_every_stage_in_milliseconds() {
+        let mut t = Timings::default();
+        t.set(Stage::Hydrate, 41);
+        t.set(Stage::Infer, 1500);
+        t.total_us = 1600;
+        let h = t.server_timing();
+        assert!(
+            h.starts_with("decode;dur=0.000, hydrate;dur=0.041, "),
+            "{h}"
+        );
+        assert!(
+            h.contains("infer;dur=1.500") && h.ends_with("total;dur=1.600"),
+            "{h}"
+        );
+    }
+
+    #[test]
+    fn histogram_counts_are_cumulative() {
+        let h = Histogram::default();
+        h.observe_us(3);
+        h.observe_us(70);
+        h.observe_us(20_000_000);
+        let (c, sum) = h.snapshot();
+        assert_eq!(c[0], 1); // <= 5 µs
+        assert_eq!(c[4], 2); // <= 100 µs
+        assert_eq!(c[19], 2); // <= 10 s
+        assert_eq!(c[20], 3); // +Inf
+        assert!((sum - 20.000_073).abs() < 1e-9);
+    }
+}

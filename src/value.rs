@@ -1,0 +1,310 @@
+//! Feature values, their declared types, and the stored record format (MessagePack).
+//!
+//! A record is the MessagePack array `[schema_version, event_timestamp_ms, [value, ...]]` with the values in
+//! the view's feature order. Values are MessagePack natives: nil, bool, int, float, string, or an array of
+//! floats for `float32[N]`. One record per entity per view keeps a view to one GET.
+
+use std::fmt;
+
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::ser::{SerializeSeq, Serializer};
+use serde::{Deserialize, Serialize};
+
+/// A feature's declared type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dtype {
+    Float32,
+    Float64,
+    Int64,
+    Bool,
+    String,
+    /// A fixed-length float32 list, e.g. an embedding.
+    Float32List(usize),
+}
+
+impl Dtype {
+    /// Parses `float32`, `float64`, `int64`, `bool`, `string` or `float32[N]`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let expected = "expected float32, float64, int64, bool, string or float32[N]";
+        Ok(match s {
+            "float32" => Self::Float32,
+            "float64" => Self::Float64,
+            "int64" => Self::Int64,
+            "bool" => Self::Bool,
+            "string" => Self::String,
+            _ => {
+                let n = s
+                    .strip_prefix("float32[")
+                    .and_then(|r| r.strip_suffix(']'))
+                    .ok_or_else(|| format!("unknown dtype `{s}`: {expected}"))?;
+                let n: usize = n
+                    .trim()
+                    .parse()
+                    .map_err(|_| format!("`{s}`: the list length must be a positive integer"))?;
+                if n == 0 || n > 65_536 {
+                    return Err(format!(
+                        "`{s}`: the list length must be between 1 and 65536"
+                    ));
+                }
+                Self::Float32List(n)
+            }
+        })
+    }
+
+    /// How many numbers the feature contributes before any transform.
+    pub fn width(self) -> usize {
+        match self {
+            Self::Float32List(n) => n,
+            _ => 1,
+        }
+    }
+
+    /// The zero value used as the default when a schema declares none.
+    pub fn zero(self) -> Value {
+        match self {
+            Self::Float32 | Self::Float64 => Value::Float(0.0),
+            Self::Int64 => Value::Int(0),
+            Self::Bool => Value::Bool(false),
+            Self::String => Value::Str(Box::from("")),
+            Self::Float32List(n) => Value::List(vec![0.0; n].into_boxed_slice()),
+        }
+    }
+
+    /// Checks `v` against this type and converts it to the canonical variant (an integer given for a float
+    /// feature becomes a float). `Null` passes: a missing value is a status, not a type error.
+    pub fn coerce(self, v: Value) -> Result<Value, String> {
+        match (self, v) {
+            (_, Value::Null) => Ok(Value::Null),
+            (Self::Float32 | Self::Float64, Value::Float(f)) => Ok(Value::Float(f)),
+            (Self::Float32 | Self::Float64, Value::Int(i)) => Ok(Value::Float(i as f64)),
+            (Self::Int64, Value::Int(i)) => Ok(Value::Int(i)),
+            (Self::Int64, Value::Float(f)) if f.fract() == 0.0 && f.abs() < 9.0e15 => {
+                Ok(Value::Int(f as i64))
+            }
+            (Self::Bool, Value::Bool(b)) => Ok(Value::Bool(b)),
+            (Self::String, Value::Str(s)) => Ok(Value::Str(s)),
+            (Self::Float32List(n), Value::List(l)) if l.len() == n => Ok(Value::List(l)),
+            (Self::Float32List(n), Value::List(l)) => Err(format!(
+                "expected a list of {n} numbers, got {} numbers",
+                l.len()
+            )),
+            (t, v) => Err(format!("expected {t}, got {}", v.kind())),
+        }
+    }
+}
+
+impl fmt::Display for Dtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Float32 => f.write_str("float32"),
+            Self::Float64 => f.write_str("float64"),
+            Self::Int64 => f.write_str("int64"),
+            Self::Bool => f.write_str("bool"),
+            Self::String => f.write_str("string"),
+            Self::Float32List(n) => write!(f, "float32[{n}]"),
+        }
+    }
+}
+
+/// One feature value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(Box<str>),
+    List(Box<[f32]>),
+}
+
+impl Value {
+    pub fn is_null(&self) -> bool {
+        matches!(self, Self::Null)
+    }
+
+    /// A word for error messages.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Null => "null",
+            Self::Bool(_) => "a boolean",
+            Self::Int(_) => "an integer",
+            Self::Float(_) => "a number",
+            Self::Str(_) => "a string",
+            Self::List(_) => "a list",
+        }
+    }
+
+    /// Converts a JSON value (request context, loader rows, schema defaults).
+    pub fn from_json(v: &serde_json::Value) -> Result<Self, String> {
+        use serde_json::Value as J;
+        Ok(match v {
+            J::Null => Self::Null,
+            J::Bool(b) => Self::Bool(*b),
+            J::Number(n) => match n.as_i64() {
+                Some(i) => Self::Int(i),
+                None => Self::Float(n.as_f64().ok_or("number out of range")?),
+            },
+            J::String(s) => Self::Str(s.as_str().into()),
+            J::Array(items) => {
+                let mut out = Vec::with_capacity(items.len());
+                for (i, x) in items.iter().enumerate() {
+                    let f = x
+                        .as_f64()
+                        .ok_or_else(|| format!("list element {i} is not a number"))?;
+                    out.push(f as f32);
+                }
+                Self::List(out.into_boxed_slice())
+            }
+            J::Object(_) => {
+                return Err("expected a scalar or a list of numbers, got an object".into());
+            }
+        })
+    }
+
+    /// Converts a YAML value (schema defaults and transform parameters).
+    pub fn from_yaml(v: &serde_yaml::Value) -> Result<Self, String> {
+        let json = serde_json::to_value(v).map_err(|e| e.to_string())?;
+        Self::from_json(&json)
+    }
+}
+
+impl Serialize for Value {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::Null => s.serialize_unit(),
+            Self::Bool(b) => s.serialize_bool(*b),
+            Self::Int(i) => s.serialize_i64(*i),
+            Self::Float(f) => s.serialize_f64(*f),
+            Self::Str(v) => s.serialize_str(v),
+            Self::List(l) => {
+                let mut seq = s.serialize_seq(Some(l.len()))?;
+                for x in l.iter() {
+                    seq.serialize_element(x)?;
+                }
+                seq.end()
+            }
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Value {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Value;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("nil, a boolean, a number, a string or a list of numbers")
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Value, E> {
+                Ok(Value::Null)
+            }
+            fn visit_none<E: de::Error>(self) -> Result<Value, E> {
+                Ok(Value::Null)
+            }
+            fn visit_bool<E: de::Error>(self, b: bool) -> Result<Value, E> {
+                Ok(Value::Bool(b))
+            }
+            fn visit_i64<E: de::Error>(self, i: i64) -> Result<Value, E> {
+                Ok(Value::Int(i))
+            }
+            fn visit_u64<E: de::Error>(self, u: u64) -> Result<Value, E> {
+                i64::try_from(u)
+                    .map(Value::Int)
+                    .map_err(|_| E::custom("integer out of int64 range"))
+            }
+            fn visit_f64<E: de::Error>(self, f: f64) -> Result<Value, E> {
+                Ok(Value::Float(f))
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Value, E> {
+                Ok(Value::Str(s.into()))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(65_536));
+                while let Some(x) = seq.next_element::<f32>()? {
+                    out.push(x);
+                }
+                Ok(Value::List(out.into_boxed_slice()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A stored record: what one key holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    /// The view version the values were written under.
+    pub schema_version: u32,
+    /// When the values were true (milliseconds since the Unix epoch); `max_age` is measured from it.
+    pub event_ts_ms: i64,
+    pub values: Vec<Value>,
+}
+
+impl Record {
+    /// Encodes as a compact MessagePack array.
+    pub fn encode(&self) -> Vec<u8> {
+        // Serializing plain data into a Vec cannot fail.
+        rmp_serde::to_vec(self).unwrap_or_default()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, String> {
+        rmp_serde::from_slice(bytes).map_err(|e| format!("not a valid record: {e}"))
+    }
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_through_messagepack() {
+        let r = Record {
+            schema_version: 3,
+            event_ts_ms: 1_700_000_000_123,
+            values: vec![
+                Value::Int(31),
+                Value::Str("de".into()),
+                Value::Bool(true),
+                Value::Float(12.5),
+                Value::Null,
+                Value::List(vec![0.25, -1.0].into_boxed_slice()),
+            ],
+        };
+        let bytes = r.encode();
+        assert_eq!(Record::decode(&bytes).expect("decodes"), r);
+        assert!(Record::decode(b"\xc1garbage").is_err());
+        assert!(Record::decode(&bytes[..bytes.len() - 2]).is_err());
+    }
+
+    #[test]
+    fn coerce_checks_types_and_list_length() {
+        assert_eq!(Dtype::Float32.coerce(Value::Int(2)), Ok(Value::Float(2.0)));
+        assert!(Dtype::Int64.coerce(Value::Float(2.5)).is_err());
+        assert!(Dtype::String.coerce(Value::Int(1)).is_err());
+        let e = Dtype::Float32List(4)
+            .coerce(Value::List(vec![1.0].into_boxed_slice()))
+            .expect_err("wrong length");
+        assert!(e.contains("4"), "{e}");
+        assert_eq!(Dtype::Bool.coerce(Value::Null), Ok(Value::Null));
+    }
+
+    #[test]
+    fn dtype_parse_names_the_problem() {
+        assert_eq!(Dtype::parse("float32[8]"), Ok(Dtype::Float32List(8)));
+        assert!(
+            Dtype::parse("flaot32")
+                .expect_err("typo")
+                .contains("unknown dtype")
+        );
+        assert!(Dtype::parse("float32[0]").is_err());
+        assert!(Dtype::parse("float32[x]").is_err());
+    }
+}
