@@ -1,0 +1,169 @@
+//! Test harness: starts the real gateway on port 0 over a real store, with typed request helpers.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use hydrant::app::Application;
+use hydrant::clock::Clock;
+use hydrant::config::Config;
+use hydrant::gateway::Gateway;
+use hydrant::schema::Registry;
+use hydrant::store::{EmbeddedStore, Store};
+use serde_json::Value as Json;
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A config for tests: port 0, the repo's schemas and models, logs quiet.
+pub fn test_config() -> Config {
+    let mut c = Config::default();
+    c.server.bind = "127.0.0.1:0".parse().expect("addr");
+    c.registry.schemas = root().join("schemas");
+    c.registry.models = root().join("models");
+    c.inference.onnxruntime_library = root().join(".ort/lib/libonnxruntime.so.1.31.1");
+    c.inference.default_sessions = 2;
+    c.telemetry.log_level = "warn".to_owned();
+    c
+}
+
+/// A running gateway.
+pub struct TestApp {
+    pub addr: String,
+    pub client: reqwest::Client,
+    pub gateway: Arc<Gateway>,
+    pub store: Arc<dyn Store>,
+    pub clock: Clock,
+    pub config: Config,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    handle: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+/// A response as the tests look at it.
+pub struct Reply {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    pub fn json(&self) -> Json {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!("body is not JSON ({e}): {}", String::from_utf8_lossy(&self.body))
+        })
+    }
+
+    /// The error code of an error body.
+    pub fn code(&self) -> String {
+        self.json()["error"]["code"].as_str().unwrap_or("").to_owned()
+    }
+}
+
+/// An embedded store in a temporary folder, loaded with the demo rows.
+pub async fn demo_store() -> (Arc<dyn Store>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store: Arc<dyn Store> = Arc::new(EmbeddedStore::open(&dir.path().join("t.redb")).expect("store"));
+    load_demo_rows(store.as_ref(), "hy").await;
+    (store, dir)
+}
+
+/// Loads `demo/rows/*.jsonl` into `store`.
+pub async fn load_demo_rows(store: &dyn Store, prefix: &str) {
+    let registry = Registry::load_dir(&root().join("schemas"), &root().join("models")).expect("schemas");
+    for view in ["user_profile", "item_stats"] {
+        let path = root().join(format!("demo/rows/{view}.jsonl"));
+        let f = std::io::BufReader::new(std::fs::File::open(&path).expect("rows"));
+        let report = hydrant::loader::load(&registry.views[view], prefix, f, false, &Config::default().limits, store)
+            .await
+            .expect("load");
+        assert!(report.rejected.is_empty(), "{:?}", report.rejected);
+    }
+}
+
+impl TestApp {
+    /// The demo gateway on the embedded store with the demo rows.
+    pub async fn spawn() -> Self {
+        let (store, dir) = demo_store().await;
+        Self::spawn_with(test_config(), store, Some(dir)).await
+    }
+
+    pub async fn spawn_with(config: Config, store: Arc<dyn Store>, dir: Option<tempfile::TempDir>) -> Self {
+        let clock = Clock::default();
+        let app = Application::build_with_store(config.clone(), store.clone(), clock.clone())
+            .await
+            .expect("the app builds");
+        let addr = format!("http://127.0.0.1:{}", app.port());
+        let gateway = app.gateway();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let handle = tokio::spawn(app.run_until_stopped(async move {
+            let _ = rx.await;
+        }));
+        Self {
+            addr,
+            client: reqwest::Client::new(),
+            gateway,
+            store,
+            clock,
+            config,
+            shutdown: Some(tx),
+            handle: Some(handle),
+            _dir: dir,
+        }
+    }
+
+    pub async fn post(&self, path: &str, content_type: &str, body: Vec<u8>) -> Reply {
+        self.post_with(path, &[("content-type", content_type)], body).await
+    }
+
+    pub async fn post_with(&self, path: &str, headers: &[(&str, &str)], body: Vec<u8>) -> Reply {
+        let mut req = self.client.post(format!("{}{path}", self.addr)).body(body);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let resp = req.send().await.expect("request sent");
+        Reply {
+            status: resp.status().as_u16(),
+            headers: resp.headers().clone(),
+            body: resp.bytes().await.expect("body").to_vec(),
+        }
+    }
+
+    pub async fn get(&self, path: &str) -> Reply {
+        let resp = self.client.get(format!("{}{path}", self.addr)).send().await.expect("request sent");
+        Reply {
+            status: resp.status().as_u16(),
+            headers: resp.headers().clone(),
+            body: resp.bytes().await.expect("body").to_vec(),
+        }
+    }
+
+    /// `POST /v1/models/{model}/predict` with a JSON body.
+    pub async fn predict(&self, model: &str, body: &Json) -> Reply {
+        self.post(&format!("/v1/models/{model}/predict"), "application/json", serde_json::to_vec(body).expect("json"))
+            .await
+    }
+
+    /// Stops the server and waits for it to drain.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(h) = self.handle.take() {
+            let _ = h.await;
+        }
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+pub fn path_exists(p: &Path) -> bool {
+    p.exists()
+}
