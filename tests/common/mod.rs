@@ -51,33 +51,48 @@ pub struct Reply {
 impl Reply {
     pub fn json(&self) -> Json {
         serde_json::from_slice(&self.body).unwrap_or_else(|e| {
-            panic!("body is not JSON ({e}): {}", String::from_utf8_lossy(&self.body))
+            panic!(
+                "body is not JSON ({e}): {}",
+                String::from_utf8_lossy(&self.body)
+            )
         })
     }
 
     /// The error code of an error body.
     pub fn code(&self) -> String {
-        self.json()["error"]["code"].as_str().unwrap_or("").to_owned()
+        self.json()["error"]["code"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned()
     }
 }
 
 /// An embedded store in a temporary folder, loaded with the demo rows.
 pub async fn demo_store() -> (Arc<dyn Store>, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store: Arc<dyn Store> = Arc::new(EmbeddedStore::open(&dir.path().join("t.redb")).expect("store"));
+    let store: Arc<dyn Store> =
+        Arc::new(EmbeddedStore::open(&dir.path().join("t.redb")).expect("store"));
     load_demo_rows(store.as_ref(), "hy").await;
     (store, dir)
 }
 
 /// Loads `demo/rows/*.jsonl` into `store`.
 pub async fn load_demo_rows(store: &dyn Store, prefix: &str) {
-    let registry = Registry::load_dir(&root().join("schemas"), &root().join("models")).expect("schemas");
+    let registry =
+        Registry::load_dir(&root().join("schemas"), &root().join("models")).expect("schemas");
     for view in ["user_profile", "item_stats"] {
         let path = root().join(format!("demo/rows/{view}.jsonl"));
         let f = std::io::BufReader::new(std::fs::File::open(&path).expect("rows"));
-        let report = hydrant::loader::load(&registry.views[view], prefix, f, false, &Config::default().limits, store)
-            .await
-            .expect("load");
+        let report = hydrant::loader::load(
+            &registry.views[view],
+            prefix,
+            f,
+            false,
+            &Config::default().limits,
+            store,
+        )
+        .await
+        .expect("load");
         assert!(report.rejected.is_empty(), "{:?}", report.rejected);
     }
 }
@@ -89,7 +104,11 @@ impl TestApp {
         Self::spawn_with(test_config(), store, Some(dir)).await
     }
 
-    pub async fn spawn_with(config: Config, store: Arc<dyn Store>, dir: Option<tempfile::TempDir>) -> Self {
+    pub async fn spawn_with(
+        config: Config,
+        store: Arc<dyn Store>,
+        dir: Option<tempfile::TempDir>,
+    ) -> Self {
         let clock = Clock::default();
         let app = Application::build_with_store(config.clone(), store.clone(), clock.clone())
             .await
@@ -114,7 +133,8 @@ impl TestApp {
     }
 
     pub async fn post(&self, path: &str, content_type: &str, body: Vec<u8>) -> Reply {
-        self.post_with(path, &[("content-type", content_type)], body).await
+        self.post_with(path, &[("content-type", content_type)], body)
+            .await
     }
 
     pub async fn post_with(&self, path: &str, headers: &[(&str, &str)], body: Vec<u8>) -> Reply {
@@ -131,7 +151,12 @@ impl TestApp {
     }
 
     pub async fn get(&self, path: &str) -> Reply {
-        let resp = self.client.get(format!("{}{path}", self.addr)).send().await.expect("request sent");
+        let resp = self
+            .client
+            .get(format!("{}{path}", self.addr))
+            .send()
+            .await
+            .expect("request sent");
         Reply {
             status: resp.status().as_u16(),
             headers: resp.headers().clone(),
@@ -141,8 +166,12 @@ impl TestApp {
 
     /// `POST /v1/models/{model}/predict` with a JSON body.
     pub async fn predict(&self, model: &str, body: &Json) -> Reply {
-        self.post(&format!("/v1/models/{model}/predict"), "application/json", serde_json::to_vec(body).expect("json"))
-            .await
+        self.post(
+            &format!("/v1/models/{model}/predict"),
+            "application/json",
+            serde_json::to_vec(body).expect("json"),
+        )
+        .await
     }
 
     /// Stops the server and waits for it to drain.

@@ -1,0 +1,796 @@
+//! The gateway end to end on the embedded store: real app on port 0, real ONNX Runtime, demo schemas and rows.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::{TestApp, root};
+use serde_json::{Value as Json, json};
+
+// ------------------------------------------------------------------------------------------------------
+// An independent computation of the demo model: the input layout of models/README.md and a plain MLP
+// forward pass over models/ctr.weights.json. Nothing here calls hydrant's code.
+
+fn rows(view: &str, key: &str) -> HashMap<String, Json> {
+    let text =
+        std::fs::read_to_string(root().join(format!("demo/rows/{view}.jsonl"))).expect("rows");
+    text.lines()
+        .map(|l| serde_json::from_str::<Json>(l).expect("json"))
+        .map(|r| (r[key].as_str().expect("key").to_owned(), r))
+        .collect()
+}
+
+fn fnv(s: &str) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in s.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    h
+}
+
+fn get<'a>(row: Option<&'a Json>, f: &str) -> Option<&'a Json> {
+    row.and_then(|r| r.get(f)).filter(|v| !v.is_null())
+}
+
+fn num(row: Option<&Json>, f: &str, default: f64) -> f64 {
+    get(row, f).and_then(Json::as_f64).unwrap_or(default)
+}
+
+fn text<'a>(row: Option<&'a Json>, f: &str, default: &'a str) -> &'a str {
+    get(row, f).and_then(Json::as_str).unwrap_or(default)
+}
+
+fn one_hot(v: &str, vocab: &[&str], out: &mut Vec<f64>) {
+    out.extend(vocab.iter().map(|w| if *w == v { 1.0 } else { 0.0 }));
+}
+
+fn list(row: Option<&Json>, f: &str, out: &mut Vec<f64>) {
+    match get(row, f).and_then(Json::as_array) {
+        Some(a) => out.extend(a.iter().map(|x| x.as_f64().expect("number"))),
+        None => out.extend([0.0; 4]),
+    }
+}
+
+fn bucket(x: f64, bounds: &[f64]) -> f64 {
+    bounds.iter().filter(|b| x >= **b).count() as f64
+}
+
+fn vector(
+    user: Option<&Json>,
+    item: Option<&Json>,
+    hour: Option<i64>,
+    device: Option<&str>,
+) -> Vec<f64> {
+    let mut v = Vec::with_capacity(27);
+    v.push((num(user, "age", 30.0) - 40.0) / 12.0);
+    v.push(
+        if get(user, "is_premium")
+            .and_then(Json::as_bool)
+            .unwrap_or(false)
+        {
+            1.0
+        } else {
+            0.0
+        },
+    );
+    v.push(num(user, "avg_session_minutes", 10.0).ln_1p());
+    one_hot(
+        text(user, "country", "unknown"),
+        &["us", "de", "in", "br"],
+        &mut v,
+    );
+    list(user, "embedding", &mut v);
+    one_hot(
+        text(item, "category", "other"),
+        &["sports", "tech", "fashion", "food"],
+        &mut v,
+    );
+    v.push((fnv(text(item, "brand", "unknown")) % 16) as f64);
+    v.push(num(item, "price", 20.0).ln_1p());
+    v.push(num(item, "ctr_7d", 0.01).clamp(0.0, 0.5));
+    v.push(bucket(
+        num(item, "impressions_7d", 0.0),
+        &[10.0, 100.0, 1000.0, 10000.0],
+    ));
+    list(item, "embedding", &mut v);
+    v.push(bucket(hour.unwrap_or(12) as f64, &[6.0, 12.0, 18.0]));
+    one_hot(device.unwrap_or("web"), &["ios", "android", "web"], &mut v);
+    v.into_iter().map(|x| f64::from(x as f32)).collect()
+}
+
+struct Mlp {
+    w1: Vec<Vec<f64>>,
+    b1: Vec<f64>,
+    w2: Vec<Vec<f64>>,
+    b2: Vec<f64>,
+}
+
+impl Mlp {
+    fn load() -> Self {
+        let j: Json = serde_json::from_str(
+            &std::fs::read_to_string(root().join("models/ctr.weights.json")).expect("weights"),
+        )
+        .expect("json");
+        let m = |v: &Json| -> Vec<Vec<f64>> {
+            v.as_array()
+                .expect("rows")
+                .iter()
+                .map(|r| {
+                    r.as_array()
+                        .expect("row")
+                        .iter()
+                        .map(|x| x.as_f64().expect("f"))
+                        .collect()
+                })
+                .collect()
+        };
+        let b = |v: &Json| -> Vec<f64> {
+            v.as_array()
+                .expect("b")
+                .iter()
+                .map(|x| x.as_f64().expect("f"))
+                .collect()
+        };
+        Self {
+            w1: m(&j["w1"]),
+            b1: b(&j["b1"]),
+            w2: m(&j["w2"]),
+            b2: b(&j["b2"]),
+        }
+    }
+
+    fn score(&self, x: &[f64]) -> f64 {
+        assert_eq!(x.len(), self.w1.len(), "input width");
+        let hidden: Vec<f64> = (0..self.b1.len())
+            .map(|j| {
+                (self.b1[j]
+                    + x.iter()
+                        .zip(&self.w1)
+                        .map(|(xi, row)| xi * row[j])
+                        .sum::<f64>())
+                .max(0.0)
+            })
+            .collect();
+        let z = self.b2[0]
+            + hidden
+                .iter()
+                .zip(&self.w2)
+                .map(|(h, row)| h * row[0])
+                .sum::<f64>();
+        1.0 / (1.0 + (-z).exp())
+    }
+}
+
+fn scores(reply: &Json) -> Vec<f64> {
+    reply["outputs"]["score"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no scores in {reply}"))
+        .iter()
+        .map(|x| x.as_f64().expect("score"))
+        .collect()
+}
+
+// ------------------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn predict_scores_equal_the_model_run_on_an_independently_assembled_vector() {
+    let app = TestApp::spawn().await;
+    let users = rows("user_profile", "user_id");
+    let items = rows("item_stats", "item_id");
+    let mlp = Mlp::load();
+    // Users with a null field and out-of-vocabulary countries, items with null ctr, one unknown item,
+    // one unknown user, and a request without context.
+    let cases: Vec<(&str, Vec<&str>, Option<i64>, Option<&str>)> = vec![
+        (
+            "u_24",
+            vec!["i_1", "i_0", "i_10", "i_81", "i_84", "i_nope"],
+            Some(20),
+            Some("ios"),
+        ),
+        ("u_1", vec!["i_0", "i_1999"], Some(3), Some("android")),
+        ("u_23", vec!["i_10"], Some(18), Some("web")),
+        ("u_49", vec!["i_81", "i_5", "i_6", "i_7"], None, None),
+        ("nobody", vec!["i_3", "i_4"], Some(12), Some("ios")),
+    ];
+    for (user, cands, hour, device) in cases {
+        let mut context = serde_json::Map::new();
+        if let Some(h) = hour {
+            context.insert("hour_of_day".into(), json!(h));
+        }
+        if let Some(d) = device {
+            context.insert("device".into(), json!(d));
+        }
+        let body = json!({
+            "entities": {"user_id": user},
+            "context": context,
+            "candidates": cands.iter().map(|c| json!({"item_id": c})).collect::<Vec<_>>(),
+        });
+        let r = app.predict("ctr", &body).await;
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        let got = scores(&r.json());
+        assert_eq!(got.len(), cands.len());
+        for (i, item) in cands.iter().enumerate() {
+            let x = vector(users.get(user), items.get(*item), hour, device);
+            let want = mlp.score(&x);
+            assert!(
+                (got[i] - want).abs() < 1e-5,
+                "user {user} item {item}: gateway {} vs independent {want}",
+                got[i]
+            );
+        }
+        let st = &r.json()["feature_status"];
+        assert_eq!(
+            st["user_profile"],
+            if users.contains_key(user) {
+                "PRESENT"
+            } else {
+                "NOT_FOUND"
+            }
+        );
+        for (i, item) in cands.iter().enumerate() {
+            let want = if items.contains_key(*item) {
+                "PRESENT"
+            } else {
+                "NOT_FOUND"
+            };
+            assert_eq!(st["item_stats"][i], want, "status of {item}");
+        }
+    }
+    // The committed worked examples agree too.
+    let examples: Json = serde_json::from_str(
+        &std::fs::read_to_string(root().join("models/ctr.examples.json")).expect("examples"),
+    )
+    .expect("json");
+    for ex in examples.as_array().expect("list") {
+        let body = json!({
+            "entities": {"user_id": ex["user"]["user_id"]},
+            "context": ex["context"],
+            "candidates": [{"item_id": ex["item"]["item_id"]}],
+            "options": {"return_features": true},
+        });
+        let r = app.predict("ctr", &body).await.json();
+        let want = ex["score"].as_f64().expect("score");
+        assert!((scores(&r)[0] - want).abs() < 1e-5, "example {ex}: got {r}");
+        let features: Vec<f64> = r["features"][0]
+            .as_array()
+            .expect("features")
+            .iter()
+            .map(|x| x.as_f64().expect("f"))
+            .collect();
+        let vector: Vec<f64> = ex["vector"]
+            .as_array()
+            .expect("vector")
+            .iter()
+            .map(|x| x.as_f64().expect("f"))
+            .collect();
+        for (a, b) in features.iter().zip(&vector) {
+            assert!(
+                (a - b).abs() < 1e-6,
+                "assembled {features:?} vs example {vector:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_second_identical_request_is_served_from_the_cache() {
+    let app = TestApp::spawn().await;
+    let body = json!({"entities": {"user_id": "u_7"}, "candidates": [{"item_id": "i_7"}, {"item_id": "i_8"}]});
+    let first = app.predict("ctr", &body).await.json();
+    assert_eq!(first["cache"], json!({"hits": 0, "stale": 0, "misses": 3}));
+    let second = app.predict("ctr", &body).await.json();
+    assert_eq!(second["cache"], json!({"hits": 3, "stale": 0, "misses": 0}));
+    assert_eq!(first["outputs"], second["outputs"]);
+    // A key that does not exist is cached as "not found" too (negative caching).
+    let body = json!({"entities": {"user_id": "u_ghost"}, "candidates": [{"item_id": "i_7"}]});
+    app.predict("ctr", &body).await;
+    let again = app.predict("ctr", &body).await.json();
+    assert_eq!(again["cache"]["hits"], 2);
+    assert_eq!(again["feature_status"]["user_profile"], "NOT_FOUND");
+}
+
+#[tokio::test]
+async fn json_and_messagepack_give_the_same_answer() {
+    let app = TestApp::spawn().await;
+    let body = json!({
+        "entities": {"user_id": "u_3"},
+        "context": {"hour_of_day": 9, "device": "android"},
+        "candidates": [{"item_id": "i_11"}, {"item_id": "i_12"}, {"item_id": "i_x"}],
+        "options": {"timings": false},
+    });
+    let j = app.predict("ctr", &body).await;
+    assert_eq!(j.status, 200);
+    let packed = rmp_serde::to_vec_named(&body).expect("msgpack");
+    let m = app
+        .post_with(
+            "/v1/models/ctr/predict",
+            &[
+                ("content-type", "application/msgpack"),
+                ("accept", "application/msgpack"),
+            ],
+            packed,
+        )
+        .await;
+    assert_eq!(m.status, 200, "{}", String::from_utf8_lossy(&m.body));
+    assert_eq!(m.headers["content-type"], "application/msgpack");
+    let decoded: Json = rmp_serde::from_slice(&m.body).expect("a MessagePack body");
+    let mut j = j.json();
+    let mut decoded = decoded;
+    // The second request hit the cache the first one filled; everything else is identical. Scores are
+    // float32 in both; JSON prints their shortest form, so compare them as float32.
+    j["cache"] = decoded["cache"].clone();
+    let as_f32 = |v: &mut Json| {
+        for s in v["outputs"]["score"].as_array_mut().expect("scores") {
+            *s = json!(s.as_f64().expect("f") as f32);
+        }
+    };
+    as_f32(&mut j);
+    as_f32(&mut decoded);
+    assert_eq!(decoded, j);
+    // Asked in MessagePack, answered in JSON when that is what Accept says.
+    let packed = rmp_serde::to_vec_named(&body).expect("msgpack");
+    let r = app
+        .post_with(
+            "/v1/models/ctr/predict",
+            &[
+                ("content-type", "application/msgpack"),
+                ("accept", "application/json"),
+            ],
+            packed,
+        )
+        .await;
+    assert_eq!(r.headers["content-type"], "application/json");
+    let mut r = r.json();
+    as_f32(&mut r);
+    assert_eq!(r["outputs"], decoded["outputs"]);
+}
+
+#[tokio::test]
+async fn timings_cover_every_stage_in_the_body_and_the_server_timing_header() {
+    let app = TestApp::spawn().await;
+    let r = app
+        .predict(
+            "ctr",
+            &json!({"entities": {"user_id": "u_1"}, "candidates": [{"item_id": "i_1"}]}),
+        )
+        .await;
+    let t = &r.json()["timings_us"];
+    let stages = [
+        "decode",
+        "hydrate",
+        "assemble",
+        "queue",
+        "infer",
+        "postprocess",
+        "encode",
+    ];
+    let sum: u64 = stages
+        .iter()
+        .map(|s| t[*s].as_u64().unwrap_or_else(|| panic!("stage {s} in {t}")))
+        .sum();
+    let total = t["total"].as_u64().expect("total");
+    assert!(sum <= total + 2, "stages {sum} exceed total {total}");
+    assert!(t["infer"].as_u64().expect("infer") > 0);
+    let header = r.headers["server-timing"].to_str().expect("ascii");
+    for s in stages.iter().chain(&["total"]) {
+        assert!(header.contains(&format!("{s};dur=")), "{header}");
+    }
+}
+
+#[tokio::test]
+async fn features_endpoint_returns_the_values_written() {
+    let app = TestApp::spawn().await;
+    let users = rows("user_profile", "user_id");
+    let body = json!({"entities": {"user_id": ["u_5", "u_missing", "u_6"]}, "features": ["user_profile:age", "user_profile:embedding", "user_profile:avg_session_minutes"]});
+    let r = app
+        .post(
+            "/v1/features",
+            "application/json",
+            serde_json::to_vec(&body).expect("json"),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let j = r.json();
+    let ages = &j["features"]["user_profile:age"];
+    assert_eq!(ages["values"][0], users["u_5"]["age"]);
+    assert_eq!(ages["values"][1], 30, "the default for a missing user");
+    assert_eq!(ages["statuses"], json!(["PRESENT", "NOT_FOUND", "PRESENT"]));
+    let emb = j["features"]["user_profile:embedding"]["values"][2]
+        .as_array()
+        .expect("list")
+        .clone();
+    let want = users["u_6"]["embedding"].as_array().expect("list").clone();
+    for (a, b) in emb.iter().zip(&want) {
+        assert!((a.as_f64().expect("f") - b.as_f64().expect("f")).abs() < 1e-6);
+    }
+    // A user whose avg_session_minutes is null in the store reads as NULL_VALUE with the default.
+    let (null_user, _) = users
+        .iter()
+        .find(|(_, r)| r["avg_session_minutes"].is_null())
+        .expect("a null row");
+    let body = json!({"entities": {"user_id": null_user}, "features": ["user_profile:avg_session_minutes"]});
+    let j = app
+        .post(
+            "/v1/features",
+            "application/json",
+            serde_json::to_vec(&body).expect("json"),
+        )
+        .await
+        .json();
+    assert_eq!(
+        j["features"]["user_profile:avg_session_minutes"]["statuses"][0],
+        "NULL_VALUE"
+    );
+    assert_eq!(
+        j["features"]["user_profile:avg_session_minutes"]["values"][0],
+        10.0
+    );
+}
+
+#[tokio::test]
+async fn keys_with_unicode_and_separators_stay_inside_their_view() {
+    let app = TestApp::spawn().await;
+    // Write a user whose key looks like another view's key, and one with non-ASCII characters.
+    let registry =
+        hydrant::schema::Registry::load_dir(&root().join("schemas"), &root().join("models"))
+            .expect("schemas");
+    let rows = "{\"user_id\": \"item_stats:i_1\", \"age\": 77}\n{\"user_id\": \"Zoë 🙂 ユーザー\", \"age\": 55}\n";
+    hydrant::loader::load(
+        &registry.views["user_profile"],
+        "hy",
+        rows.as_bytes(),
+        false,
+        &app.config.limits,
+        app.store.as_ref(),
+    )
+    .await
+    .expect("load");
+    let feats =
+        |user: &str| json!({"entities": {"user_id": user}, "features": ["user_profile:age"]});
+    let age = |j: Json| j["features"]["user_profile:age"]["values"][0].clone();
+    let r = app
+        .post(
+            "/v1/features",
+            "application/json",
+            serde_json::to_vec(&feats("item_stats:i_1")).expect("j"),
+        )
+        .await;
+    assert_eq!(age(r.json()), 77);
+    let r = app
+        .post(
+            "/v1/features",
+            "application/json",
+            serde_json::to_vec(&feats("Zoë 🙂 ユーザー")).expect("j"),
+        )
+        .await;
+    assert_eq!(age(r.json()), 55);
+    // An item key made to look like a path into the user view finds nothing there.
+    let body = json!({"entities": {"item_id": ["../user_profile:u_1", "hy:user_profile:u_1", ":u_1"]}, "features": ["item_stats:price"]});
+    let j = app
+        .post(
+            "/v1/features",
+            "application/json",
+            serde_json::to_vec(&body).expect("j"),
+        )
+        .await
+        .json();
+    assert_eq!(
+        j["features"]["item_stats:price"]["statuses"],
+        json!(["NOT_FOUND", "NOT_FOUND", "NOT_FOUND"])
+    );
+    // Control characters are refused.
+    let r = app
+        .post(
+            "/v1/features",
+            "application/json",
+            serde_json::to_vec(&feats("a\nb")).expect("j"),
+        )
+        .await;
+    assert_eq!((r.status, r.code().as_str()), (400, "invalid_entity_key"));
+}
+
+/// Every bad input gets its documented status and error code, and the process keeps serving.
+#[tokio::test]
+async fn bad_requests_get_documented_errors_and_the_gateway_keeps_serving() {
+    let app = TestApp::spawn().await;
+    let good = json!({"entities": {"user_id": "u_1"}, "candidates": [{"item_id": "i_1"}]});
+    struct Case {
+        name: &'static str,
+        path: &'static str,
+        content_type: &'static str,
+        body: Vec<u8>,
+        status: u16,
+        code: &'static str,
+        field: Option<&'static str>,
+    }
+    let j = |v: Json| serde_json::to_vec(&v).expect("json");
+    let many: Vec<Json> = (0..1001)
+        .map(|i| json!({"item_id": format!("i_{i}")}))
+        .collect();
+    let cases = vec![
+        Case {
+            name: "malformed JSON",
+            path: "/v1/models/ctr/predict",
+            content_type: "application/json",
+            body: b"{\"entities\": {".to_vec(),
+            status: 400,
+            code: "invalid_json",
+            field: None,
+        },
+        Case {
+            name: "trailing garbage",
+            path: "/v1/models/ctr/predict",
+            content_type: "application/json",
+            body: b"{} x".to_vec(),
+            status: 400,
+            code: "invalid_json",
+            field: None,
+        },
+        Case {
+            name: "malformed MessagePack",
+            path: "/v1/models/ctr/predict",
+            content_type: "application/msgpack",
+            body: vec![0xc1, 0xff, 0x00],
+            status: 400,
+            code: "invalid_msgpack",
+            field: None,
+        },
+        Case {
+            name: "wrong type of a key",
+            path: "/v1/models/ctr/predict",
+            content_type: "application/json",
+            body: j(
+                json!({"entities": {"user_id": "u_1"}, "candidates": [{"item_id": "i_1"}, {"item_id": [1]}]}),
+            ),
+            status: 400,
+            code: "invalid_field",
+            field: Some("candidates[1].item_id"),
+        },
+        Case {
+            name: "integer key for a string entity",
+            path: "/v1/models/ctr/predict",
+            content_type: "application/json",
+            body: j(json!({"entities": {"user_id": 5}, "candidates": [{"item_id": "i_1"}]})),
+            status: 400,
+            code: "invalid_entity_key",
+            field: Some("entities.user_id"),
+        },
+        Case {
+            name: "wrong context type",
+            path: "/v1/models/ctr/predict",
+            content_type: "application/json",
+            body: j(
+                json!({"entities": {"user_id": "u_1"}, "context": {"hour_of_day": "noon"}, "candidates": [{"item_id": "i_1"}]}),
+            ),
+            status: 400,
+            code: "invalid_field",
+            field: Some("context.hour_of_day"),
+        },
+        Case {
+            name: "options of the wrong type",
+            path: "/v1/models/ctr/predict",
+            content_type: "application/json",
+            body: j(json!({"entities": {"user_id": "u_1"}, "options": {"deadline_ms": "soon"}})),
+            status: 400,
+            code: "invalid_field",
+            field: Some("options.deadline_ms"),
+        },
+        Case {
+            name: "unknown top-level field",
+            path: "/v1/models/ctr/predict",
+            content_type: "application/json",
+            body: j(json!({"entity": {"user_id": "u_1"}})),
+            status: 400,
+            code: "invalid_field",
+            field: None,
+        },
+        Case {
+            name: "missing entity",
+            path: "/v1/models/ctr/predict",
+            content_type: "application/json",
+            body: j(json!({"candidates": [{"item_id": "i_1"}]})),
+            status: 400,
+            code: "missing_entity",
+            field: Some("entities.user_id"),
+        },
+        Case {
+            name: "a candidate without its key",
+            path: "/v1/models/ctr/predict",
+            content_type: "application/json",
+            body: j(
+                json!({"entities": {"user_id": "u_1"}, "candidates": [{"item_id": "i_1"}, {}]}),
+            ),
+            status: 400,
+            code: "missing_entity",
+            field: Some("candidates[1].item_id"),
+        },
+        Case {
+            name: "unknown entity",
+            path: "/v1/models/ctr/predict",
+            content_type: "application/json",
+            body: j(
+                json!({"entities": {"user_id": "u_1", "shop_id": "s"}, "candidates": [{"item_id": "i_1"}]}),
+            ),
+            status: 400,
+            code: "unknown_entity",
+            field: Some("entities.shop_id"),
+        },
+        Case {
+            name: "unknown context field",
+            path: "/v1/models/ctr/predict",
+            content_type: "application/json",
+            body: j(
+                json!({"entities": {"user_id": "u_1"}, "context": {"weekday": 3}, "candidates": [{"item_id": "i_1"}]}),
+            ),
+            status: 400,
+            code: "unknown_context_field",
+            field: Some("context.weekday"),
+        },
+        Case {
+            name: "empty candidate list",
+            path: "/v1/models/ctr/predict",
+            content_type: "application/json",
+            body: j(json!({"entities": {"user_id": "u_1"}, "candidates": []})),
+            status: 400,
+            code: "empty_candidates",
+            field: Some("candidates"),
+        },
+        Case {
+            name: "oversized candidate list",
+            path: "/v1/models/ctr/predict",
+            content_type: "application/json",
+            body: j(json!({"entities": {"user_id": "u_1"}, "candidates": many})),
+            status: 413,
+            code: "too_many_candidates",
+            field: Some("candidates"),
+        },
+        Case {
+            name: "empty key",
+            path: "/v1/models/ctr/predict",
+            content_type: "application/json",
+            body: j(json!({"entities": {"user_id": ""}, "candidates": [{"item_id": "i_1"}]})),
+            status: 400,
+            code: "invalid_entity_key",
+            field: Some("entities.user_id"),
+        },
+        Case {
+            name: "overlong key",
+            path: "/v1/models/ctr/predict",
+            content_type: "application/json",
+            body: j(
+                json!({"entities": {"user_id": "u".repeat(300)}, "candidates": [{"item_id": "i_1"}]}),
+            ),
+            status: 400,
+            code: "invalid_entity_key",
+            field: Some("entities.user_id"),
+        },
+        Case {
+            name: "unknown model",
+            path: "/v1/models/ctrr/predict",
+            content_type: "application/json",
+            body: j(good.clone()),
+            status: 404,
+            code: "unknown_model",
+            field: None,
+        },
+        Case {
+            name: "unsupported content type",
+            path: "/v1/models/ctr/predict",
+            content_type: "text/plain",
+            body: j(good.clone()),
+            status: 415,
+            code: "unsupported_media_type",
+            field: None,
+        },
+        Case {
+            name: "body over the limit",
+            path: "/v1/models/ctr/predict",
+            content_type: "application/json",
+            body: vec![b' '; 2 << 20],
+            status: 413,
+            code: "body_too_large",
+            field: None,
+        },
+        Case {
+            name: "unknown feature",
+            path: "/v1/features",
+            content_type: "application/json",
+            body: j(json!({"entities": {"user_id": ["u_1"]}, "features": ["user_profile:agee"]})),
+            status: 400,
+            code: "unknown_feature",
+            field: Some("features[0]"),
+        },
+        Case {
+            name: "unknown view",
+            path: "/v1/features",
+            content_type: "application/json",
+            body: j(json!({"entities": {"user_id": ["u_1"]}, "features": ["user_profiles:age"]})),
+            status: 400,
+            code: "unknown_view",
+            field: Some("features[0]"),
+        },
+        Case {
+            name: "features without the view's entity",
+            path: "/v1/features",
+            content_type: "application/json",
+            body: j(json!({"entities": {"user_id": ["u_1"]}, "features": ["item_stats:price"]})),
+            status: 400,
+            code: "missing_entity",
+            field: Some("entities.item_id"),
+        },
+        Case {
+            name: "unknown route",
+            path: "/v1/nothing",
+            content_type: "application/json",
+            body: j(good.clone()),
+            status: 404,
+            code: "unknown_route",
+            field: None,
+        },
+    ];
+    for c in cases {
+        let r = app.post(c.path, c.content_type, c.body).await;
+        assert_eq!(
+            r.status,
+            c.status,
+            "{}: {}",
+            c.name,
+            String::from_utf8_lossy(&r.body)
+        );
+        let body = r.json();
+        assert_eq!(body["error"]["code"], c.code, "{}: {body}", c.name);
+        assert!(
+            !body["error"]["message"].as_str().unwrap_or("").is_empty(),
+            "{}: message",
+            c.name
+        );
+        match c.field {
+            Some(f) => assert_eq!(body["error"]["field"], f, "{}: {body}", c.name),
+            None => {}
+        }
+        // Still serving.
+        assert_eq!(
+            app.predict("ctr", &good).await.status,
+            200,
+            "after {}",
+            c.name
+        );
+    }
+    assert_eq!(app.get("/v2/health/live").await.status, 200);
+    assert_eq!(app.get("/v2/health/ready").await.status, 200);
+}
+
+#[tokio::test]
+async fn error_messages_name_what_was_expected() {
+    let app = TestApp::spawn().await;
+    let r = app
+        .predict("ctr", &json!({"entities": {"user_id": "u_1"}, "context": {"hour_of_day": "noon"}, "candidates": [{"item_id": "i_1"}]}))
+        .await;
+    let m = r.json()["error"]["message"]
+        .as_str()
+        .expect("message")
+        .to_owned();
+    assert!(m.contains("int64") && m.contains("string"), "{m}");
+    let r = app.predict("ctrr", &json!({})).await;
+    let m = r.json()["error"]["message"]
+        .as_str()
+        .expect("message")
+        .to_owned();
+    assert!(
+        m.contains("ctrr") && m.contains("ctr"),
+        "lists the known models: {m}"
+    );
+}
+
+#[tokio::test]
+async fn model_metadata_describes_the_onnx_input_and_outputs() {
+    let app = TestApp::spawn().await;
+    let j = app.get("/v2/models/ctr").await.json();
+    assert_eq!(j["name"], "ctr");
+    assert_eq!(j["inputs"][0]["name"], "features");
+    assert_eq!(j["inputs"][0]["shape"], json!([-1, 27]));
+    assert_eq!(j["outputs"][0]["name"], "score");
+    assert_eq!(j["parameters"]["device"], "cpu");
+    assert_eq!(app.get("/v2/models/nope").await.status, 404);
+}

@@ -1,0 +1,238 @@
+//! Start-up refuses what it cannot serve, saying which file and what is wrong; and the binary shuts down
+//! cleanly on SIGTERM.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use common::{root, test_config};
+use hydrant::app::Application;
+use hydrant::clock::Clock;
+use hydrant::store::EmbeddedStore;
+
+/// A copy of the demo schemas and models in a temp folder, with `edit` applied.
+fn workspace(edit: impl FnOnce(&Path, &Path)) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for sub in ["schemas", "models"] {
+        std::fs::create_dir_all(dir.path().join(sub)).expect("mkdir");
+        for e in std::fs::read_dir(root().join(sub)).expect("read") {
+            let p = e.expect("entry").path();
+            if p.is_file() {
+                std::fs::copy(&p, dir.path().join(sub).join(p.file_name().expect("name")))
+                    .expect("copy");
+            }
+        }
+    }
+    edit(&dir.path().join("schemas"), &dir.path().join("models"));
+    dir
+}
+
+async fn build_error(dir: &tempfile::TempDir) -> String {
+    let mut c = test_config();
+    c.registry.schemas = dir.path().join("schemas");
+    c.registry.models = dir.path().join("models");
+    let store = Arc::new(EmbeddedStore::open(&dir.path().join("s.redb")).expect("store"));
+    match Application::build_with_store(c, store, Clock::default()).await {
+        Ok(_) => panic!("start-up should fail"),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+fn replace(path: &Path, from: &str, to: &str) {
+    let s = std::fs::read_to_string(path).expect("read");
+    assert!(s.contains(from), "{from} not in {}", path.display());
+    std::fs::write(path, s.replace(from, to)).expect("write");
+}
+
+#[tokio::test]
+async fn a_typo_in_a_schema_names_the_file_and_path() {
+    let dir = workspace(|s, _| {
+        replace(
+            &s.join("ctr.yaml"),
+            "feature: user_profile:age",
+            "feature: user_profile:agee",
+        )
+    });
+    let e = build_error(&dir).await;
+    assert!(
+        e.contains("ctr.yaml") && e.contains("inputs[0].feature") && e.contains("agee"),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn a_dtype_mismatch_names_the_feature() {
+    let dir = workspace(|s, _| {
+        replace(
+            &s.join("user_profile.yaml"),
+            "{name: age, dtype: int64, default: 30}",
+            "{name: age, dtype: int64, default: thirty}",
+        )
+    });
+    let e = build_error(&dir).await;
+    assert!(
+        e.contains("user_profile.yaml") && e.contains("features[0].default") && e.contains("int64"),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn a_binding_narrower_than_the_model_input_is_refused() {
+    let dir = workspace(|s, _| {
+        replace(
+            &s.join("ctr.yaml"),
+            "  - feature: user_profile:embedding\n",
+            "",
+        )
+    });
+    let e = build_error(&dir).await;
+    assert!(
+        e.contains("23 columns wide") && e.contains("takes 27"),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn a_corrupt_or_missing_onnx_file_is_a_start_up_error() {
+    let dir = workspace(|_, m| {
+        std::fs::write(m.join("ctr.onnx"), b"this is not a model").expect("write")
+    });
+    let e = build_error(&dir).await;
+    assert!(
+        e.contains("ctr.onnx") && e.contains("not a loadable ONNX model"),
+        "{e}"
+    );
+    let dir = workspace(|_, m| std::fs::remove_file(m.join("ctr.onnx")).expect("rm"));
+    let e = build_error(&dir).await;
+    assert!(
+        e.contains("ctr.onnx") && e.contains("does not exist"),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn cuda_on_a_machine_without_it_is_a_clear_start_up_error() {
+    if std::env::var_os("HYDRANT_TEST_HAS_CUDA").is_some() {
+        return; // on a GPU machine this configuration is valid
+    }
+    let dir = workspace(|s, _| replace(&s.join("ctr.yaml"), "device: cpu", "device: cuda"));
+    let e = build_error(&dir).await;
+    assert!(
+        e.contains("CUDA execution provider cannot be used") && e.contains("device: auto"),
+        "{e}"
+    );
+    // `auto` falls back to the CPU and serves.
+    let dir = workspace(|s, _| replace(&s.join("ctr.yaml"), "device: cpu", "device: auto"));
+    let mut c = test_config();
+    c.registry.schemas = dir.path().join("schemas");
+    c.registry.models = dir.path().join("models");
+    let store = Arc::new(EmbeddedStore::open(&dir.path().join("s.redb")).expect("store"));
+    let app = Application::build_with_store(c, store, Clock::default())
+        .await
+        .expect("auto falls back");
+    assert_eq!(app.gateway().engines["ctr"].info().device, "cpu");
+}
+
+#[test]
+fn the_binary_reports_a_missing_onnx_runtime_library_and_how_to_get_it() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
+        .current_dir(root())
+        .env("ORT_DYLIB_PATH", "/nonexistent/libonnxruntime.so")
+        .args(["validate"])
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("ONNX Runtime library not found") && err.contains("make ort"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn the_binary_reports_a_bad_config_with_file_key_and_reason() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("h.toml");
+    std::fs::write(&cfg, "[limits]\nrequest_timeout = \"forever\"\n").expect("write");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
+        .current_dir(root())
+        .arg("--config")
+        .arg(&cfg)
+        .arg("serve")
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("h.toml")
+            && err.contains("limits.request_timeout")
+            && err.contains("not a valid duration"),
+        "{err}"
+    );
+}
+
+#[test]
+fn validate_lists_every_schema_problem() {
+    let dir = workspace(|s, _| {
+        replace(
+            &s.join("ctr.yaml"),
+            "feature: user_profile:age",
+            "feature: user_profile:agee",
+        );
+        replace(
+            &s.join("item_stats.yaml"),
+            "dtype: float64",
+            "dtype: double",
+        );
+    });
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
+        .current_dir(root())
+        .args(["validate", "--no-models"])
+        .arg(dir.path().join("schemas"))
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("item_stats.yaml") && err.contains("double"),
+        "{err}"
+    );
+}
+
+#[test]
+fn sigterm_drains_and_exits_cleanly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
+        .current_dir(root())
+        .env("HYDRANT_SERVER__BIND", format!("127.0.0.1:{port}"))
+        .env("HYDRANT_STORE__EMBEDDED__PATH", dir.path().join("s.redb"))
+        .env("HYDRANT_TELEMETRY__LOG_LEVEL", "info")
+        .arg("serve")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starts");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let out = child.wait_with_output().expect("exits");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "exit status {:?}: {err}", out.status);
+    assert!(err.contains("draining in-flight requests"), "{err}");
+}
