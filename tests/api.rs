@@ -181,7 +181,8 @@ async fn predict_scores_equal_the_model_run_on_an_independently_assembled_vector
     let mlp = Mlp::load();
     // Users with a null field and out-of-vocabulary countries, items with null ctr, one unknown item,
     // one unknown user, and a request without context.
-    let cases: Vec<(&str, Vec<&str>, Option<i64>, Option<&str>)> = vec![
+    type Case<'a> = (&'a str, Vec<&'a str>, Option<i64>, Option<&'a str>);
+    let cases: Vec<Case> = vec![
         (
             "u_24",
             vec!["i_1", "i_0", "i_10", "i_81", "i_84", "i_nope"],
@@ -745,9 +746,8 @@ async fn bad_requests_get_documented_errors_and_the_gateway_keeps_serving() {
             "{}: message",
             c.name
         );
-        match c.field {
-            Some(f) => assert_eq!(body["error"]["field"], f, "{}: {body}", c.name),
-            None => {}
+        if let Some(f) = c.field {
+            assert_eq!(body["error"]["field"], f, "{}: {body}", c.name);
         }
         // Still serving.
         assert_eq!(

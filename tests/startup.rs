@@ -209,7 +209,7 @@ fn sigterm_drains_and_exits_cleanly() {
         .local_addr()
         .expect("addr")
         .port();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
         .current_dir(root())
         .env("HYDRANT_SERVER__BIND", format!("127.0.0.1:{port}"))
         .env("HYDRANT_STORE__EMBEDDED__PATH", dir.path().join("s.redb"))
