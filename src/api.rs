@@ -29,6 +29,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/v2/health/ready", get(ready))
         .route("/v2/models/{model}", get(model_metadata))
         .route("/v2/models/{model}/ready", get(model_ready))
+        .route("/v2/models/{model}/infer", post(v2_infer))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(
             limits.request_timeout,
@@ -87,6 +88,15 @@ async fn features(
 ) -> Result<Response, ApiError> {
     let body = body_bytes(body, gw.config.limits.max_body_bytes)?;
     gw.features(&headers, &body).await
+}
+
+async fn v2_infer(
+    State(gw): State<Arc<Gateway>>,
+    Path(model): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, crate::oip::OipError> {
+    let body = body.map_err(|r| crate::oip::OipError(r.status(), r.body_text()))?;
+    crate::oip::infer(&gw, &model, &body).await
 }
 
 async fn live() -> StatusCode {

@@ -40,7 +40,10 @@ pub fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
 
 /// Loads and validates the schemas, then starts every model's sessions (which checks each binding's width
 /// against its ONNX input).
-pub fn load_models(config: &Config) -> anyhow::Result<(Arc<Registry>, Engines)> {
+pub fn load_models(
+    config: &Config,
+    telemetry: &Telemetry,
+) -> anyhow::Result<(Arc<Registry>, Engines)> {
     let registry = Registry::load_dir(&config.registry.schemas, &config.registry.models)?;
     let env = infer::runtime(&config.onnxruntime_library())?;
     let mut engines = HashMap::new();
@@ -48,9 +51,10 @@ pub fn load_models(config: &Config) -> anyhow::Result<(Arc<Registry>, Engines)> 
     names.sort();
     for name in names {
         let model = registry.models[&name].clone();
+        let stats = telemetry.model(&name);
         engines.insert(
             name,
-            Arc::new(Engine::start(env, model, &config.inference)?),
+            Arc::new(Engine::start(env, model, &config.inference, stats)?),
         );
     }
     Ok((Arc::new(registry), engines))
@@ -69,10 +73,11 @@ impl Application {
         clock: Clock,
     ) -> anyhow::Result<Self> {
         let cfg = config.clone();
-        let (registry, engines) = tokio::task::spawn_blocking(move || load_models(&cfg))
+        let telemetry = Arc::new(Telemetry::default());
+        let t = telemetry.clone();
+        let (registry, engines) = tokio::task::spawn_blocking(move || load_models(&cfg, &t))
             .await
             .context("model loading task failed")??;
-        let telemetry = Arc::new(Telemetry::default());
         let cache = FeatureCache::new(
             config.cache.max_bytes,
             clock,

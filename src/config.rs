@@ -106,6 +106,11 @@ pub struct InferenceConfig {
     pub default_sessions: usize,
     /// Most queued requests per model before new ones are shed with 503.
     pub max_queue: usize,
+    /// A request that waited longer than this for a session is shed with 503 instead of run.
+    #[serde(with = "duration")]
+    pub queue_timeout: Duration,
+    /// Micro-batch the rows of concurrent requests (`false`: every request runs alone, for comparison).
+    pub batching: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -198,6 +203,8 @@ impl Default for InferenceConfig {
             intra_threads: 1,
             default_sessions: 0,
             max_queue: 1024,
+            queue_timeout: Duration::from_millis(500),
+            batching: true,
         }
     }
 }
@@ -317,6 +324,12 @@ impl Config {
         positive("inference.intra_threads", self.inference.intra_threads)?;
         positive("inference.max_queue", self.inference.max_queue)?;
         positive("store.redis.pool_size", self.store.redis.pool_size)?;
+        if self.inference.queue_timeout.is_zero() {
+            return Err((
+                "inference.queue_timeout",
+                "must be longer than 0".to_owned(),
+            ));
+        }
         if self.cache.max_bytes == 0 {
             return Err(("cache.max_bytes", "must be greater than 0".to_owned()));
         }

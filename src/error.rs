@@ -115,7 +115,9 @@ impl ApiError {
 impl From<InferError> for ApiError {
     fn from(e: InferError) -> Self {
         match e {
-            InferError::QueueFull(_) => Self::Overloaded(e.to_string()),
+            InferError::QueueFull(_) | InferError::QueueTimeout(..) => {
+                Self::Overloaded(e.to_string())
+            }
             InferError::Expired(_) => Self::Timeout(e.to_string()),
             InferError::Closed(_) => Self::NotReady(e.to_string()),
             InferError::Runtime(_) | InferError::Load { .. } | InferError::Run { .. } => {

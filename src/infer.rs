@@ -17,12 +17,13 @@ use crossbeam_channel::{Receiver, Sender, TryRecvError, TrySendError};
 use crossbeam_queue::ArrayQueue;
 use ort::environment::Environment;
 use ort::session::Session;
-use ort::session::builder::GraphOptimizationLevel;
+use ort::session::builder::{GraphOptimizationLevel, PrepackedWeights};
 use ort::value::{TensorElementType, TensorRef, ValueType};
 use tokio::sync::oneshot;
 
 use crate::config::InferenceConfig;
 use crate::schema::{DeviceKind, Model};
+use crate::telemetry::ModelStats;
 
 /// Why inference could not answer.
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +40,8 @@ pub enum InferError {
     QueueFull(String),
     #[error("the request's deadline passed while it waited in the queue of model `{0}`")]
     Expired(String),
+    #[error("the request waited longer than {1:?} in the queue of model `{0}`")]
+    QueueTimeout(String, Duration),
     #[error("model `{0}` is shutting down")]
     Closed(String),
     #[error("ONNX Runtime failed running model `{model}`: {message}")]
@@ -121,6 +124,7 @@ pub struct Engine {
     workers: Vec<JoinHandle<()>>,
     depth: Arc<AtomicUsize>,
     buffers: ArrayQueue<Vec<f32>>,
+    stats: Arc<ModelStats>,
 }
 
 impl Engine {
@@ -131,6 +135,7 @@ impl Engine {
         env: &Environment,
         model: Arc<Model>,
         cfg: &InferenceConfig,
+        stats: Arc<ModelStats>,
     ) -> Result<Self, InferError> {
         let load_err = |message: String| InferError::Load {
             model: model.name.clone(),
@@ -145,8 +150,11 @@ impl Engine {
         });
         let mut sessions = Vec::with_capacity(n);
         let mut device = "cpu";
+        // One copy of the pre-packed weights serves every session of the pool.
+        let prepacked = PrepackedWeights::new();
         for _ in 0..n {
-            let (s, d) = open_session(env, &model, cfg.intra_threads).map_err(load_err)?;
+            let (s, d) =
+                open_session(env, &model, cfg.intra_threads, &prepacked).map_err(load_err)?;
             device = d;
             sessions.push(s);
         }
@@ -162,6 +170,9 @@ impl Engine {
                 depth: depth.clone(),
                 session,
                 batch: Vec::new(),
+                stats: stats.clone(),
+                queue_timeout: cfg.queue_timeout,
+                batching: cfg.batching,
             };
             let handle = std::thread::Builder::new()
                 .name(format!("infer-{}-{i}", model.name))
@@ -179,6 +190,7 @@ impl Engine {
             workers,
             depth,
             buffers: ArrayQueue::new(256),
+            stats,
         })
     }
 
@@ -230,6 +242,7 @@ impl Engine {
             Ok(()) => {}
             Err(TrySendError::Full(job)) => {
                 self.depth.fetch_sub(1, Relaxed);
+                self.stats.shed_queue_full.fetch_add(1, Relaxed);
                 self.give_buffer(job.input);
                 return Err(InferError::QueueFull(self.model.name.clone()));
             }
@@ -257,6 +270,7 @@ fn open_session(
     env: &Environment,
     model: &Model,
     intra_threads: usize,
+    prepacked: &PrepackedWeights,
 ) -> Result<(Session, &'static str), String> {
     let e = |e: &dyn std::fmt::Display| e.to_string();
     let cpu = || -> Result<Session, String> {
@@ -267,6 +281,8 @@ fn open_session(
             .with_intra_threads(intra_threads)
             .map_err(|x| e(&x))?
             .with_inter_threads(1)
+            .map_err(|x| e(&x))?
+            .with_prepacked_weights(prepacked)
             .map_err(|x| e(&x))?
             .commit_from_file(&model.path)
             .map_err(|x| e(&x))
@@ -406,6 +422,9 @@ struct Worker {
     session: Session,
     /// Reused buffer for the concatenated rows of a multi-request batch.
     batch: Vec<f32>,
+    stats: Arc<ModelStats>,
+    queue_timeout: Duration,
+    batching: bool,
 }
 
 impl Worker {
@@ -426,7 +445,7 @@ impl Worker {
             let mut rows = first.rows;
             jobs.push(first);
             let wait_until = Instant::now() + max_delay;
-            while rows < max_rows {
+            while self.batching && rows < max_rows {
                 let next = match self.rx.try_recv() {
                     Ok(j) => Some(j),
                     Err(TryRecvError::Empty) if !max_delay.is_zero() => {
@@ -450,22 +469,36 @@ impl Worker {
 
     fn run_batch(&mut self, jobs: &mut Vec<Job>) {
         let now = Instant::now();
-        // Requests whose deadline passed in the queue are answered without running.
+        // Requests whose deadline passed, or that waited past the queue timeout, are answered without
+        // running: their callers have given up or should retry elsewhere.
         let mut i = 0;
         while i < jobs.len() {
-            if jobs[i].deadline <= now {
-                let j = jobs.swap_remove(i);
-                let _ = j
-                    .reply
-                    .send(Err(InferError::Expired(self.model.name.clone())));
+            let waited = now.duration_since(jobs[i].enqueued);
+            let shed = if jobs[i].deadline <= now {
+                self.stats.shed_deadline.fetch_add(1, Relaxed);
+                Some(InferError::Expired(self.model.name.clone()))
+            } else if waited > self.queue_timeout {
+                self.stats.shed_queue_timeout.fetch_add(1, Relaxed);
+                Some(InferError::QueueTimeout(
+                    self.model.name.clone(),
+                    self.queue_timeout,
+                ))
             } else {
-                i += 1;
+                None
+            };
+            match shed {
+                Some(err) => {
+                    let j = jobs.swap_remove(i);
+                    let _ = j.reply.send(Err(err));
+                }
+                None => i += 1,
             }
         }
         if jobs.is_empty() {
             return;
         }
         let rows: usize = jobs.iter().map(|j| j.rows).sum();
+        self.stats.batch_rows.observe(rows as u64);
         let width = self.model.width;
         let started = Instant::now();
         let result = if jobs.len() == 1 {

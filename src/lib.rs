@@ -26,6 +26,7 @@
 //! - [`store`]: the storage backends (embedded redb file) behind the `Store` trait; [`value`]: feature
 //!   values and the stored record format.
 //! - [`schema`]: the schema registry: parsing, validation and compilation of entities, views and models.
+//! - [`oip`]: the Open Inference Protocol (KServe V2) infer endpoint, raw tensors without hydration.
 //! - [`loader`]: the bulk loader for JSON Lines and CSV feature rows.
 //! - [`config`]: typed configuration, file plus `HYDRANT_*` environment overrides.
 //! - [`telemetry`]: stage timings, counters and histograms, logging set-up.
@@ -44,6 +45,7 @@ pub mod gateway;
 pub mod hydrate;
 pub mod infer;
 pub mod loader;
+pub mod oip;
 pub mod postprocess;
 pub mod schema;
 pub mod store;

@@ -98,7 +98,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     .map(|r| r.models.len())
                     .map_err(anyhow::Error::from)
             } else {
-                load_models(&config).map(|(r, _)| r.models.len())
+                load_models(&config, &hydrant::telemetry::Telemetry::default())
+                    .map(|(r, _)| r.models.len())
             };
             match result {
                 Ok(n) => {

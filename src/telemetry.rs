@@ -158,6 +158,46 @@ pub struct ModelStats {
     pub rows: AtomicU64,
     pub stages: [Histogram; 7],
     pub total: Histogram,
+    /// Rows per executed batch (its own requests' and others').
+    pub batch_rows: CountHistogram,
+    /// Requests refused because the queue was full.
+    pub shed_queue_full: AtomicU64,
+    /// Requests that waited longer than `inference.queue_timeout` and were not run.
+    pub shed_queue_timeout: AtomicU64,
+    /// Requests whose own deadline passed in the queue and were not run.
+    pub shed_deadline: AtomicU64,
+}
+
+/// Upper bounds of the batch-size histogram buckets.
+pub const ROW_BUCKETS: [u64; 12] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096];
+
+/// A Prometheus-style histogram of counts (rows per batch), lock-free.
+#[derive(Debug, Default)]
+pub struct CountHistogram {
+    counts: [AtomicU64; 13],
+    sum: AtomicU64,
+}
+
+impl CountHistogram {
+    pub fn observe(&self, n: u64) {
+        let i = ROW_BUCKETS
+            .iter()
+            .position(|b| n <= *b)
+            .unwrap_or(ROW_BUCKETS.len());
+        self.counts[i].fetch_add(1, Relaxed);
+        self.sum.fetch_add(n, Relaxed);
+    }
+
+    /// Cumulative counts per bucket (the last is +Inf), and the sum.
+    pub fn snapshot(&self) -> ([u64; 13], u64) {
+        let mut out = [0; 13];
+        let mut acc = 0;
+        for (i, c) in self.counts.iter().enumerate() {
+            acc += c.load(Relaxed);
+            out[i] = acc;
+        }
+        (out, self.sum.load(Relaxed))
+    }
 }
 
 impl ModelStats {

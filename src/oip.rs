@@ -1,0 +1,251 @@
+//! The Open Inference Protocol (KServe V2) infer endpoint: raw tensors in, raw tensors out, no hydration.
+//! It shares the model's queue, batcher and session pool with predict, so existing KServe/Triton clients
+//! get the same engine. Errors are `{"error": "..."}` as the protocol specifies.
+
+use std::time::Instant;
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use serde_json::Value as Json_;
+
+use crate::gateway::Gateway;
+use crate::infer::InferError;
+
+/// An error in the protocol's shape.
+#[derive(Debug)]
+pub struct OipError(pub StatusCode, pub String);
+
+impl IntoResponse for OipError {
+    fn into_response(self) -> Response {
+        let mut r = (self.0, Json(serde_json::json!({"error": self.1}))).into_response();
+        if self.0 == StatusCode::SERVICE_UNAVAILABLE {
+            r.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+        }
+        r
+    }
+}
+
+fn bad(msg: impl Into<String>) -> OipError {
+    OipError(StatusCode::BAD_REQUEST, msg.into())
+}
+
+#[derive(Debug, Deserialize)]
+pub struct InferRequest {
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(default)]
+    pub parameters: Option<Json_>,
+    pub inputs: Vec<InputTensor>,
+    #[serde(default)]
+    pub outputs: Option<Vec<RequestedOutput>>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct InputTensor {
+    pub name: String,
+    pub shape: Vec<i64>,
+    pub datatype: String,
+    pub data: Json_,
+    #[serde(default)]
+    pub parameters: Option<Json_>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RequestedOutput {
+    pub name: String,
+    #[serde(default)]
+    pub parameters: Option<Json_>,
+}
+
+#[derive(Serialize)]
+struct OutputTensor<'a> {
+    name: &'a str,
+    datatype: &'static str,
+    shape: [usize; 2],
+    data: &'a [f32],
+}
+
+#[derive(Serialize)]
+struct InferResponse<'a> {
+    model_name: &'a str,
+    model_version: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<&'a str>,
+    outputs: Vec<OutputTensor<'a>>,
+}
+
+const DATATYPES: [&str; 13] = [
+    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16",
+    "FP32", "FP64", "BYTES",
+];
+
+/// Flattens row-major `data` (flat or nested lists) into `out`, checking each element is a float32 number.
+fn flatten(v: &Json_, out: &mut Vec<f32>, limit: usize) -> Result<(), String> {
+    match v {
+        Json_::Array(items) => {
+            for x in items {
+                flatten(x, out, limit)?;
+            }
+            Ok(())
+        }
+        Json_::Number(n) => {
+            if out.len() >= limit {
+                return Err(format!("more elements than the shape's {limit}"));
+            }
+            let f = n.as_f64().ok_or("a number out of range")?;
+            if f.abs() > f64::from(f32::MAX) {
+                return Err(format!("{f} is outside the float32 range"));
+            }
+            out.push(f as f32);
+            Ok(())
+        }
+        other => Err(format!("expected numbers, found {other}")),
+    }
+}
+
+/// `POST /v2/models/{model}/infer`.
+pub async fn infer(gw: &Gateway, model: &str, body: &[u8]) -> Result<Response, OipError> {
+    let started = Instant::now();
+    let engine = gw.engines.get(model).ok_or_else(|| {
+        OipError(
+            StatusCode::NOT_FOUND,
+            format!("model `{model}` is not registered"),
+        )
+    })?;
+    let req: InferRequest =
+        serde_json::from_slice(body).map_err(|e| bad(format!("invalid infer request: {e}")))?;
+    let info = engine.info();
+    let width = engine.model().width;
+    let _ = (
+        &req.parameters,
+        req.inputs.iter().map(|i| &i.parameters).count(),
+    );
+    if req.inputs.len() != 1 {
+        return Err(bad(format!(
+            "the model takes exactly one input, `{}`; got {}",
+            info.input_name,
+            req.inputs.len()
+        )));
+    }
+    let input = &req.inputs[0];
+    if input.name != info.input_name {
+        return Err(bad(format!(
+            "unknown input `{}`: the model takes `{}`",
+            input.name, info.input_name
+        )));
+    }
+    if !DATATYPES.contains(&input.datatype.as_str()) {
+        return Err(bad(format!(
+            "`{}` is not a datatype of the protocol",
+            input.datatype
+        )));
+    }
+    if input.datatype != "FP32" {
+        return Err(bad(format!(
+            "input `{}` is FP32; got {}",
+            input.name, input.datatype
+        )));
+    }
+    let max_rows = gw.config.limits.max_candidates;
+    let rows = match input.shape.as_slice() {
+        [n, w] if *w == width as i64 && *n >= 1 => usize::try_from(*n).unwrap_or(usize::MAX),
+        [_, w] if *w != width as i64 => {
+            return Err(bad(format!(
+                "input `{}` has shape [batch, {width}]; got {:?}",
+                input.name, input.shape
+            )));
+        }
+        _ => {
+            return Err(bad(format!(
+                "input `{}` has shape [batch, {width}] with batch >= 1; got {:?}",
+                input.name, input.shape
+            )));
+        }
+    };
+    if rows > max_rows {
+        return Err(bad(format!(
+            "{rows} rows is more than the limit of {max_rows} (limits.max_candidates)"
+        )));
+    }
+    let expected = rows * width;
+    let mut buf = engine.take_buffer();
+    buf.clear();
+    if let Err(e) = flatten(&input.data, &mut buf, expected) {
+        engine.give_buffer(buf);
+        return Err(bad(format!("input `{}` data: {e}", input.name)));
+    }
+    if buf.len() != expected {
+        let n = buf.len();
+        engine.give_buffer(buf);
+        return Err(bad(format!(
+            "input `{}` has {n} elements; shape {:?} needs {expected}",
+            input.name, input.shape
+        )));
+    }
+    let wanted: Vec<usize> = match &req.outputs {
+        None => (0..info.outputs.len()).collect(),
+        Some(outs) => {
+            let mut v = Vec::with_capacity(outs.len());
+            for o in outs {
+                let _ = &o.parameters;
+                let i = info
+                    .outputs
+                    .iter()
+                    .position(|x| x.name == o.name)
+                    .ok_or_else(|| {
+                        let names: Vec<_> = info.outputs.iter().map(|x| x.name.as_str()).collect();
+                        bad(format!(
+                            "unknown output `{}` (outputs: {})",
+                            o.name,
+                            names.join(", ")
+                        ))
+                    })?;
+                v.push(i);
+            }
+            v
+        }
+    };
+    let deadline = started + gw.config.limits.request_timeout;
+    let out = engine
+        .infer(rows, buf, deadline)
+        .await
+        .map_err(|e| match e {
+            InferError::QueueFull(_)
+            | InferError::QueueTimeout(..)
+            | InferError::Expired(_)
+            | InferError::Closed(_) => OipError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+            other => {
+                tracing::error!(cause = %other, "V2 infer failed");
+                OipError(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "inference failed; the cause is in the gateway's log".to_owned(),
+                )
+            }
+        })?;
+    let outputs = wanted
+        .iter()
+        .map(|&i| {
+            let (w, data) = &out.outputs[i];
+            OutputTensor {
+                name: &info.outputs[i].name,
+                datatype: "FP32",
+                shape: [rows, *w],
+                data,
+            }
+        })
+        .collect();
+    let resp = InferResponse {
+        model_name: &engine.model().name,
+        model_version: engine.model().version.to_string(),
+        id: req.id.as_deref(),
+        outputs,
+    };
+    let body = Json(&resp).into_response();
+    engine.give_buffer(out.input);
+    Ok(body)
+}

@@ -1,0 +1,341 @@
+//! The inference engine: micro-batching correctness, load shedding, and the Open Inference Protocol.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+
+use common::{TestApp, demo_store, root, test_config};
+use serde_json::{Value as Json, json};
+
+fn request(i: usize, candidates: usize) -> Json {
+    let device = ["ios", "android", "web"][i % 3];
+    json!({
+        "entities": {"user_id": format!("u_{}", i % 1000)},
+        "context": {"hour_of_day": i % 24, "device": device},
+        "candidates": (0..candidates).map(|c| json!({"item_id": format!("i_{}", (i * 7 + c * 13) % 2000)})).collect::<Vec<_>>(),
+    })
+}
+
+/// A copy of the schemas with the ctr model's batching block replaced.
+fn schemas_with_batching(block: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for e in std::fs::read_dir(root().join("schemas")).expect("read") {
+        let p = e.expect("entry").path();
+        std::fs::copy(&p, dir.path().join(p.file_name().expect("name"))).expect("copy");
+    }
+    let ctr = dir.path().join("ctr.yaml");
+    let s = std::fs::read_to_string(&ctr).expect("read");
+    let s = s.replace("batching:\n  max_batch_rows: 256   # rows of concurrent requests run together, up to this many\n  max_delay_us: 0       # never wait for company when the queue is empty", block);
+    assert!(s.contains(block), "the batching block was replaced");
+    std::fs::write(&ctr, s).expect("write");
+    dir
+}
+
+#[tokio::test]
+async fn batched_results_equal_unbatched_results_row_for_row() {
+    // Reference: one session, batching off, requests one at a time.
+    let mut c = test_config();
+    c.inference.batching = false;
+    c.inference.default_sessions = 1;
+    let (store, dir) = demo_store().await;
+    let solo = TestApp::spawn_with(c, store, Some(dir)).await;
+    let n = 48;
+    let mut want = Vec::with_capacity(n);
+    for i in 0..n {
+        let r = solo.predict("ctr", &request(i, 1 + i % 12)).await;
+        assert_eq!(r.status, 200);
+        want.push(r.json()["outputs"]["score"].clone());
+    }
+    // Batched: waits up to 2 ms for company so concurrent requests share runs.
+    let schemas = schemas_with_batching("batching:\n  max_batch_rows: 64\n  max_delay_us: 2000");
+    let mut c = test_config();
+    c.registry.schemas = schemas.path().to_owned();
+    c.inference.default_sessions = 1;
+    let (store, dir) = demo_store().await;
+    let app = Arc::new(TestApp::spawn_with(c, store, Some(dir)).await);
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let app = app.clone();
+        tasks.push(tokio::spawn(async move {
+            (i, app.predict("ctr", &request(i, 1 + i % 12)).await)
+        }));
+    }
+    for t in tasks {
+        let (i, r) = t.await.expect("task");
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        let got = r.json()["outputs"]["score"].clone();
+        assert_eq!(
+            got.as_array().map(Vec::len),
+            want[i].as_array().map(Vec::len),
+            "request {i} got its own rows"
+        );
+        for (a, b) in got
+            .as_array()
+            .expect("a")
+            .iter()
+            .zip(want[i].as_array().expect("b"))
+        {
+            let (a, b) = (a.as_f64().expect("f"), b.as_f64().expect("f"));
+            assert!(
+                (a - b).abs() < 1e-6,
+                "request {i}: batched {a} vs alone {b}"
+            );
+        }
+    }
+    let stats = app.gateway.telemetry.model("ctr");
+    let (buckets, rows) = stats.batch_rows.snapshot();
+    let batches = buckets[buckets.len() - 1];
+    let requests: u64 = (0..n).map(|i| 1 + (i % 12) as u64).sum();
+    assert_eq!(rows, requests, "every row ran exactly once");
+    assert!(
+        batches < n as u64,
+        "{batches} batches for {n} requests: concurrent requests shared runs"
+    );
+}
+
+#[tokio::test]
+async fn a_full_queue_sheds_with_503_and_retry_after() {
+    let mut c = test_config();
+    c.inference.default_sessions = 1;
+    c.inference.max_queue = 1;
+    c.inference.batching = false;
+    let (store, dir) = demo_store().await;
+    let app = Arc::new(TestApp::spawn_with(c, store, Some(dir)).await);
+    let mut tasks = Vec::new();
+    for i in 0..120 {
+        let app = app.clone();
+        tasks.push(tokio::spawn(async move {
+            app.predict("ctr", &request(i, 1000)).await
+        }));
+    }
+    let (mut ok, mut shed) = (0, 0);
+    for t in tasks {
+        let r = t.await.expect("task");
+        match r.status {
+            200 => ok += 1,
+            503 => {
+                assert_eq!(r.code(), "overloaded");
+                assert_eq!(r.headers["retry-after"], "1");
+                assert!(
+                    r.json()["error"]["message"]
+                        .as_str()
+                        .expect("m")
+                        .contains("queue")
+                );
+                shed += 1;
+            }
+            s => panic!(
+                "unexpected status {s}: {}",
+                String::from_utf8_lossy(&r.body)
+            ),
+        }
+    }
+    assert!(ok > 0 && shed > 0, "ok {ok}, shed {shed}");
+    let stats = app.gateway.telemetry.model("ctr");
+    assert_eq!(stats.shed_queue_full.load(Relaxed), shed);
+}
+
+#[tokio::test]
+async fn a_request_that_waits_past_the_queue_timeout_is_shed() {
+    let mut c = test_config();
+    c.inference.default_sessions = 1;
+    c.inference.batching = false;
+    c.inference.queue_timeout = std::time::Duration::from_micros(200);
+    let (store, dir) = demo_store().await;
+    let app = Arc::new(TestApp::spawn_with(c, store, Some(dir)).await);
+    let mut tasks = Vec::new();
+    for i in 0..80 {
+        let app = app.clone();
+        tasks.push(tokio::spawn(async move {
+            app.predict("ctr", &request(i, 1000)).await
+        }));
+    }
+    let mut timed_out = 0;
+    for t in tasks {
+        let r = t.await.expect("task");
+        if r.status == 503 {
+            assert_eq!(r.headers["retry-after"], "1");
+            let m = r.json()["error"]["message"].as_str().expect("m").to_owned();
+            assert!(m.contains("waited longer"), "{m}");
+            timed_out += 1;
+        } else {
+            assert_eq!(r.status, 200);
+        }
+    }
+    assert!(timed_out > 0);
+    assert_eq!(
+        app.gateway
+            .telemetry
+            .model("ctr")
+            .shed_queue_timeout
+            .load(Relaxed),
+        timed_out
+    );
+}
+
+#[tokio::test]
+async fn v2_infer_runs_raw_tensors_through_the_same_model() {
+    let app = TestApp::spawn().await;
+    // The assembled rows of a predict request, sent back as a raw tensor, give the same scores.
+    let p = app
+        .predict("ctr", &json!({"entities": {"user_id": "u_9"}, "candidates": [{"item_id": "i_1"}, {"item_id": "i_2"}], "options": {"return_features": true}}))
+        .await
+        .json();
+    let rows = p["features"].clone();
+    let body = json!({"id": "req-1", "inputs": [{"name": "features", "shape": [2, 27], "datatype": "FP32", "data": rows}]});
+    let r = app
+        .post(
+            "/v2/models/ctr/infer",
+            "application/json",
+            serde_json::to_vec(&body).expect("j"),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let j = r.json();
+    assert_eq!(j["model_name"], "ctr");
+    assert_eq!(j["id"], "req-1");
+    assert_eq!(j["outputs"][0]["name"], "score");
+    assert_eq!(j["outputs"][0]["shape"], json!([2, 1]));
+    assert_eq!(j["outputs"][0]["datatype"], "FP32");
+    assert_eq!(j["outputs"][0]["data"], p["outputs"]["score"]);
+    // Flat data works the same.
+    let flat: Vec<Json> = rows
+        .as_array()
+        .expect("rows")
+        .iter()
+        .flat_map(|r| r.as_array().expect("row").clone())
+        .collect();
+    let body = json!({"inputs": [{"name": "features", "shape": [2, 27], "datatype": "FP32", "data": flat}], "outputs": [{"name": "score"}]});
+    let j = app
+        .post(
+            "/v2/models/ctr/infer",
+            "application/json",
+            serde_json::to_vec(&body).expect("j"),
+        )
+        .await
+        .json();
+    assert_eq!(j["outputs"][0]["data"], p["outputs"]["score"]);
+    assert_eq!(app.get("/v2/models/ctr/ready").await.status, 200);
+    assert_eq!(app.get("/v2/models/nope/ready").await.status, 404);
+}
+
+#[tokio::test]
+async fn v2_infer_rejects_bad_tensors_with_the_reason() {
+    let app = TestApp::spawn().await;
+    let row: Vec<f32> = vec![0.5; 27];
+    let cases: Vec<(&str, Json, &str)> = vec![
+        (
+            "wrong shape",
+            json!({"inputs": [{"name": "features", "shape": [1, 26], "datatype": "FP32", "data": vec![0.5f32; 26]}]}),
+            "[batch, 27]",
+        ),
+        (
+            "rank 1",
+            json!({"inputs": [{"name": "features", "shape": [27], "datatype": "FP32", "data": row}]}),
+            "[batch, 27]",
+        ),
+        (
+            "zero rows",
+            json!({"inputs": [{"name": "features", "shape": [0, 27], "datatype": "FP32", "data": []}]}),
+            "batch >= 1",
+        ),
+        (
+            "wrong datatype",
+            json!({"inputs": [{"name": "features", "shape": [1, 27], "datatype": "INT64", "data": row}]}),
+            "FP32",
+        ),
+        (
+            "unknown datatype",
+            json!({"inputs": [{"name": "features", "shape": [1, 27], "datatype": "FLOAT", "data": row}]}),
+            "not a datatype",
+        ),
+        (
+            "too few elements",
+            json!({"inputs": [{"name": "features", "shape": [2, 27], "datatype": "FP32", "data": row}]}),
+            "needs 54",
+        ),
+        (
+            "too many elements",
+            json!({"inputs": [{"name": "features", "shape": [1, 27], "datatype": "FP32", "data": [row.clone(), row.clone()]}]}),
+            "more elements",
+        ),
+        (
+            "unknown input",
+            json!({"inputs": [{"name": "x", "shape": [1, 27], "datatype": "FP32", "data": row}]}),
+            "unknown input `x`",
+        ),
+        (
+            "a string element",
+            json!({"inputs": [{"name": "features", "shape": [1, 27], "datatype": "FP32", "data": [["a"]]}]}),
+            "expected numbers",
+        ),
+        (
+            "out of float32 range",
+            json!({"inputs": [{"name": "features", "shape": [1, 1], "datatype": "FP32", "data": [1e300]}]}),
+            "[batch, 27]",
+        ),
+        (
+            "oversized",
+            json!({"inputs": [{"name": "features", "shape": [100000, 27], "datatype": "FP32", "data": []}]}),
+            "limit",
+        ),
+        (
+            "unknown output",
+            json!({"inputs": [{"name": "features", "shape": [1, 27], "datatype": "FP32", "data": row}], "outputs": [{"name": "logits"}]}),
+            "unknown output",
+        ),
+    ];
+    for (name, body, needle) in cases {
+        let r = app
+            .post(
+                "/v2/models/ctr/infer",
+                "application/json",
+                serde_json::to_vec(&body).expect("j"),
+            )
+            .await;
+        assert_eq!(
+            r.status,
+            400,
+            "{name}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        let e = r.json()["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name}: error is a string"))
+            .to_owned();
+        assert!(e.contains(needle), "{name}: {e}");
+    }
+    // 1e39 fits in JSON but not in float32: refused rather than turned into infinity.
+    let mut big = vec![json!(0.0); 27];
+    big[3] = json!(1e39);
+    let r = app.post("/v2/models/ctr/infer", "application/json", serde_json::to_vec(&json!({"inputs": [{"name": "features", "shape": [1, 27], "datatype": "FP32", "data": big}]})).expect("j")).await;
+    assert_eq!(r.status, 400);
+    assert!(
+        r.json()["error"]
+            .as_str()
+            .expect("e")
+            .contains("float32 range")
+    );
+    // NaN and Infinity cannot be written in JSON at all: such a body is not a valid request.
+    let r = app.post("/v2/models/ctr/infer", "application/json", b"{\"inputs\": [{\"name\": \"features\", \"shape\": [1, 1], \"datatype\": \"FP32\", \"data\": [NaN]}]}".to_vec()).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        app.post("/v2/models/nope/infer", "application/json", b"{}".to_vec())
+            .await
+            .status,
+        404
+    );
+    // Still serving.
+    let ok = json!({"inputs": [{"name": "features", "shape": [1, 27], "datatype": "FP32", "data": row}]});
+    assert_eq!(
+        app.post(
+            "/v2/models/ctr/infer",
+            "application/json",
+            serde_json::to_vec(&ok).expect("j")
+        )
+        .await
+        .status,
+        200
+    );
+}
