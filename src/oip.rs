@@ -38,8 +38,6 @@ fn bad(msg: impl Into<String>) -> OipError {
 pub struct InferRequest {
     #[serde(default)]
     pub id: Option<String>,
-    #[serde(default)]
-    pub parameters: Option<Json_>,
     pub inputs: Vec<InputTensor>,
     #[serde(default)]
     pub outputs: Option<Vec<RequestedOutput>>,
@@ -51,15 +49,11 @@ pub struct InputTensor {
     pub shape: Vec<i64>,
     pub datatype: String,
     pub data: Json_,
-    #[serde(default)]
-    pub parameters: Option<Json_>,
 }
 
 #[derive(Debug, Deserialize)]
 pub struct RequestedOutput {
     pub name: String,
-    #[serde(default)]
-    pub parameters: Option<Json_>,
 }
 
 #[derive(Serialize)]
@@ -121,10 +115,6 @@ pub async fn infer(gw: &Gateway, model: &str, body: &[u8]) -> Result<Response, O
         serde_json::from_slice(body).map_err(|e| bad(format!("invalid infer request: {e}")))?;
     let info = engine.info();
     let width = engine.model().width;
-    let _ = (
-        &req.parameters,
-        req.inputs.iter().map(|i| &i.parameters).count(),
-    );
     if req.inputs.len() != 1 {
         return Err(bad(format!(
             "the model takes exactly one input, `{}`; got {}",
@@ -192,7 +182,6 @@ pub async fn infer(gw: &Gateway, model: &str, body: &[u8]) -> Result<Response, O
         Some(outs) => {
             let mut v = Vec::with_capacity(outs.len());
             for o in outs {
-                let _ = &o.parameters;
                 let i = info
                     .outputs
                     .iter()
