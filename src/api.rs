@@ -2,19 +2,21 @@
 //! No cache, store or tensor logic lives here.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, Request, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 use tower_http::catch_panic::CatchPanicLayer;
+use tracing::Instrument;
 
 use crate::error::ApiError;
 use crate::gateway::Gateway;
@@ -25,11 +27,14 @@ pub fn router(gw: Arc<Gateway>) -> Router {
     Router::new()
         .route("/v1/models/{model}/predict", post(predict))
         .route("/v1/features", post(features))
+        .route("/metrics", get(metrics))
+        .route("/v1/stats", get(stats))
         .route("/v2/health/live", get(live))
         .route("/v2/health/ready", get(ready))
         .route("/v2/models/{model}", get(model_metadata))
         .route("/v2/models/{model}/ready", get(model_ready))
         .route("/v2/models/{model}/infer", post(v2_infer))
+        .route_layer(middleware::from_fn_with_state(gw.clone(), observe_request))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(
             limits.request_timeout,
@@ -51,6 +56,79 @@ async fn timeout(State(limit): State<Duration>, req: Request, next: Next) -> Res
         ))
         .into_response(),
     }
+}
+
+/// Request ids: taken from `X-Request-Id` when it is sane, else generated; echoed back either way.
+static REQUEST_SEQ: AtomicU64 = AtomicU64::new(0);
+
+fn request_id(headers: &HeaderMap) -> String {
+    if let Some(id) = headers.get(REQUEST_ID).and_then(|v| v.to_str().ok()) {
+        if !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_graphic()) {
+            return id.to_owned();
+        }
+    }
+    let n = REQUEST_SEQ.fetch_add(1, Relaxed);
+    format!("hy-{:x}-{n:x}", std::process::id())
+}
+
+const REQUEST_ID: &str = "x-request-id";
+
+/// Times every routed request into `hydrant_request_duration_seconds{route,model,status}` and runs it inside a
+/// `request` span carrying the request id.
+async fn observe_request(State(gw): State<Arc<Gateway>>, req: Request, next: Next) -> Response {
+    let started = std::time::Instant::now();
+    let route: &'static str = match req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(MatchedPath::as_str)
+    {
+        Some("/v1/models/{model}/predict") => "/v1/models/{model}/predict",
+        Some("/v1/features") => "/v1/features",
+        Some("/v2/models/{model}/infer") => "/v2/models/{model}/infer",
+        Some("/v2/models/{model}") => "/v2/models/{model}",
+        Some("/v2/models/{model}/ready") => "/v2/models/{model}/ready",
+        Some("/metrics") => "/metrics",
+        Some("/v1/stats") => "/v1/stats",
+        Some(_) => "other",
+        None => "unmatched",
+    };
+    let model = if route.contains("{model}") {
+        req.uri().path().split('/').nth(3).unwrap_or("").to_owned()
+    } else {
+        String::new()
+    };
+    let id = request_id(req.headers());
+    let span = tracing::info_span!("request", id = %id, method = %req.method(), route);
+    let mut resp = next.run(req).instrument(span).await;
+    let status = resp.status().as_u16();
+    let model = if gw.engines.contains_key(&model) {
+        model
+    } else {
+        String::new()
+    };
+    gw.telemetry
+        .request(route, &model, status)
+        .observe_us(crate::telemetry::us_since(started));
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        resp.headers_mut().insert(REQUEST_ID, v);
+    }
+    resp
+}
+
+async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
+    let body = crate::observe::prometheus(&gw);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
+}
+
+async fn stats(State(gw): State<Arc<Gateway>>) -> Json<serde_json::Value> {
+    Json(crate::observe::stats(&gw))
 }
 
 fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {

@@ -123,6 +123,18 @@ impl Application {
         tracing::info!(%addr, "hydrant listening");
         let grace = self.gateway.config.server.shutdown_grace;
         let gateway = self.gateway.clone();
+        // Best-effort upkeep: runs the cache's pending maintenance (expiry, eviction, its listeners) on a
+        // timer so memory and the entries/bytes gauges stay accurate when traffic is idle. Aborted on stop.
+        let cache = self.gateway.hydrator.cache().clone();
+        let upkeep = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+            loop {
+                tick.tick().await;
+                let c = cache.clone();
+                let _ = tokio::task::spawn_blocking(move || c.run_pending_tasks()).await;
+            }
+        });
+        let _abort_upkeep = AbortOnDrop(upkeep);
         let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
         let server = axum::serve(self.listener, self.router).with_graceful_shutdown(async move {
             shutdown.await;
@@ -140,6 +152,15 @@ impl Application {
                 Ok(())
             }
         }
+    }
+}
+
+/// Aborts a background task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

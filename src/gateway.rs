@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use serde::Serialize;
+use tracing::Instrument;
 
 use crate::assemble::assemble;
 use crate::config::Config;
@@ -101,7 +102,11 @@ impl Gateway {
             .zip(&plan.keys)
             .map(|(v, k)| (v, k.as_slice()))
             .collect();
-        let hydrated = self.hydrator.hydrate(&lookups, deadline).await;
+        let hydrated = self
+            .hydrator
+            .hydrate(&lookups, deadline)
+            .instrument(tracing::debug_span!("hydrate"))
+            .await;
         t.set(Stage::Hydrate, us_since(s));
 
         // assemble
@@ -119,7 +124,10 @@ impl Gateway {
         t.set(Stage::Assemble, us_since(s));
 
         // queue + infer
-        let out = engine.infer(plan.rows, buf, deadline).await?;
+        let out = engine
+            .infer(plan.rows, buf, deadline)
+            .instrument(tracing::debug_span!("infer", rows = plan.rows))
+            .await?;
         t.set(Stage::Queue, out.queue_us);
         t.set(Stage::Infer, out.infer_us);
 
@@ -191,7 +199,11 @@ impl Gateway {
             .iter()
             .map(|(v, k, _)| (v, k.as_slice()))
             .collect();
-        let hydrated = self.hydrator.hydrate(&lookups, deadline).await;
+        let hydrated = self
+            .hydrator
+            .hydrate(&lookups, deadline)
+            .instrument(tracing::debug_span!("hydrate"))
+            .await;
         t.set(Stage::Hydrate, us_since(s));
 
         let s = Instant::now();

@@ -29,6 +29,7 @@
 //! - [`oip`]: the Open Inference Protocol (KServe V2) infer endpoint, raw tensors without hydration.
 //! - [`loader`]: the bulk loader for JSON Lines and CSV feature rows.
 //! - [`config`]: typed configuration, file plus `HYDRANT_*` environment overrides.
+//! - [`observe`]: `/metrics` (Prometheus) and `/v1/stats` (JSON) rendering.
 //! - [`telemetry`]: stage timings, counters and histograms, logging set-up.
 //! - [`app`]: start-up (build) and graceful shutdown.
 
@@ -45,6 +46,7 @@ pub mod gateway;
 pub mod hydrate;
 pub mod infer;
 pub mod loader;
+pub mod observe;
 pub mod oip;
 pub mod postprocess;
 pub mod schema;

@@ -150,6 +150,175 @@ impl Histogram {
     }
 }
 
+/// Buckets of [`FineHistogram`]: exact below 64 µs, then 32 per power of two (about 3% wide).
+const FINE_BUCKETS: usize = 64 + 32 * 32;
+
+fn fine_index(us: u64) -> usize {
+    if us < 64 {
+        return us as usize;
+    }
+    let exp = 63 - us.leading_zeros() as usize; // >= 6
+    let mantissa = ((us >> (exp - 5)) & 31) as usize;
+    (64 + (exp - 6) * 32 + mantissa).min(FINE_BUCKETS - 1)
+}
+
+fn fine_upper(i: usize) -> u64 {
+    if i < 64 {
+        return i as u64;
+    }
+    let exp = (i - 64) / 32 + 6;
+    let mantissa = ((i - 64) % 32) as u64;
+    ((32 + mantissa + 1) << (exp - 5)) - 1
+}
+
+/// A log-linear latency histogram for percentiles (microseconds), lock-free.
+#[derive(Debug)]
+pub struct FineHistogram {
+    counts: Box<[AtomicU64]>,
+}
+
+impl Default for FineHistogram {
+    fn default() -> Self {
+        Self {
+            counts: (0..FINE_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+}
+
+impl FineHistogram {
+    fn observe(&self, us: u64) {
+        self.counts[fine_index(us)].fetch_add(1, Relaxed);
+    }
+
+    fn clear(&self) {
+        for c in self.counts.iter() {
+            c.store(0, Relaxed);
+        }
+    }
+}
+
+/// Percentiles of a set of fine histograms, in microseconds.
+pub fn percentiles(hs: &[&FineHistogram], qs: &[f64]) -> Vec<u64> {
+    let mut merged = vec![0u64; FINE_BUCKETS];
+    for h in hs {
+        for (m, c) in merged.iter_mut().zip(h.counts.iter()) {
+            *m += c.load(Relaxed);
+        }
+    }
+    let total: u64 = merged.iter().sum();
+    qs.iter()
+        .map(|q| {
+            if total == 0 {
+                return 0;
+            }
+            let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
+            let mut acc = 0;
+            for (i, c) in merged.iter().enumerate() {
+                acc += c;
+                if acc >= rank {
+                    return fine_upper(i);
+                }
+            }
+            fine_upper(FINE_BUCKETS - 1)
+        })
+        .collect()
+}
+
+/// Seconds each window slot covers, and slots kept: percentiles cover the last minute.
+pub const SLOT_S: u64 = 10;
+pub const SLOTS: usize = 6;
+
+/// One slot of the window: stage and total latencies, request and row counts.
+#[derive(Debug, Default)]
+struct Slot {
+    /// Which 10-second period this slot holds (seconds since start / SLOT_S).
+    epoch: AtomicU64,
+    stages: [FineHistogram; 8],
+    requests: AtomicU64,
+}
+
+/// Stage latencies over the last minute, in rotating 10-second slots.
+#[derive(Debug)]
+pub struct Window {
+    start: std::time::Instant,
+    slots: [Slot; SLOTS],
+}
+
+impl Default for Window {
+    fn default() -> Self {
+        Self {
+            start: std::time::Instant::now(),
+            slots: Default::default(),
+        }
+    }
+}
+
+impl Window {
+    fn epoch(&self) -> u64 {
+        // +1 so no live epoch is 0, the value of a never-used slot.
+        self.start.elapsed().as_secs() / SLOT_S + 1
+    }
+
+    fn slot(&self) -> &Slot {
+        let e = self.epoch();
+        let slot = &self.slots[(e as usize) % SLOTS];
+        let seen = slot.epoch.load(Relaxed);
+        if seen != e
+            && slot
+                .epoch
+                .compare_exchange(seen, e, Relaxed, Relaxed)
+                .is_ok()
+        {
+            // This thread won the rotation: clear what the slot held a minute ago. Records racing with the
+            // clear may be lost; the window is a recent estimate, the Prometheus histograms are exact.
+            for h in &slot.stages {
+                h.clear();
+            }
+            slot.requests.store(0, Relaxed);
+        }
+        slot
+    }
+
+    pub fn record(&self, t: &Timings) {
+        let slot = self.slot();
+        for stage in Stage::ALL {
+            slot.stages[stage as usize].observe(t.get(stage));
+        }
+        slot.stages[7].observe(t.total_us);
+        slot.requests.fetch_add(1, Relaxed);
+    }
+
+    fn live(&self) -> impl Iterator<Item = &Slot> {
+        let now = self.epoch();
+        self.slots.iter().filter(move |s| {
+            let e = s.epoch.load(Relaxed);
+            e != 0 && e + SLOTS as u64 > now
+        })
+    }
+
+    /// p50, p95, p99 (µs) of each stage and (last) of the total, over the window.
+    pub fn stage_percentiles(&self) -> [[u64; 3]; 8] {
+        let mut out = [[0; 3]; 8];
+        for (i, o) in out.iter_mut().enumerate() {
+            let hs: Vec<&FineHistogram> = self.live().map(|s| &s.stages[i]).collect();
+            let p = percentiles(&hs, &[0.5, 0.95, 0.99]);
+            *o = [p[0], p[1], p[2]];
+        }
+        out
+    }
+
+    /// Requests in the window, and the seconds it spans so far.
+    pub fn requests(&self) -> (u64, f64) {
+        let n = self.live().map(|s| s.requests.load(Relaxed)).sum();
+        let span = self
+            .start
+            .elapsed()
+            .as_secs_f64()
+            .min((SLOTS as u64 * SLOT_S) as f64);
+        (n, span.max(1e-3))
+    }
+}
+
 /// Request counters and stage histograms of one model.
 #[derive(Debug, Default)]
 pub struct ModelStats {
@@ -166,6 +335,8 @@ pub struct ModelStats {
     pub shed_queue_timeout: AtomicU64,
     /// Requests whose own deadline passed in the queue and were not run.
     pub shed_deadline: AtomicU64,
+    /// Recent stage latencies, for percentiles over the last minute.
+    pub window: Window,
 }
 
 /// Upper bounds of the batch-size histogram buckets.
@@ -202,6 +373,7 @@ impl CountHistogram {
 
 impl ModelStats {
     pub fn record(&self, t: &Timings, rows: usize) {
+        self.window.record(t);
         self.requests.fetch_add(1, Relaxed);
         self.rows.fetch_add(rows as u64, Relaxed);
         for stage in Stage::ALL {
@@ -216,6 +388,19 @@ impl ModelStats {
 pub struct Telemetry {
     views: RwLock<HashMap<String, Arc<ViewStats>>>,
     models: RwLock<HashMap<String, Arc<ModelStats>>>,
+    /// `hydrant_request_duration_seconds` by (route, model, status).
+    requests: RwLock<HashMap<(&'static str, String, u16), Arc<Histogram>>>,
+    started: OnceStart,
+}
+
+/// When the telemetry (so the gateway) started.
+#[derive(Debug)]
+pub struct OnceStart(pub std::time::Instant);
+
+impl Default for OnceStart {
+    fn default() -> Self {
+        Self(std::time::Instant::now())
+    }
 }
 
 impl Telemetry {
@@ -240,6 +425,33 @@ impl Telemetry {
             .entry(model.to_owned())
             .or_default()
             .clone()
+    }
+
+    /// The request-duration histogram of one route, model and status.
+    pub fn request(&self, route: &'static str, model: &str, status: u16) -> Arc<Histogram> {
+        if let Some(h) = self.requests.read().get(&(route, model.to_owned(), status)) {
+            return h.clone();
+        }
+        self.requests
+            .write()
+            .entry((route, model.to_owned(), status))
+            .or_default()
+            .clone()
+    }
+
+    pub fn requests(&self) -> Vec<((&'static str, String, u16), Arc<Histogram>)> {
+        let mut v: Vec<_> = self
+            .requests
+            .read()
+            .iter()
+            .map(|(k, h)| (k.clone(), h.clone()))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    pub fn uptime_s(&self) -> f64 {
+        self.started.0.elapsed().as_secs_f64()
     }
 
     pub fn views(&self) -> Vec<(String, Arc<ViewStats>)> {
@@ -297,6 +509,25 @@ mod tests {
             h.contains("infer;dur=1.500") && h.ends_with("total;dur=1.600"),
             "{h}"
         );
+    }
+
+    #[test]
+    fn fine_histogram_percentiles_are_within_a_few_percent() {
+        let h = FineHistogram::default();
+        for us in 1..=10_000u64 {
+            h.observe(us);
+        }
+        let p = percentiles(&[&h], &[0.5, 0.99, 1.0]);
+        for (got, want) in p.iter().zip([5_000u64, 9_900, 10_000]) {
+            let err = (*got as f64 - want as f64).abs() / want as f64;
+            assert!(err < 0.04, "got {got}, want about {want}");
+        }
+        for us in [0, 1, 63, 64, 65, 1000, 123_456, 10_000_000] {
+            assert!(
+                fine_upper(fine_index(us)) >= us,
+                "{us} falls in a bucket whose upper bound is below it"
+            );
+        }
     }
 
     #[test]

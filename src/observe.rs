@@ -1,0 +1,300 @@
+//! What ops read: Prometheus text at `/metrics` (DESIGN.md's metric names) and JSON at `/v1/stats` (recent
+//! per-stage percentiles next to cache hit rates), both rendered from the gateway's own counters.
+
+use std::fmt::Write as _;
+use std::sync::atomic::Ordering::Relaxed;
+
+use serde_json::{Map, Value as Json, json};
+
+use crate::gateway::Gateway;
+use crate::telemetry::{BUCKETS_S, Histogram, ROW_BUCKETS, SLOT_S, SLOTS, Stage};
+
+fn esc(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+fn histogram(out: &mut String, name: &str, labels: &str, h: &Histogram) {
+    let (counts, sum) = h.snapshot();
+    for (b, c) in BUCKETS_S.iter().zip(counts.iter()) {
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{b}\"}} {c}");
+    }
+    let total = counts[counts.len() - 1];
+    let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {total}");
+    let _ = writeln!(out, "{name}_sum{{{labels}}} {sum}");
+    let _ = writeln!(out, "{name}_count{{{labels}}} {total}");
+}
+
+/// The Prometheus text exposition of every counter.
+pub fn prometheus(gw: &Gateway) -> String {
+    let t = &gw.telemetry;
+    let mut out = String::with_capacity(16 * 1024);
+
+    header(
+        &mut out,
+        "hydrant_request_duration_seconds",
+        "histogram",
+        "HTTP request latency by route, model and status.",
+    );
+    for ((route, model, status), h) in t.requests() {
+        let labels = format!(
+            "route=\"{}\",model=\"{}\",status=\"{status}\"",
+            esc(route),
+            esc(&model)
+        );
+        histogram(&mut out, "hydrant_request_duration_seconds", &labels, &h);
+    }
+
+    let models = t.models();
+    header(
+        &mut out,
+        "hydrant_stage_duration_seconds",
+        "histogram",
+        "Time spent in each stage of a predict request.",
+    );
+    for (model, m) in &models {
+        for stage in Stage::ALL {
+            let labels = format!("model=\"{}\",stage=\"{}\"", esc(model), stage.name());
+            histogram(
+                &mut out,
+                "hydrant_stage_duration_seconds",
+                &labels,
+                &m.stages[stage as usize],
+            );
+        }
+    }
+    header(
+        &mut out,
+        "hydrant_batch_rows",
+        "histogram",
+        "Rows per executed inference batch.",
+    );
+    for (model, m) in &models {
+        let (counts, sum) = m.batch_rows.snapshot();
+        for (b, c) in ROW_BUCKETS.iter().zip(counts.iter()) {
+            let _ = writeln!(
+                out,
+                "hydrant_batch_rows_bucket{{model=\"{}\",le=\"{b}\"}} {c}",
+                esc(model)
+            );
+        }
+        let total = counts[counts.len() - 1];
+        let _ = writeln!(
+            out,
+            "hydrant_batch_rows_bucket{{model=\"{}\",le=\"+Inf\"}} {total}",
+            esc(model)
+        );
+        let _ = writeln!(
+            out,
+            "hydrant_batch_rows_sum{{model=\"{}\"}} {sum}",
+            esc(model)
+        );
+        let _ = writeln!(
+            out,
+            "hydrant_batch_rows_count{{model=\"{}\"}} {total}",
+            esc(model)
+        );
+    }
+    header(
+        &mut out,
+        "hydrant_queue_depth",
+        "gauge",
+        "Requests waiting for an inference session.",
+    );
+    let mut engines: Vec<_> = gw.engines.iter().collect();
+    engines.sort_by(|a, b| a.0.cmp(b.0));
+    for (name, e) in &engines {
+        let _ = writeln!(
+            out,
+            "hydrant_queue_depth{{model=\"{}\"}} {}",
+            esc(name),
+            e.queue_depth()
+        );
+    }
+    header(
+        &mut out,
+        "hydrant_shed_total",
+        "counter",
+        "Requests refused or dropped by the inference queue, by reason.",
+    );
+    for (model, m) in &models {
+        for (reason, c) in [
+            ("queue_full", &m.shed_queue_full),
+            ("queue_timeout", &m.shed_queue_timeout),
+            ("deadline", &m.shed_deadline),
+        ] {
+            let _ = writeln!(
+                out,
+                "hydrant_shed_total{{model=\"{}\",reason=\"{reason}\"}} {}",
+                esc(model),
+                c.load(Relaxed)
+            );
+        }
+    }
+
+    let views = t.views();
+    header(
+        &mut out,
+        "hydrant_cache_lookups_total",
+        "counter",
+        "Feature cache lookups by outcome; hit rate = hit / all.",
+    );
+    for (view, v) in &views {
+        for (outcome, c) in [
+            ("hit", &v.hits),
+            ("stale", &v.stale),
+            ("miss", &v.misses),
+            ("negative", &v.negative),
+        ] {
+            let _ = writeln!(
+                out,
+                "hydrant_cache_lookups_total{{view=\"{}\",outcome=\"{outcome}\"}} {}",
+                esc(view),
+                c.load(Relaxed)
+            );
+        }
+    }
+    gw.hydrator.cache().run_pending_tasks();
+    header(
+        &mut out,
+        "hydrant_cache_entries",
+        "gauge",
+        "Entries in the feature cache.",
+    );
+    for (view, v) in &views {
+        let _ = writeln!(
+            out,
+            "hydrant_cache_entries{{view=\"{}\"}} {}",
+            esc(view),
+            v.entries.load(Relaxed).max(0)
+        );
+    }
+    header(
+        &mut out,
+        "hydrant_cache_bytes",
+        "gauge",
+        "Estimated bytes held by the feature cache.",
+    );
+    for (view, v) in &views {
+        let _ = writeln!(
+            out,
+            "hydrant_cache_bytes{{view=\"{}\"}} {}",
+            esc(view),
+            v.bytes.load(Relaxed).max(0)
+        );
+    }
+    header(
+        &mut out,
+        "hydrant_degraded_total",
+        "counter",
+        "Lookups answered from stale values or defaults because the store failed, by reason.",
+    );
+    for (view, v) in &views {
+        for (reason, c) in [
+            ("timeout", &v.degraded_timeout),
+            ("error", &v.degraded_error),
+        ] {
+            let _ = writeln!(
+                out,
+                "hydrant_degraded_total{{view=\"{}\",reason=\"{reason}\"}} {}",
+                esc(view),
+                c.load(Relaxed)
+            );
+        }
+    }
+    header(
+        &mut out,
+        "hydrant_bad_records_total",
+        "counter",
+        "Stored records that could not be decoded and were served as defaults.",
+    );
+    for (view, v) in &views {
+        let _ = writeln!(
+            out,
+            "hydrant_bad_records_total{{view=\"{}\"}} {}",
+            esc(view),
+            v.bad_records.load(Relaxed)
+        );
+    }
+    out
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 { 0.0 } else { a as f64 / b as f64 }
+}
+
+/// The `/v1/stats` document.
+pub fn stats(gw: &Gateway) -> Json {
+    let t = &gw.telemetry;
+    let mut models = Map::new();
+    for (name, m) in t.models() {
+        let p = m.window.stage_percentiles();
+        let mut stages = Map::new();
+        for stage in Stage::ALL {
+            let [p50, p95, p99] = p[stage as usize];
+            stages.insert(
+                stage.name().to_owned(),
+                json!({"p50_us": p50, "p95_us": p95, "p99_us": p99}),
+            );
+        }
+        let [p50, p95, p99] = p[7];
+        stages.insert(
+            "total".to_owned(),
+            json!({"p50_us": p50, "p95_us": p95, "p99_us": p99}),
+        );
+        let (recent, span) = m.window.requests();
+        let requests = m.requests.load(Relaxed);
+        let errors = m.errors.load(Relaxed);
+        models.insert(
+            name.clone(),
+            json!({
+                "requests": requests,
+                "errors": errors,
+                "rows": m.rows.load(Relaxed),
+                "rps": recent as f64 / span,
+                "error_rate": ratio(errors, requests + errors),
+                "queue_depth": gw.engines.get(&name).map_or(0, |e| e.queue_depth()),
+                "shed": {
+                    "queue_full": m.shed_queue_full.load(Relaxed),
+                    "queue_timeout": m.shed_queue_timeout.load(Relaxed),
+                    "deadline": m.shed_deadline.load(Relaxed),
+                },
+                "stages": stages,
+            }),
+        );
+    }
+    gw.hydrator.cache().run_pending_tasks();
+    let mut views = Map::new();
+    for (name, v) in t.views() {
+        let (h, s, mi, n) = (
+            v.hits.load(Relaxed),
+            v.stale.load(Relaxed),
+            v.misses.load(Relaxed),
+            v.negative.load(Relaxed),
+        );
+        let lookups = h + s + mi + n;
+        views.insert(
+            name,
+            json!({
+                "hits": h, "stale": s, "misses": mi, "negative": n,
+                "hit_rate": ratio(h + s + n, lookups),
+                "entries": v.entries.load(Relaxed).max(0),
+                "bytes": v.bytes.load(Relaxed).max(0),
+                "bad_records": v.bad_records.load(Relaxed),
+                "degraded": {"timeout": v.degraded_timeout.load(Relaxed), "error": v.degraded_error.load(Relaxed)},
+            }),
+        );
+    }
+    json!({
+        "uptime_s": t.uptime_s(),
+        "window_s": SLOT_S * SLOTS as u64,
+        "store": gw.hydrator.store().backend(),
+        "models": models,
+        "views": views,
+    })
+}
