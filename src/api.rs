@@ -62,10 +62,12 @@ async fn timeout(State(limit): State<Duration>, req: Request, next: Next) -> Res
 static REQUEST_SEQ: AtomicU64 = AtomicU64::new(0);
 
 fn request_id(headers: &HeaderMap) -> String {
-    if let Some(id) = headers.get(REQUEST_ID).and_then(|v| v.to_str().ok()) {
-        if !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_graphic()) {
-            return id.to_owned();
-        }
+    if let Some(id) = headers.get(REQUEST_ID).and_then(|v| v.to_str().ok())
+        && !id.is_empty()
+        && id.len() <= 128
+        && id.bytes().all(|b| b.is_ascii_graphic())
+    {
+        return id.to_owned();
     }
     let n = REQUEST_SEQ.fetch_add(1, Relaxed);
     format!("hy-{:x}-{n:x}", std::process::id())

@@ -383,13 +383,16 @@ impl ModelStats {
     }
 }
 
+/// (route, model, status) of `hydrant_request_duration_seconds`.
+pub type RequestKey = (&'static str, String, u16);
+
 /// All counters of one gateway.
 #[derive(Debug, Default)]
 pub struct Telemetry {
     views: RwLock<HashMap<String, Arc<ViewStats>>>,
     models: RwLock<HashMap<String, Arc<ModelStats>>>,
     /// `hydrant_request_duration_seconds` by (route, model, status).
-    requests: RwLock<HashMap<(&'static str, String, u16), Arc<Histogram>>>,
+    requests: RwLock<HashMap<RequestKey, Arc<Histogram>>>,
     started: OnceStart,
 }
 
@@ -439,7 +442,7 @@ impl Telemetry {
             .clone()
     }
 
-    pub fn requests(&self) -> Vec<((&'static str, String, u16), Arc<Histogram>)> {
+    pub fn requests(&self) -> Vec<(RequestKey, Arc<Histogram>)> {
         let mut v: Vec<_> = self
             .requests
             .read()
