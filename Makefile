@@ -9,7 +9,7 @@ CARGO ?= cargo
 BIN := target/release/hydrant
 DATA := data/hydrant.redb
 
-.PHONY: run test ort ort-gpu system-deps build demo-data lint fmt validate clean
+.PHONY: run test ort ort-gpu system-deps build demo-data lint fmt validate clean loadtest
 
 ## run: build, load the demo rows into the embedded store, and serve on 127.0.0.1:8080
 run: ort build demo-data
@@ -20,6 +20,12 @@ test: system-deps ort
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --all-targets --workspace -- -D warnings
 	$(CARGO) test --workspace --all-targets 2>&1 | tee target/test.log; exit $${PIPESTATUS[0]}
+
+## loadtest: the compose topology as local processes (redis-server, seed, hydrant, loadtest) and a report
+##   make loadtest SCENARIO=hot-path   (a name in loadtest/scenarios/ or a path to a .toml file)
+SCENARIO ?= hot-path
+loadtest: system-deps ort
+	scripts/loadtest.sh $(if $(findstring .toml,$(SCENARIO)),$(SCENARIO),loadtest/scenarios/$(SCENARIO).toml)
 
 ## ort: the ONNX Runtime 1.31.1 CPU library, from the official onnxruntime wheel on PyPI
 ort: $(ORT_LIB)
@@ -35,6 +41,7 @@ system-deps:
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust (https://rustup.rs) first" >&2; exit 1; }
 	@command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; }
 	@command -v python3 >/dev/null || { apt-get update -qq && apt-get install -y -qq python3 python3-pip >/dev/null; }
+	@command -v docker-compose >/dev/null || { apt-get update -qq && apt-get install -y -qq docker-compose >/dev/null; }
 
 build:
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust (https://rustup.rs) first" >&2; exit 1; }

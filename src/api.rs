@@ -29,6 +29,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/v1/features", post(features))
         .route("/metrics", get(metrics))
         .route("/v1/stats", get(stats))
+        .route("/v2", get(server_metadata))
         .route("/v2/health/live", get(live))
         .route("/v2/health/ready", get(ready))
         .route("/v2/models/{model}", get(model_metadata))
@@ -177,6 +178,11 @@ async fn v2_infer(
 ) -> Result<Response, crate::oip::OipError> {
     let body = body.map_err(|r| crate::oip::OipError(r.status(), r.body_text()))?;
     crate::oip::infer(&gw, &model, &body).await
+}
+
+/// Open Inference Protocol server metadata.
+async fn server_metadata() -> Json<serde_json::Value> {
+    Json(json!({"name": "hydrant", "version": env!("CARGO_PKG_VERSION"), "extensions": []}))
 }
 
 async fn live() -> StatusCode {

@@ -123,12 +123,15 @@ impl Gateway {
         );
         t.set(Stage::Assemble, us_since(s));
 
-        // queue + infer
+        // queue + infer: `infer` is the model run of the batch this request rode in; `queue` is everything
+        // else spent waiting for it (for a session, for batch company, and for the executor to resume this
+        // task after the reply), so the stages add up to the total.
+        let s = Instant::now();
         let out = engine
             .infer(plan.rows, buf, deadline)
             .instrument(tracing::debug_span!("infer", rows = plan.rows))
             .await?;
-        t.set(Stage::Queue, out.queue_us);
+        t.set(Stage::Queue, us_since(s).saturating_sub(out.infer_us));
         t.set(Stage::Infer, out.infer_us);
 
         // postprocess

@@ -339,3 +339,24 @@ async fn v2_infer_rejects_bad_tensors_with_the_reason() {
         200
     );
 }
+
+#[tokio::test]
+async fn v2_server_and_health_endpoints_answer_as_the_protocol_specifies() {
+    let app = TestApp::spawn().await;
+    let j = app.get("/v2").await.json();
+    assert_eq!(j["name"], "hydrant");
+    assert!(j["extensions"].is_array());
+    assert_eq!(app.get("/v2/health/live").await.status, 200);
+    assert_eq!(app.get("/v2/health/ready").await.status, 200);
+    let m = app.get("/v2/models/ctr").await.json();
+    assert_eq!(m["versions"], json!(["1"]));
+    assert_eq!(m["platform"], "onnxruntime_onnx");
+    assert_eq!(m["inputs"][0]["datatype"], "FP32");
+    assert_eq!(m["outputs"][0]["shape"], json!([-1, 1]));
+    let r = app.get("/v2/models/nope").await;
+    assert_eq!(r.status, 404);
+    assert!(
+        r.json()["error"].is_string(),
+        "errors are {{\"error\": \"...\"}} on /v2"
+    );
+}

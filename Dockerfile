@@ -1,0 +1,24 @@
+# hydrant and its load tester in one image. Build: docker build -t hydrant .
+FROM rust:1.95-bookworm AS build
+WORKDIR /src
+RUN apt-get update -qq && apt-get install -y -qq python3 python3-pip >/dev/null
+COPY . .
+RUN cargo build --release --locked --bin hydrant --bin loadtest \
+ && scripts/install-ort.sh cpu /opt/ort
+
+FROM debian:bookworm-slim
+RUN useradd --system --home /app hydrant
+WORKDIR /app
+COPY --from=build /src/target/release/hydrant /src/target/release/loadtest /usr/local/bin/
+COPY --from=build /opt/ort /opt/ort
+COPY config ./config
+COPY schemas ./schemas
+COPY models ./models
+COPY demo ./demo
+COPY loadtest/scenarios ./loadtest/scenarios
+ENV ORT_DYLIB_PATH=/opt/ort/libonnxruntime.so.1.31.1 \
+    HYDRANT_SERVER__BIND=0.0.0.0:8080
+USER hydrant
+EXPOSE 8080
+ENTRYPOINT ["hydrant"]
+CMD ["serve"]

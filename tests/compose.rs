@@ -1,0 +1,71 @@
+//! The docker-compose file is valid (checked by `docker-compose config`, since these machines run no Docker
+//! engine) and describes the topology the local-process load test runs.
+
+mod common;
+
+use common::root;
+
+#[test]
+fn docker_compose_config_accepts_the_file_and_it_has_every_service() {
+    let out = match std::process::Command::new("docker-compose")
+        .current_dir(root())
+        .args([
+            "-f",
+            "docker-compose.yml",
+            "--profile",
+            "loadtest",
+            "--profile",
+            "observability",
+            "config",
+        ])
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) => panic!(
+            "docker-compose is needed for this test (apt-get install docker-compose; `make test` does): {e}"
+        ),
+    };
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "docker-compose config failed: {stderr}"
+    );
+    let doc: serde_yaml::Value = serde_yaml::from_slice(&out.stdout).expect("config prints YAML");
+    let services = doc["services"].as_mapping().expect("services");
+    for name in [
+        "redis",
+        "seed",
+        "hydrant",
+        "loadtest",
+        "prometheus",
+        "grafana",
+    ] {
+        assert!(services.contains_key(name), "service {name} missing");
+    }
+    let env = &doc["services"]["hydrant"]["environment"];
+    assert_eq!(
+        env["HYDRANT_STORE__REDIS__URL"].as_str(),
+        Some("redis://redis:6379")
+    );
+    assert_eq!(
+        doc["services"]["hydrant"]["command"][0].as_str(),
+        Some("serve")
+    );
+    // The seed job runs the same bulk loader as `make loadtest`'s local topology.
+    let seed = serde_yaml::to_string(&doc["services"]["seed"]["command"]).expect("yaml");
+    let local = std::fs::read_to_string(root().join("scripts/loadtest.sh")).expect("script");
+    for view in ["user_profile", "item_stats"] {
+        let cmd = format!("load --view {view} demo/rows/{view}.jsonl");
+        assert!(
+            seed.contains(&cmd) && local.contains(&cmd),
+            "both seed with `{cmd}`"
+        );
+    }
+    // The Grafana dashboard shows stage latency beside the hit rate.
+    let dash = std::fs::read_to_string(root().join("deploy/grafana/dashboards/hydrant.json"))
+        .expect("dashboard");
+    assert!(
+        dash.contains("hydrant_stage_duration_seconds_bucket")
+            && dash.contains("hydrant_cache_lookups_total")
+    );
+}
