@@ -70,7 +70,21 @@ impl Format {
 }
 
 /// Deserializes `body` in `format`, turning any failure into a 400 that names the field.
+///
+/// The common case decodes directly; only a body that fails is decoded again with path tracking, so the
+/// error can name the field without every good request paying for the bookkeeping.
 pub fn parse_body<T: DeserializeOwned>(format: Format, body: &[u8]) -> Result<T, ApiError> {
+    let fast = match format {
+        Format::Json => serde_json::from_slice::<T>(body).ok(),
+        Format::Msgpack => rmp_serde::from_slice::<T>(body).ok(),
+    };
+    if let Some(v) = fast {
+        return Ok(v);
+    }
+    parse_body_tracked(format, body)
+}
+
+fn parse_body_tracked<T: DeserializeOwned>(format: Format, body: &[u8]) -> Result<T, ApiError> {
     let malformed = |code, message: String, path: String| ApiError::Malformed {
         code,
         message,

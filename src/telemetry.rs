@@ -68,16 +68,16 @@ impl Timings {
 
     /// The `Server-Timing` header value (durations in milliseconds, as the header specifies).
     pub fn server_timing(&self) -> String {
+        // Integer arithmetic: float formatting showed up in profiles of the hot path.
+        fn ms(s: &mut String, name: &str, us: u64) {
+            let _ = write!(s, "{name};dur={}.{:03}", us / 1000, us % 1000);
+        }
         let mut s = String::with_capacity(160);
         for stage in Stage::ALL {
-            let _ = write!(
-                s,
-                "{};dur={:.3}, ",
-                stage.name(),
-                self.get(stage) as f64 / 1000.0
-            );
+            ms(&mut s, stage.name(), self.get(stage));
+            s.push_str(", ");
         }
-        let _ = write!(s, "total;dur={:.3}", self.total_us as f64 / 1000.0);
+        ms(&mut s, "total", self.total_us);
         s
     }
 }
