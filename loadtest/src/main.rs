@@ -1,1 +1,295 @@
-fn main() {}
+//! `loadtest` command line: parses arguments and calls into the library.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+use loadtest::drive::Cancel;
+use loadtest::run::{RunError, RunOptions};
+use loadtest::scenario::{Mode, Scenario, parse_loopback_url};
+use loadtest::{floor, report};
+
+#[derive(Parser)]
+#[command(
+    name = "loadtest",
+    version,
+    about = "Load generator and report for the hydrant gateway"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a scenario and write <out-dir>/<scenario>.json and .html.
+    Run {
+        /// Scenario file (TOML).
+        scenario: PathBuf,
+        /// Override the scenario's target (loopback only).
+        #[arg(long)]
+        target: Option<String>,
+        /// Override the measured duration in seconds (warm-up and sweep steps are capped to it).
+        #[arg(long)]
+        duration_s: Option<f64>,
+        /// Where to write the result files.
+        #[arg(long, default_value = "target/loadtest")]
+        out_dir: PathBuf,
+        /// No progress line on stderr.
+        #[arg(long)]
+        quiet: bool,
+        /// Also measure plain Redis GET round trips against this server, reported beside the gateway.
+        #[arg(long)]
+        redis_url: Option<String>,
+        /// Allow non-loopback targets (a compose network); refused by default.
+        #[arg(long)]
+        allow_remote: bool,
+    },
+    /// Serve the floor: a bare axum server answering predict with a fixed body.
+    Floor {
+        /// Address to listen on (loopback only), e.g. 127.0.0.1:9100.
+        #[arg(long)]
+        bind: String,
+        /// Scores in the fixed answer (its size should match the real answers).
+        #[arg(long, default_value_t = 1)]
+        scores: usize,
+        /// Runtime worker threads.
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
+        /// Stop by itself after this many seconds.
+        #[arg(long, default_value_t = 3600)]
+        for_s: u64,
+    },
+    /// Validate a scenario and print its plan, without sending anything.
+    Check { scenario: PathBuf },
+}
+
+/// Exit codes: 0 ok, 1 error (unreachable target, bad file...), 2 invalid scenario,
+/// 3 error budget exceeded or no request succeeded, 130 interrupted.
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Check { scenario } => check(&scenario),
+        Command::Run {
+            scenario,
+            target,
+            duration_s,
+            out_dir,
+            quiet,
+            redis_url,
+            allow_remote,
+        } => run(
+            &scenario,
+            target,
+            duration_s,
+            out_dir,
+            !quiet,
+            redis_url,
+            allow_remote,
+        ),
+        Command::Floor {
+            bind,
+            scores,
+            threads,
+            for_s,
+        } => match serve_floor(&bind, scores, threads, for_s) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::from(1)
+            }
+        },
+    }
+}
+
+fn load(path: &std::path::Path) -> Result<Scenario, ExitCode> {
+    Scenario::load(path).map_err(|e| {
+        eprintln!("error: {e}");
+        ExitCode::from(2)
+    })
+}
+
+fn check(path: &std::path::Path) -> ExitCode {
+    let s = match load(path) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let mode = match &s.load.mode {
+        Mode::OpenLoop { rate } => format!("open loop at {}", report::fmt_rate(*rate)),
+        Mode::ClosedLoop { concurrency } => format!("closed loop, concurrency {concurrency:?}"),
+        Mode::MaxThenFraction {
+            concurrency,
+            fraction,
+            step,
+        } => format!(
+            "closed-loop sweep {concurrency:?} ({:.1} s per step), then open loop at {fraction} x max",
+            step.as_secs_f64()
+        ),
+    };
+    println!(
+        "ok: {} against {} (model {}, {})\n  {mode}, {:.1} s measured, {:.1} s warm-up{}\n  users {} keys (zipf {}), items {} keys (zipf {}), candidates {}..={}\n  planned run time about {:.0} s",
+        s.name,
+        s.target,
+        s.model,
+        s.format.as_str(),
+        s.load.duration.as_secs_f64(),
+        s.load.warm_up.as_secs_f64(),
+        if s.floor.is_some() {
+            ", floor enabled"
+        } else {
+            ""
+        },
+        s.users.keys,
+        s.users.zipf,
+        s.items.keys,
+        s.items.zipf,
+        s.candidates.min,
+        s.candidates.max,
+        s.planned_duration().as_secs_f64()
+    );
+    ExitCode::SUCCESS
+}
+
+fn run(
+    path: &std::path::Path,
+    target: Option<String>,
+    duration_s: Option<f64>,
+    out_dir: PathBuf,
+    progress: bool,
+    redis_url: Option<String>,
+    allow_remote: bool,
+) -> ExitCode {
+    let mut s = match load(path) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    if let Some(t) = target
+        && let Err(e) = if allow_remote {
+            s.override_target_remote(&t)
+        } else {
+            s.override_target(&t)
+        }
+    {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
+    if let Some(d) = duration_s
+        && let Err(e) = s.override_duration_s(d)
+    {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(s.client_threads)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let max_error_rate = s.max_error_rate;
+    let opts = RunOptions {
+        out_dir,
+        progress,
+        redis_url,
+        allow_remote,
+    };
+    let outcome = runtime.block_on(async move {
+        let cancel = Cancel::new();
+        let on_signal = cancel.clone();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                eprintln!("\ninterrupted: finishing the report (Ctrl-C again to quit at once)");
+                on_signal.cancel();
+                if tokio::signal::ctrl_c().await.is_ok() {
+                    std::process::exit(130);
+                }
+            }
+        });
+        // On a worker thread (not block_on's), so the open-loop dispatcher spawns request tasks
+        // onto its local queue instead of waking a worker from outside for each one.
+        match tokio::spawn(async move { loadtest::run::run(s, &opts, cancel).await }).await {
+            Ok(r) => r,
+            Err(e) => Err(RunError::Task(e.to_string())),
+        }
+    });
+    // Request tasks still draining after a timeout must not hold the process open.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    match outcome {
+        Ok(out) => {
+            print!("{}", report::table::render(&out.result));
+            println!(
+                "\nreport: {}\n        {}",
+                out.json_path.display(),
+                out.html_path.display()
+            );
+            let r = &out.result;
+            if r.interrupted {
+                return ExitCode::from(130);
+            }
+            if r.hydrant.requests > 0 && r.hydrant.ok == 0 {
+                eprintln!("error: no request succeeded");
+                return ExitCode::from(3);
+            }
+            if let Some(max) = max_error_rate
+                && r.hydrant.error_rate > max
+            {
+                eprintln!(
+                    "error: error rate {} exceeds max_error_rate {}",
+                    report::fmt_pct(r.hydrant.error_rate),
+                    report::fmt_pct(max)
+                );
+                return ExitCode::from(3);
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e @ (RunError::Unreachable { .. } | RunError::NotReady { .. })) => {
+            eprintln!("error: {e}");
+            eprintln!("hint: start the gateway first, or point --target at a running one");
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn serve_floor(bind: &str, scores: usize, threads: usize, for_s: u64) -> anyhow::Result<()> {
+    let addr: SocketAddr = bind
+        .parse()
+        .with_context(|| format!("--bind {bind:?} is not an address like 127.0.0.1:9100"))?;
+    // Same rule as targets: this tool only ever listens and sends on loopback.
+    parse_loopback_url(&format!("http://{addr}"))
+        .map_err(|reason| anyhow::anyhow!("--bind {bind}: {reason}"))?;
+    if !(1..=10_000).contains(&scores) {
+        bail!("--scores must be between 1 and 10000");
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads.clamp(1, 64))
+        .enable_all()
+        .build()
+        .context("cannot start the runtime")?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        let local = listener.local_addr().context("listener address")?;
+        println!("floor listening on http://{local} (stops after {for_s} s or on Ctrl-C)");
+        let stop = async move {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = tokio::time::sleep(Duration::from_secs(for_s)) => {}
+            }
+        };
+        floor::serve(listener, scores, stop)
+            .await
+            .context("floor server")
+    })
+}

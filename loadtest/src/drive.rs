@@ -1,0 +1,246 @@
+//! The drivers: open loop (fixed schedule) and closed loop (N workers back to back).
+//!
+//! Open loop is what product traffic looks like: requests arrive on their own clock whether or not
+//! the server keeps up. Request i is due at `t0 + i/rate`, and its latency is measured from that
+//! *intended* time, so a server stall shows up in every request that should have been sent during
+//! it (no coordinated omission). The schedule runs on a blocking thread with `std::thread::sleep`
+//! (tens of microseconds of jitter) rather than tokio's millisecond timer wheel, which would make
+//! every send look up to a millisecond late.
+//!
+//! Closed loop finds throughput: each worker sends its next request when the previous answer
+//! arrives, and latency is measured from the actual send.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hyper::body::Bytes;
+use hyper::{Method, Uri};
+use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::task::JoinSet;
+
+use crate::client::{ErrorKind, ExchangeError, Outcome, Pool, classify};
+use crate::record::{Sample, SharedCollector, lock, overload_sample};
+use crate::sample::stream_seed;
+use crate::scenario::Scenario;
+use crate::workload::Workload;
+
+/// Hard cap on requests one segment may start, whatever the rate and duration.
+pub const MAX_REQUESTS_PER_SEGMENT: u64 = 100_000_000;
+/// Longest single sleep of the scheduler, so it notices cancellation promptly.
+const MAX_SLEEP: Duration = Duration::from_millis(50);
+/// Shortest sleep: at high rates the schedule wakes at most every 100 us and sends what is due
+/// as one batch (far below the 1 ms late threshold, far fewer wake-ups than one per request).
+const MIN_SLEEP: Duration = Duration::from_micros(100);
+/// Pause after a refused connection in closed loop, so a dead target is not hammered in a spin.
+const CONNECT_BACKOFF: Duration = Duration::from_millis(10);
+
+/// Cooperative cancellation (Ctrl-C), visible to async tasks and to the scheduler thread.
+#[derive(Debug, Clone)]
+pub struct Cancel {
+    tx: Arc<watch::Sender<bool>>,
+}
+
+impl Default for Cancel {
+    fn default() -> Self {
+        Cancel::new()
+    }
+}
+
+impl Cancel {
+    pub fn new() -> Cancel {
+        Cancel {
+            tx: Arc::new(watch::Sender::new(false)),
+        }
+    }
+
+    pub fn cancel(&self) {
+        self.tx.send_replace(true);
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        *self.tx.borrow()
+    }
+
+    /// Resolves once [`Cancel::cancel`] was called.
+    pub async fn cancelled(&self) {
+        let mut rx = self.tx.subscribe();
+        // The sender lives in `self`, so this only returns once the value is true.
+        let _ = rx.wait_for(|v| *v).await;
+    }
+}
+
+/// What a driver needs to send predict requests to one server.
+pub struct Driver {
+    pub pool: Arc<Pool>,
+    pub collector: SharedCollector,
+    pub scenario: Arc<Scenario>,
+    pub cancel: Cancel,
+    predict_uri: Uri,
+}
+
+impl Driver {
+    pub fn new(
+        pool: Arc<Pool>,
+        collector: SharedCollector,
+        scenario: Arc<Scenario>,
+        cancel: Cancel,
+    ) -> Result<Driver, ExchangeError> {
+        let predict_uri = pool.uri(&format!("/v1/models/{}/predict", scenario.model))?;
+        Ok(Driver {
+            pool,
+            collector,
+            scenario,
+            cancel,
+            predict_uri,
+        })
+    }
+
+    async fn predict(&self, body: Bytes) -> Outcome {
+        classify(
+            self.pool
+                .send(
+                    Method::POST,
+                    self.predict_uri.clone(),
+                    Some(self.scenario.format),
+                    body,
+                    self.scenario.timeout,
+                )
+                .await,
+        )
+    }
+
+    fn record(&self, s: Sample) {
+        lock(&self.collector).record(s);
+    }
+}
+
+/// Open loop at `rate` for `duration`; `stream` seeds the request mix. Returns the time the
+/// schedule covered (shorter when cancelled). In-flight requests are awaited before returning.
+///
+/// The schedule thread builds the bodies and hands the due sends over in batches; this task
+/// (on a runtime worker) spawns them, so a spawn goes to the worker's local queue instead of
+/// waking a worker from outside once per request.
+pub async fn open_loop(d: &Arc<Driver>, rate: f64, duration: Duration, stream: u64) -> Duration {
+    let cap = d.scenario.load.max_in_flight.max(1);
+    let sem = Arc::new(Semaphore::new(cap));
+    let (tx, mut rx) = mpsc::unbounded_channel::<Vec<(Instant, Bytes)>>();
+    let d2 = d.clone();
+    let scheduler = tokio::task::spawn_blocking(move || schedule(&d2, &tx, rate, duration, stream));
+    // Ends when the scheduler finishes and drops its sender: bounded like the schedule.
+    while let Some(batch) = rx.recv().await {
+        for (intended, body) in batch {
+            match sem.clone().try_acquire_owned() {
+                Ok(permit) => {
+                    let d = d.clone();
+                    tokio::spawn(async move {
+                        let late = Instant::now().saturating_duration_since(intended)
+                            > d.scenario.load.late_threshold;
+                        let outcome = d.predict(body).await;
+                        let latency = Instant::now().saturating_duration_since(intended);
+                        d.record(Sample {
+                            at: intended,
+                            latency,
+                            late,
+                            outcome,
+                        });
+                        drop(permit);
+                    });
+                }
+                // Over the in-flight cap: counted as an error, never silently skipped.
+                Err(_) => d.record(overload_sample(intended)),
+            }
+        }
+    }
+    let covered = scheduler.await.unwrap_or(Duration::ZERO);
+    // Every request is bounded by the request timeout, so the drain is too.
+    let drain = d.scenario.timeout + Duration::from_secs(2);
+    let permits = u32::try_from(cap).unwrap_or(u32::MAX);
+    let _ = tokio::time::timeout(drain, sem.acquire_many(permits)).await;
+    covered
+}
+
+/// Runs the fixed schedule on a blocking thread: every due send (intended time, body) goes to
+/// `tx`, batched per wake-up. Returns the time the schedule covered.
+fn schedule(
+    d: &Arc<Driver>,
+    tx: &mpsc::UnboundedSender<Vec<(Instant, Bytes)>>,
+    rate: f64,
+    duration: Duration,
+    stream: u64,
+) -> Duration {
+    let mut wl = Workload::new(&d.scenario, stream_seed(d.scenario.seed, stream));
+    let interval = 1.0 / rate;
+    let max_sends = ((rate * duration.as_secs_f64()).ceil() as u64).min(MAX_REQUESTS_PER_SEGMENT);
+    let t0 = Instant::now();
+    let end = t0 + duration;
+    let due = |i: u64| t0 + Duration::from_secs_f64(i as f64 * interval);
+    let mut i = 0u64;
+    while i < max_sends {
+        if d.cancel.is_cancelled() {
+            return t0.elapsed().min(duration);
+        }
+        let now = Instant::now();
+        let mut batch = Vec::new();
+        while i < max_sends && due(i) <= now && due(i) < end {
+            batch.push((due(i), wl.next_body()));
+            i += 1;
+        }
+        if !batch.is_empty() && tx.send(batch).is_err() {
+            break;
+        }
+        if i >= max_sends || due(i) >= end {
+            break;
+        }
+        let wait = due(i).saturating_duration_since(Instant::now());
+        if !wait.is_zero() {
+            std::thread::sleep(wait.max(MIN_SLEEP).min(MAX_SLEEP));
+        }
+    }
+    duration
+}
+
+/// Closed loop with `concurrency` workers for `duration`. Returns the time until the last worker
+/// finished its last request.
+pub async fn closed_loop(
+    d: &Arc<Driver>,
+    concurrency: usize,
+    duration: Duration,
+    stream: u64,
+) -> Duration {
+    let start = Instant::now();
+    let end = start + duration;
+    let per_worker = MAX_REQUESTS_PER_SEGMENT / concurrency.max(1) as u64;
+    let mut set = JoinSet::new();
+    for w in 0..concurrency {
+        let d = d.clone();
+        let seed = stream_seed(d.scenario.seed, stream.wrapping_mul(1_000_003) + w as u64);
+        set.spawn(async move {
+            let mut wl = Workload::new(&d.scenario, seed);
+            let mut n = 0u64;
+            while n < per_worker && Instant::now() < end && !d.cancel.is_cancelled() {
+                let body = wl.next_body();
+                let at = Instant::now();
+                let outcome = d.predict(body).await;
+                let refused = matches!(
+                    outcome,
+                    Outcome::Failed {
+                        kind: ErrorKind::Connect,
+                        ..
+                    }
+                );
+                d.record(Sample {
+                    at,
+                    latency: at.elapsed(),
+                    late: false,
+                    outcome,
+                });
+                n += 1;
+                if refused {
+                    tokio::time::sleep(CONNECT_BACKOFF).await;
+                }
+            }
+        });
+    }
+    while set.join_next().await.is_some() {}
+    start.elapsed()
+}

@@ -1,0 +1,148 @@
+//! The floor: the cheapest server on hydrant's stack (axum 0.8 + tokio + hyper) that still reads
+//! the whole request and answers a predict-sized JSON body. Driving it with the same mix shows how
+//! much of hydrant's latency and throughput is the HTTP stack itself and how much is hydrant.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::DefaultBodyLimit;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use tokio::sync::oneshot;
+
+/// Largest request body the floor reads (the gateway's own limit is smaller).
+const MAX_BODY: usize = 64 << 20;
+/// Grace given to open connections when the floor shuts down.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+/// A fixed answer shaped like a real predict answer with `scores` scores.
+pub fn answer_body(scores: usize) -> Bytes {
+    let score: Vec<f64> = (0..scores)
+        .map(|i| ((i * 7919) % 1000) as f64 / 1000.0 + 0.0005)
+        .collect();
+    let body = serde_json::json!({
+        "model": "floor",
+        "model_version": 1,
+        "outputs": {"score": score},
+        "degraded": false,
+        "feature_status": {"user_profile": "PRESENT", "item_stats": "PRESENT"},
+        "cache": {"hits": 0, "stale": 0, "misses": 0},
+        "timings_us": {"decode": 0, "hydrate": 0, "assemble": 0, "queue": 0, "infer": 0,
+                       "postprocess": 0, "encode": 0, "total": 0}
+    });
+    Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
+}
+
+/// The floor's routes: predict (any model), readiness, and an empty stats document.
+pub fn router(scores: usize) -> Router {
+    let answer = answer_body(scores);
+    Router::new()
+        .route(
+            "/v1/models/{model}/predict",
+            post(move |body: Bytes| {
+                let answer = answer.clone();
+                async move {
+                    // The body is read in full by the extractor; its length keeps it "used".
+                    let _ = body.len();
+                    ([(header::CONTENT_TYPE, "application/json")], answer)
+                }
+            }),
+        )
+        .route("/v2/health/ready", get(|| async { StatusCode::OK }))
+        .route(
+            "/v1/stats",
+            get(|| async {
+                (
+                    [(header::CONTENT_TYPE, "application/json")],
+                    r#"{"uptime_s":0,"window_s":60,"models":{},"views":{}}"#,
+                )
+                    .into_response()
+            }),
+        )
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+}
+
+/// Serves the floor on `listener` until `shutdown` resolves; then gives open connections
+/// [`SHUTDOWN_GRACE`] to finish.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    scores: usize,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let (signal_tx, signal_rx) = oneshot::channel::<()>();
+    let server = axum::serve(listener, router(scores)).with_graceful_shutdown(async move {
+        let _ = signal_rx.await;
+    });
+    let server = tokio::spawn(async move { server.await });
+    shutdown.await;
+    let _ = signal_tx.send(());
+    match tokio::time::timeout(SHUTDOWN_GRACE, server).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(join)) => Err(std::io::Error::other(join.to_string())),
+        // Connections that stay open past the grace are dropped with the runtime.
+        Err(_) => Ok(()),
+    }
+}
+
+/// An in-process floor on its own tokio runtime and thread, stopped on drop.
+pub struct FloorHandle {
+    pub addr: SocketAddr,
+    shutdown: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl FloorHandle {
+    /// Binds `bind` (port 0 picks a free port) and starts serving on `threads` worker threads.
+    pub fn spawn(bind: SocketAddr, scores: usize, threads: usize) -> std::io::Result<FloorHandle> {
+        let std_listener = std::net::TcpListener::bind(bind)?;
+        std_listener.set_nonblocking(true)?;
+        let addr = std_listener.local_addr()?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads.max(1))
+            .thread_name("floor")
+            .enable_all()
+            .build()?;
+        let (tx, rx) = oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("floor-main".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let listener = match tokio::net::TcpListener::from_std(std_listener) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            eprintln!("floor: cannot use the listener: {e}");
+                            return;
+                        }
+                    };
+                    let stop = async move {
+                        let _ = rx.await;
+                    };
+                    if let Err(e) = serve(listener, scores, stop).await {
+                        eprintln!("floor: server error: {e}");
+                    }
+                });
+                runtime.shutdown_timeout(SHUTDOWN_GRACE);
+            })?;
+        Ok(FloorHandle {
+            addr,
+            shutdown: Some(tx),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for FloorHandle {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,29 @@
+//! `loadtest`: the load generator for the hydrant gateway, its floor server, and its report.
+//!
+//! # Layout
+//!
+//! A run flows scenario → workload → drive (client) → record → report:
+//!
+//! - [`scenario`]: TOML scenario files, strictly parsed and validated; loopback-only targets.
+//! - [`sample`]: the seeded PRNG and the Zipf key sampler.
+//! - [`workload`]: turns a scenario into predict request bodies (JSON or MessagePack).
+//! - [`client`]: HTTP/1 client, one keep-alive connection per in-flight slot; outcome classes.
+//! - [`drive`]: the open-loop (fixed schedule, latency from intended send time) and closed-loop
+//!   drivers, and Ctrl-C cancellation.
+//! - [`record`]: latency histograms per segment, error counts, per-second timeline.
+//! - [`stats`]: the gateway's `/v1/stats`: types, per-second sampler, counter deltas.
+//! - [`floor`]: the minimal axum server used as a throughput and latency floor.
+//! - [`run`]: one run end to end: readiness, warm-up, sweep, phases, floor alternation, files.
+//! - [`report`]: the result JSON, the terminal table, the self-contained HTML report.
+
+pub mod client;
+pub mod drive;
+pub mod floor;
+pub mod record;
+pub mod redis_probe;
+pub mod report;
+pub mod run;
+pub mod sample;
+pub mod scenario;
+pub mod stats;
+pub mod workload;

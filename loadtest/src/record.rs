@@ -1,0 +1,426 @@
+//! Recording: latency histograms per segment, error counts, and the per-second timeline.
+//!
+//! A run is a sequence of segments (warm-up, sweep steps, the measured phase; hydrant or floor),
+//! one active at a time. Request tasks record into the [`Collector`] behind a std mutex: the
+//! critical section is a few counter bumps and a histogram increment, never held across an await.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+
+use crate::client::{ErrorKind, Outcome};
+
+/// The gateway's stages, in pipeline order, as named in `timings_us` and `/v1/stats`.
+pub const STAGES: [&str; 8] = [
+    "decode",
+    "hydrate",
+    "assemble",
+    "queue",
+    "infer",
+    "postprocess",
+    "encode",
+    "total",
+];
+
+/// Highest latency a histogram holds (one hour in microseconds); larger values saturate.
+const MAX_US: u64 = 3_600_000_000;
+/// Timeline length cap, in one-second buckets.
+const MAX_BUCKETS: usize = 90_000;
+
+/// Which server a segment drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Which {
+    Hydrant,
+    Floor,
+}
+
+impl Which {
+    pub fn name(self) -> &'static str {
+        match self {
+            Which::Hydrant => "hydrant",
+            Which::Floor => "floor",
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            Which::Hydrant => 0,
+            Which::Floor => 1,
+        }
+    }
+}
+
+/// A microsecond histogram, 1 us to 1 h, `sigfig` significant digits.
+pub fn histogram(sigfig: u8) -> Histogram<u64> {
+    // Constant, valid bounds: this cannot fail.
+    Histogram::new_with_bounds(1, MAX_US, sigfig).expect("constant histogram bounds are valid")
+}
+
+fn us(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// One finished (or refused) request.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    /// Intended send time (open loop) or actual send time (closed loop).
+    pub at: Instant,
+    /// From `at` to the end of the response body.
+    pub latency: Duration,
+    /// Sent later than the late threshold after its intended time (open loop only).
+    pub late: bool,
+    pub outcome: Outcome,
+}
+
+/// What one segment recorded.
+#[derive(Debug, Clone)]
+pub struct Segment {
+    pub which: Which,
+    pub label: String,
+    pub measured: bool,
+    /// Latencies of successful (2xx) requests.
+    pub hist: Histogram<u64>,
+    /// Requests attempted, refused ones (overload) included.
+    pub sent: u64,
+    pub ok: u64,
+    pub late: u64,
+    pub errors: BTreeMap<String, u64>,
+    pub error_codes: BTreeMap<String, u64>,
+    /// Summed `cache` of the answers: hits, stale, misses.
+    pub cache: [u64; 3],
+    pub cache_replies: u64,
+    pub degraded: u64,
+    /// Per stage of [`STAGES`], from the answers' `timings_us`.
+    pub stages: Vec<Histogram<u64>>,
+    /// Time the segment's load ran (set by the driver).
+    pub elapsed: Duration,
+}
+
+impl Segment {
+    pub fn new(which: Which, label: impl Into<String>, measured: bool) -> Segment {
+        Segment {
+            which,
+            label: label.into(),
+            measured,
+            hist: histogram(3),
+            sent: 0,
+            ok: 0,
+            late: 0,
+            errors: BTreeMap::new(),
+            error_codes: BTreeMap::new(),
+            cache: [0; 3],
+            cache_replies: 0,
+            degraded: 0,
+            stages: (0..STAGES.len()).map(|_| histogram(2)).collect(),
+            elapsed: Duration::ZERO,
+        }
+    }
+
+    pub fn record(&mut self, s: &Sample) {
+        self.sent += 1;
+        if s.late {
+            self.late += 1;
+        }
+        match &s.outcome {
+            Outcome::Ok(reply) => {
+                self.ok += 1;
+                self.hist.saturating_record(us(s.latency).max(1));
+                if reply.degraded {
+                    self.degraded += 1;
+                }
+                if let Some(c) = reply.cache {
+                    self.cache_replies += 1;
+                    for (acc, v) in self.cache.iter_mut().zip(c) {
+                        *acc += v;
+                    }
+                }
+                for (h, t) in self.stages.iter_mut().zip(reply.timings) {
+                    if let Some(t) = t {
+                        // Zero is a valid reading here (a stage a server skips).
+                        h.saturating_record(t);
+                    }
+                }
+            }
+            Outcome::Failed { kind, code } => {
+                *self.errors.entry(kind.label()).or_insert(0) += 1;
+                if let Some(code) = code {
+                    *self.error_codes.entry(code.clone()).or_insert(0) += 1;
+                }
+            }
+        }
+    }
+
+    /// Adds `other`'s counts into `self` (the two halves of an alternated phase).
+    pub fn merge(&mut self, other: &Segment) {
+        // Same bounds on both sides, so adding cannot go out of range.
+        let _ = self.hist.add(&other.hist);
+        self.sent += other.sent;
+        self.ok += other.ok;
+        self.late += other.late;
+        for (k, v) in &other.errors {
+            *self.errors.entry(k.clone()).or_insert(0) += v;
+        }
+        for (k, v) in &other.error_codes {
+            *self.error_codes.entry(k.clone()).or_insert(0) += v;
+        }
+        for (a, b) in self.cache.iter_mut().zip(other.cache) {
+            *a += b;
+        }
+        self.cache_replies += other.cache_replies;
+        self.degraded += other.degraded;
+        for (a, b) in self.stages.iter_mut().zip(&other.stages) {
+            let _ = a.add(b);
+        }
+        self.elapsed += other.elapsed;
+    }
+
+    pub fn error_count(&self) -> u64 {
+        self.errors.values().sum()
+    }
+
+    /// Successful answers per second of load.
+    pub fn achieved_rps(&self) -> f64 {
+        let s = self.elapsed.as_secs_f64();
+        if s > 0.0 { self.ok as f64 / s } else { 0.0 }
+    }
+
+    /// Latency at `q` (0..=1) in microseconds; 0 when nothing succeeded.
+    pub fn quantile_us(&self, q: f64) -> u64 {
+        if self.hist.is_empty() {
+            0
+        } else {
+            self.hist.value_at_quantile(q)
+        }
+    }
+}
+
+/// One second of the timeline.
+#[derive(Debug, Clone)]
+struct Bucket {
+    hist: Histogram<u64>,
+    ok: u64,
+    errors: u64,
+}
+
+/// A point of the latency-over-time chart.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TimelinePoint {
+    /// Seconds since the run started (start of the bucket).
+    pub t_s: f64,
+    pub ok: u64,
+    pub errors: u64,
+    pub p50_us: u64,
+    pub p99_us: u64,
+    pub max_us: u64,
+}
+
+/// Per-second buckets keyed by intended send time, so a stall shows where it happened.
+#[derive(Debug, Clone, Default)]
+pub struct Timeline {
+    buckets: Vec<Option<Bucket>>,
+}
+
+impl Timeline {
+    fn record(&mut self, second: usize, s: &Sample) {
+        if second >= MAX_BUCKETS {
+            return;
+        }
+        if self.buckets.len() <= second {
+            self.buckets.resize(second + 1, None);
+        }
+        let b = self.buckets[second].get_or_insert_with(|| Bucket {
+            hist: histogram(2),
+            ok: 0,
+            errors: 0,
+        });
+        match s.outcome {
+            Outcome::Ok(_) => {
+                b.ok += 1;
+                b.hist.saturating_record(us(s.latency).max(1));
+            }
+            Outcome::Failed { .. } => b.errors += 1,
+        }
+    }
+
+    pub fn points(&self) -> Vec<TimelinePoint> {
+        self.buckets
+            .iter()
+            .enumerate()
+            .filter_map(|(i, b)| {
+                let b = b.as_ref()?;
+                let q = |q: f64| {
+                    if b.hist.is_empty() {
+                        0
+                    } else {
+                        b.hist.value_at_quantile(q)
+                    }
+                };
+                Some(TimelinePoint {
+                    t_s: i as f64,
+                    ok: b.ok,
+                    errors: b.errors,
+                    p50_us: q(0.5),
+                    p99_us: q(0.99),
+                    max_us: if b.hist.is_empty() { 0 } else { b.hist.max() },
+                })
+            })
+            .collect()
+    }
+}
+
+/// What the progress line shows.
+#[derive(Debug, Clone)]
+pub struct Progress {
+    pub label: String,
+    pub which: Which,
+    pub measured: bool,
+    pub elapsed: Duration,
+    pub ok: u64,
+    pub errors: u64,
+    pub late: u64,
+    pub sent: u64,
+    pub p99_us: u64,
+}
+
+/// Everything recorded so far in a run.
+#[derive(Debug)]
+pub struct Collector {
+    origin: Instant,
+    active: Option<(Segment, Instant)>,
+    timelines: [Timeline; 2],
+}
+
+pub type SharedCollector = Arc<Mutex<Collector>>;
+
+impl Collector {
+    pub fn new(origin: Instant) -> Collector {
+        Collector {
+            origin,
+            active: None,
+            timelines: [Timeline::default(), Timeline::default()],
+        }
+    }
+
+    pub fn shared(origin: Instant) -> SharedCollector {
+        Arc::new(Mutex::new(Collector::new(origin)))
+    }
+
+    pub fn origin(&self) -> Instant {
+        self.origin
+    }
+
+    /// Makes `seg` the segment that samples go to.
+    pub fn begin(&mut self, seg: Segment) {
+        self.active = Some((seg, Instant::now()));
+    }
+
+    pub fn record(&mut self, s: Sample) {
+        let Some((seg, _)) = self.active.as_mut() else {
+            return;
+        };
+        seg.record(&s);
+        let second = s.at.saturating_duration_since(self.origin).as_secs() as usize;
+        self.timelines[seg.which.index()].record(second, &s);
+    }
+
+    /// Ends the active segment; `elapsed` is how long its load ran.
+    pub fn end(&mut self, elapsed: Duration) -> Option<Segment> {
+        self.active.take().map(|(mut seg, _)| {
+            seg.elapsed = elapsed;
+            seg
+        })
+    }
+
+    pub fn progress(&self) -> Option<Progress> {
+        let (seg, started) = self.active.as_ref()?;
+        Some(Progress {
+            label: seg.label.clone(),
+            which: seg.which,
+            measured: seg.measured,
+            elapsed: started.elapsed(),
+            ok: seg.ok,
+            errors: seg.error_count(),
+            late: seg.late,
+            sent: seg.sent,
+            p99_us: seg.quantile_us(0.99),
+        })
+    }
+
+    pub fn timeline(&self, which: Which) -> &Timeline {
+        &self.timelines[which.index()]
+    }
+}
+
+/// Locks the collector, recovering from a poisoned lock (a panicking request task must not stop
+/// the report from being written).
+pub fn lock(c: &SharedCollector) -> std::sync::MutexGuard<'_, Collector> {
+    c.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Convenience for refused sends.
+pub fn overload_sample(at: Instant) -> Sample {
+    Sample {
+        at,
+        latency: Duration::ZERO,
+        late: false,
+        outcome: Outcome::Failed {
+            kind: ErrorKind::Overload,
+            code: None,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::Reply;
+
+    fn ok(at: Instant, ms: u64) -> Sample {
+        Sample {
+            at,
+            latency: Duration::from_millis(ms),
+            late: false,
+            outcome: Outcome::Ok(Reply {
+                cache: Some([1, 0, 1]),
+                timings: [Some(0), Some(40), None, None, None, None, None, Some(80)],
+                ..Reply::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn segments_and_timeline() {
+        let origin = Instant::now();
+        let mut c = Collector::new(origin);
+        c.record(ok(origin, 1)); // no active segment: ignored
+        c.begin(Segment::new(Which::Hydrant, "a", true));
+        for _ in 0..99 {
+            c.record(ok(origin, 10));
+        }
+        c.record(ok(origin + Duration::from_secs(2), 500));
+        c.record(overload_sample(origin));
+        let seg = c.end(Duration::from_secs(2)).expect("segment");
+        assert_eq!((seg.ok, seg.sent, seg.error_count()), (100, 101, 1));
+        assert_eq!(seg.errors.get("overload"), Some(&1));
+        assert_eq!(seg.cache, [100, 0, 100]);
+        assert!((seg.achieved_rps() - 50.0).abs() < 1e-9);
+        let p50 = seg.quantile_us(0.5);
+        assert!((9_900..=10_100).contains(&p50), "{p50}");
+        assert_eq!(seg.stages[0].value_at_quantile(0.99), 0);
+        assert_eq!(seg.stages[1].value_at_quantile(0.5), 40);
+        assert!(seg.stages[2].is_empty());
+        let points = c.timeline(Which::Hydrant).points();
+        assert_eq!(points.len(), 2);
+        assert_eq!(points[1].t_s, 2.0);
+        assert!(points[1].max_us >= 499_000);
+
+        let mut merged = seg.clone();
+        merged.merge(&seg);
+        assert_eq!(merged.ok, 200);
+        assert_eq!(merged.elapsed, Duration::from_secs(4));
+    }
+}

@@ -1,0 +1,253 @@
+//! The result of a run as one serializable value, and the number formatting shared by the
+//! terminal table and the HTML report (both are pure functions of [`RunResult`]).
+
+pub mod html;
+pub mod svg;
+pub mod table;
+
+use std::collections::BTreeMap;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::record::{TimelinePoint, Which};
+use crate::stats::{StagePercentiles, StatsPoint, ViewDelta};
+
+/// Latency and throughput of one server over one phase. Latencies are of successful answers.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LatencySummary {
+    pub requests: u64,
+    pub ok: u64,
+    pub errors: u64,
+    pub error_rate: f64,
+    pub measured_s: f64,
+    pub achieved_rps: f64,
+    pub p50_us: u64,
+    pub p90_us: u64,
+    pub p95_us: u64,
+    pub p99_us: u64,
+    pub p999_us: u64,
+    pub max_us: u64,
+    pub mean_us: f64,
+    pub late_sends: u64,
+    pub late_share: f64,
+    pub errors_by_kind: BTreeMap<String, u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StageSummary {
+    pub p50_us: u64,
+    pub p95_us: u64,
+    pub p99_us: u64,
+}
+
+/// Hydrant latency divided by the floor's (so 3.0 = three times the floor).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LatencyRatio {
+    pub p50: Option<f64>,
+    pub p99: Option<f64>,
+}
+
+/// One closed-loop step of a sweep.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepResult {
+    pub label: String,
+    pub concurrency: Option<usize>,
+    pub rate: Option<f64>,
+    pub hydrant: LatencySummary,
+    pub floor: Option<LatencySummary>,
+}
+
+/// When a segment ran, for the shaded bands of the time charts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SegmentSpan {
+    pub label: String,
+    pub which: Which,
+    pub measured: bool,
+    pub start_s: f64,
+    pub end_s: f64,
+}
+
+/// One bar of the latency histogram: successful answers in `[lo_us, hi_us)`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HistBin {
+    pub lo_us: f64,
+    pub hi_us: f64,
+    pub hydrant: u64,
+    pub floor: u64,
+}
+
+/// Summed `cache` fields of the answers (the fallback when `/v1/stats` has no views).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ResponseCache {
+    pub hits: u64,
+    pub stale: u64,
+    pub misses: u64,
+    /// Answers that carried a `cache` field.
+    pub answers: u64,
+}
+
+/// Everything a run produced; written as `<scenario>.json`.
+///
+/// The top-level latency fields (`achieved_rps`, `p50_us`, ...) are hydrant's, over the headline
+/// phase: the open-loop phase in open-loop and max-then-fraction modes, the highest-throughput
+/// step in closed-loop mode.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunResult {
+    pub scenario: String,
+    pub mode: String,
+    pub target: String,
+    pub model: String,
+    pub format: String,
+    pub started_at: String,
+    pub wall_s: f64,
+    pub interrupted: bool,
+    /// Label of the phase the top-level numbers come from.
+    pub headline: String,
+    pub offered_rps: Option<f64>,
+    pub concurrency: Option<usize>,
+    #[serde(flatten)]
+    pub hydrant: LatencySummary,
+    pub degraded: u64,
+    pub error_codes: BTreeMap<String, u64>,
+    /// Cache hits / lookups over the headline phase.
+    pub hit_rate: Option<f64>,
+    /// `stats` (the gateway's counters), `responses` (the answers' `cache`), or `none`.
+    pub hit_rate_source: String,
+    pub cache: Option<ViewDelta>,
+    pub views: BTreeMap<String, ViewDelta>,
+    pub response_cache: ResponseCache,
+    /// Predict requests the gateway itself counted during the headline phase.
+    pub gateway_requests: Option<u64>,
+    pub stages_p99_us: BTreeMap<String, u64>,
+    /// `responses` (the answers' `timings_us`), `stats_window`, or `none`.
+    pub stages_source: String,
+    pub stages: BTreeMap<String, StageSummary>,
+    pub stats_window_s: Option<f64>,
+    pub stats_window_stages: BTreeMap<String, StagePercentiles>,
+    pub stats_note: Option<String>,
+    /// Things that make the numbers less trustworthy (late schedule, refused sends...).
+    pub warnings: Vec<String>,
+    pub max_rps: Option<f64>,
+    pub fraction: Option<f64>,
+    /// The floor's throughput that `ratio_to_floor` divides by: its sweep maximum in sweep modes,
+    /// its achieved rate in open-loop mode.
+    pub floor_rps: Option<f64>,
+    /// Hydrant throughput / floor throughput (same basis as `floor_rps`).
+    pub ratio_to_floor: Option<f64>,
+    pub latency_ratio_to_floor: Option<LatencyRatio>,
+    /// A plain Redis GET round trip measured in the same run (with `--redis-url`).
+    #[serde(default)]
+    pub redis_get: Option<crate::redis_probe::RedisGet>,
+    /// The floor over the headline phase (same load shape).
+    pub floor: Option<LatencySummary>,
+    pub steps: Vec<StepResult>,
+    pub segments: Vec<SegmentSpan>,
+    pub timeline: Vec<TimelinePoint>,
+    pub floor_timeline: Vec<TimelinePoint>,
+    pub stats_timeline: Vec<StatsPoint>,
+    pub latency_histogram: Vec<HistBin>,
+    pub scenario_toml: String,
+}
+
+/// The entries of a per-stage map in pipeline order ([`crate::record::STAGES`]), then any others.
+pub fn in_stage_order<V>(m: &BTreeMap<String, V>) -> Vec<(&String, &V)> {
+    let rank = |k: &str| {
+        crate::record::STAGES
+            .iter()
+            .position(|s| *s == k)
+            .unwrap_or(usize::MAX)
+    };
+    let mut v: Vec<(&String, &V)> = m.iter().collect();
+    v.sort_by_key(|(k, _)| rank(k));
+    v
+}
+
+/// Reads one latency out of a summary.
+pub type Pick = fn(&LatencySummary) -> u64;
+
+/// The latency rows of both reports, in order.
+pub const LATENCY_ROWS: [(&str, Pick); 6] = [
+    ("p50", |s| s.p50_us),
+    ("p90", |s| s.p90_us),
+    ("p95", |s| s.p95_us),
+    ("p99", |s| s.p99_us),
+    ("p99.9", |s| s.p999_us),
+    ("max", |s| s.max_us),
+];
+
+/// `850 µs`, `1.23 ms`, `2.50 s`.
+pub fn fmt_us(us: f64) -> String {
+    if !us.is_finite() {
+        "-".to_string()
+    } else if us < 1_000.0 {
+        format!("{us:.0} µs")
+    } else if us < 1_000_000.0 {
+        format!("{:.2} ms", us / 1_000.0)
+    } else {
+        format!("{:.2} s", us / 1_000_000.0)
+    }
+}
+
+/// `200 rps`, `1234 rps`, `12.5 rps`.
+pub fn fmt_rate(rps: f64) -> String {
+    if rps >= 100.0 {
+        format!("{rps:.0} rps")
+    } else {
+        format!("{rps:.1} rps")
+    }
+}
+
+pub fn fmt_pct(share: f64) -> String {
+    format!("{:.1}%", share * 100.0)
+}
+
+pub fn fmt_ratio(r: Option<f64>) -> String {
+    r.map_or_else(|| "-".to_string(), |r| format!("{r:.2}x"))
+}
+
+/// UTC timestamp, e.g. `2026-11-22T04:08:00Z`.
+pub fn rfc3339(t: SystemTime) -> String {
+    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil-from-days (proleptic Gregorian), counting eras of 400 years from 0000-03-01.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn formats() {
+        assert_eq!(fmt_us(850.0), "850 µs");
+        assert_eq!(fmt_us(1_234.0), "1.23 ms");
+        assert_eq!(fmt_us(2_500_000.0), "2.50 s");
+        assert_eq!(fmt_rate(200.0), "200 rps");
+        assert_eq!(fmt_ratio(None), "-");
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00Z");
+        assert_eq!(
+            rfc3339(UNIX_EPOCH + Duration::from_secs(1_700_000_000)),
+            "2023-11-14T22:13:20Z"
+        );
+        assert_eq!(
+            rfc3339(UNIX_EPOCH + Duration::from_secs(951_782_400)),
+            "2000-02-29T00:00:00Z"
+        );
+    }
+}

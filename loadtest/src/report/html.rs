@@ -1,0 +1,606 @@
+//! The HTML report: one self-contained file (inline CSS and SVG, no script, no external asset)
+//! that a person opens in a browser.
+
+use std::fmt::Write as _;
+
+use super::svg::{Axis, Band, Series, bar_chart, esc, hbar_chart, line_chart};
+use super::{LatencySummary, RunResult, fmt_pct, fmt_rate, fmt_ratio, fmt_us};
+use crate::record::{STAGES, TimelinePoint, Which};
+
+const HYDRANT: &str = "#1f6feb";
+const HYDRANT_2: &str = "#8250df";
+const FLOOR: &str = "#d4731c";
+const FLOOR_2: &str = "#b35900";
+const GREEN: &str = "#1a7f37";
+
+const CSS: &str = r#"
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px auto;max-width:1000px;color:#1f2328;padding:0 12px}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #d0d7de;padding-bottom:4px}
+.meta{color:#59636e}.warn{background:#fff8c5;border:1px solid #d4a72c;padding:8px 12px;border-radius:6px;margin:12px 0}
+.cards{display:flex;flex-wrap:wrap;gap:10px;margin:14px 0}.card{border:1px solid #d0d7de;border-radius:8px;padding:8px 14px;min-width:120px}
+.card b{display:block;font-size:20px}.card span{color:#59636e;font-size:12px}
+table{border-collapse:collapse;margin:6px 0}td,th{padding:3px 12px;text-align:right;border-bottom:1px solid #eaeef2}
+th{background:#f6f8fa}td:first-child,th:first-child{text-align:left}
+svg.chart{width:100%;height:auto;display:block;margin:8px 0 4px}
+svg .title{font-weight:600;font-size:14px}svg .tick,svg .legend,svg .value{font-size:11px;fill:#59636e}svg .label{font-size:12px;fill:#1f2328}
+svg .grid{stroke:#eaeef2}svg .axis{stroke:#8c959f}svg .band{opacity:.35}
+pre{background:#f6f8fa;padding:10px;border-radius:6px;overflow:auto;font-size:12px}.note{color:#59636e;font-size:13px}
+"#;
+
+fn card(out: &mut String, label: &str, value: &str) {
+    let _ = write!(
+        out,
+        r#"<div class="card"><b>{}</b><span>{}</span></div>"#,
+        esc(value),
+        esc(label)
+    );
+}
+
+fn latency_table(
+    out: &mut String,
+    h: &LatencySummary,
+    f: Option<&LatencySummary>,
+    open_loop: bool,
+) {
+    out.push_str("<table><tr><th></th><th>hydrant</th>");
+    if f.is_some() {
+        out.push_str("<th>floor</th><th>hydrant / floor</th>");
+    }
+    out.push_str("</tr>");
+    let mut row = |name: &str, hv: String, fv: Option<String>, ratio: Option<String>| {
+        let _ = write!(out, "<tr><td>{}</td><td>{}</td>", esc(name), esc(&hv));
+        if let Some(fv) = fv {
+            let _ = write!(
+                out,
+                "<td>{}</td><td>{}</td>",
+                esc(&fv),
+                esc(&ratio.unwrap_or_default())
+            );
+        }
+        out.push_str("</tr>");
+    };
+    let r = |a: f64, b: f64| fmt_ratio((b > 0.0).then(|| a / b));
+    row(
+        "achieved rps",
+        format!("{:.1}", h.achieved_rps),
+        f.map(|f| format!("{:.1}", f.achieved_rps)),
+        f.map(|f| r(h.achieved_rps, f.achieved_rps)),
+    );
+    for (name, get) in super::LATENCY_ROWS {
+        row(
+            name,
+            fmt_us(get(h) as f64),
+            f.map(|f| fmt_us(get(f) as f64)),
+            f.map(|f| r(get(h) as f64, get(f) as f64)),
+        );
+    }
+    row(
+        "requests",
+        h.requests.to_string(),
+        f.map(|f| f.requests.to_string()),
+        None,
+    );
+    row(
+        "errors",
+        format!("{} ({})", h.errors, fmt_pct(h.error_rate)),
+        f.map(|f| format!("{} ({})", f.errors, fmt_pct(f.error_rate))),
+        None,
+    );
+    if open_loop {
+        row(
+            "late sends",
+            fmt_pct(h.late_share),
+            f.map(|f| fmt_pct(f.late_share)),
+            None,
+        );
+    }
+    out.push_str("</table>");
+}
+
+fn seconds_axis() -> Axis {
+    Axis {
+        label: "seconds since start (by intended send time)".into(),
+        fmt: |v| format!("{v:.0}"),
+        log: false,
+        zero: true,
+    }
+}
+
+/// One value per timeline second; a second with no answers breaks the line (so a floor line does
+/// not bridge the hydrant segments between its own).
+fn per_second(
+    points: &[TimelinePoint],
+    f: impl Fn(&TimelinePoint) -> Option<f64>,
+) -> Vec<(f64, Option<f64>)> {
+    let mut out = Vec::with_capacity(points.len());
+    let mut prev: Option<f64> = None;
+    for p in points {
+        if prev.is_some_and(|t| p.t_s - t > 1.5) {
+            out.push((p.t_s - 0.5, None));
+        }
+        out.push((p.t_s + 0.5, f(p)));
+        prev = Some(p.t_s);
+    }
+    out
+}
+
+fn latency_series(
+    points: &[TimelinePoint],
+    name: &str,
+    c1: &'static str,
+    c2: &'static str,
+    dashed: bool,
+) -> Vec<Series> {
+    vec![
+        Series {
+            name: format!("{name} p50"),
+            color: c1,
+            points: per_second(points, |p| (p.ok > 0).then_some(p.p50_us as f64)),
+            dashed,
+        },
+        Series {
+            name: format!("{name} p99"),
+            color: c2,
+            points: per_second(points, |p| (p.ok > 0).then_some(p.p99_us as f64)),
+            dashed,
+        },
+    ]
+}
+
+fn bands(r: &RunResult) -> Vec<Band> {
+    r.segments
+        .iter()
+        .map(|s| Band {
+            x0: s.start_s,
+            x1: s.end_s,
+            label: format!(
+                "{}{}: {}",
+                s.which.name(),
+                if s.measured { "" } else { " warm-up" },
+                s.label
+            ),
+            fill: match (s.which, s.measured) {
+                (_, false) => "#d0d7de",
+                (Which::Hydrant, true) => "#ddf4ff",
+                (Which::Floor, true) => "#fff1e5",
+            },
+        })
+        .collect()
+}
+
+/// Renders the report.
+pub fn render(r: &RunResult) -> String {
+    let mut out = String::with_capacity(64 * 1024);
+    let _ = write!(
+        out,
+        r#"<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1"><title>loadtest: {n}</title><style>{CSS}</style></head><body>"#,
+        n = esc(&r.scenario)
+    );
+    let _ = write!(
+        out,
+        r#"<h1>loadtest: {}</h1><div class="meta">{} against {} &middot; model <b>{}</b> &middot; {} &middot; started {} &middot; {:.0} s wall</div>"#,
+        esc(&r.scenario),
+        esc(&r.mode),
+        esc(&r.target),
+        esc(&r.model),
+        esc(&r.format),
+        esc(&r.started_at),
+        r.wall_s
+    );
+    if r.interrupted {
+        out.push_str(r#"<div class="warn">This run was interrupted (Ctrl-C): the numbers cover only what ran before that.</div>"#);
+    }
+    if let Some(note) = &r.stats_note {
+        let _ = write!(out, r#"<div class="warn">{}</div>"#, esc(note));
+    }
+    for w in r.warnings.iter().filter(|w| !w.starts_with("interrupted")) {
+        let _ = write!(out, r#"<div class="warn">{}</div>"#, esc(w));
+    }
+
+    // Headline cards.
+    let h = &r.hydrant;
+    out.push_str(r#"<div class="cards">"#);
+    card(&mut out, "achieved rps", &format!("{:.1}", h.achieved_rps));
+    card(&mut out, "p50", &fmt_us(h.p50_us as f64));
+    card(&mut out, "p99", &fmt_us(h.p99_us as f64));
+    card(&mut out, "p99.9", &fmt_us(h.p999_us as f64));
+    card(
+        &mut out,
+        "errors",
+        &format!("{} ({})", h.errors, fmt_pct(h.error_rate)),
+    );
+    card(
+        &mut out,
+        "cache hit rate",
+        &r.hit_rate.map_or_else(|| "n/a".into(), fmt_pct),
+    );
+    if let Some(m) = r.max_rps {
+        card(&mut out, "max throughput", &fmt_rate(m));
+    }
+    if r.ratio_to_floor.is_some() {
+        card(
+            &mut out,
+            "throughput vs floor",
+            &fmt_ratio(r.ratio_to_floor),
+        );
+    }
+    out.push_str("</div>");
+
+    let _ = write!(
+        out,
+        "<h2>Measured phase: {}</h2><p class=\"note\">{:.1} s measured{}. Latencies are of successful answers{}.</p>",
+        esc(&r.headline),
+        h.measured_s,
+        r.offered_rps
+            .map_or_else(String::new, |o| format!(", offered {}", fmt_rate(o))),
+        if r.offered_rps.is_some() {
+            ", measured from each request's intended send time (open loop: a stall counts against every request that should have been sent during it)"
+        } else {
+            ", measured from the actual send (closed loop)"
+        }
+    );
+    latency_table(&mut out, h, r.floor.as_ref(), r.offered_rps.is_some());
+    if r.floor.is_some() {
+        let _ = write!(
+            out,
+            "<p class=\"note\">Floor: a bare axum server answering a fixed body, driven with the same mix and load shape (hydrant half / floor / hydrant half). Throughput ratio {} (hydrant {} / floor {}).</p>",
+            fmt_ratio(r.ratio_to_floor),
+            r.max_rps
+                .or(Some(h.achieved_rps))
+                .map_or_else(|| "-".into(), fmt_rate),
+            r.floor_rps.map_or_else(|| "-".into(), fmt_rate)
+        );
+    }
+
+    // Latency over time.
+    let mut series = latency_series(&r.timeline, "hydrant", HYDRANT, HYDRANT_2, false);
+    if !r.floor_timeline.is_empty() {
+        series.extend(latency_series(
+            &r.floor_timeline,
+            "floor",
+            FLOOR,
+            FLOOR_2,
+            true,
+        ));
+    }
+    let bands = bands(r);
+    out.push_str("<h2>Latency over time</h2>");
+    out.push_str(&line_chart(
+        "chart-latency-over-time",
+        "Latency per second (log scale); shaded: warm-up (grey), hydrant (blue), floor (orange)",
+        &seconds_axis(),
+        &Axis {
+            label: "latency".into(),
+            fmt: fmt_us,
+            log: true,
+            zero: false,
+        },
+        &series,
+        &bands,
+    ));
+
+    // Throughput over time.
+    let mut tput = vec![Series {
+        name: "hydrant ok/s".into(),
+        color: HYDRANT,
+        points: per_second(&r.timeline, |p| Some(p.ok as f64)),
+        dashed: false,
+    }];
+    if !r.floor_timeline.is_empty() {
+        tput.push(Series {
+            name: "floor ok/s".into(),
+            color: FLOOR,
+            points: per_second(&r.floor_timeline, |p| Some(p.ok as f64)),
+            dashed: true,
+        });
+    }
+    if r.timeline.iter().any(|p| p.errors > 0) {
+        tput.push(Series {
+            name: "hydrant errors/s".into(),
+            color: "#cf222e",
+            points: per_second(&r.timeline, |p| Some(p.errors as f64)),
+            dashed: false,
+        });
+    }
+    out.push_str(&line_chart(
+        "chart-throughput-over-time",
+        "Answers per second (by intended send time)",
+        &seconds_axis(),
+        &Axis {
+            label: "per second".into(),
+            fmt: |v| format!("{v:.0}"),
+            log: false,
+            zero: true,
+        },
+        &tput,
+        &bands,
+    ));
+
+    // Latency histogram.
+    out.push_str("<h2>Latency histogram</h2>");
+    if r.latency_histogram.is_empty() {
+        out.push_str("<p class=\"note\">No successful answers.</p>");
+    } else {
+        let labels: Vec<String> = r
+            .latency_histogram
+            .iter()
+            .map(|b| format!("{}–{}", fmt_us(b.lo_us), fmt_us(b.hi_us)))
+            .collect();
+        let th: u64 = r.latency_histogram.iter().map(|b| b.hydrant).sum();
+        let tf: u64 = r.latency_histogram.iter().map(|b| b.floor).sum();
+        let share = |v: u64, t: u64| if t > 0 { v as f64 / t as f64 } else { 0.0 };
+        let mut groups = vec![(
+            "hydrant",
+            HYDRANT,
+            r.latency_histogram
+                .iter()
+                .map(|b| share(b.hydrant, th))
+                .collect(),
+        )];
+        if tf > 0 {
+            groups.push((
+                "floor",
+                FLOOR,
+                r.latency_histogram
+                    .iter()
+                    .map(|b| share(b.floor, tf))
+                    .collect(),
+            ));
+        }
+        out.push_str(&bar_chart(
+            "chart-latency-histogram",
+            "Share of successful answers per latency range (ten ranges per decade)",
+            &labels,
+            &groups,
+            "latency",
+        ));
+    }
+
+    // Stage breakdown.
+    out.push_str("<h2>Gateway stage breakdown</h2>");
+    let mut names: Vec<String> = STAGES.iter().map(|s| s.to_string()).collect();
+    for k in r.stages.keys().chain(r.stats_window_stages.keys()) {
+        if !names.contains(k) {
+            names.push(k.clone());
+        }
+    }
+    if !r.stages.is_empty() {
+        let names: Vec<String> = names
+            .into_iter()
+            .filter(|n| r.stages.contains_key(n))
+            .collect();
+        let col = |f: fn(&super::StageSummary) -> u64| -> Vec<Option<f64>> {
+            names
+                .iter()
+                .map(|n| r.stages.get(n).map(|s| f(s) as f64))
+                .collect()
+        };
+        out.push_str(&hbar_chart(
+            "chart-stages",
+            "Per-stage latency from the answers' timings_us (measured phase)",
+            &names,
+            &[
+                ("p50", "#54aeff", col(|s| s.p50_us)),
+                ("p95", HYDRANT, col(|s| s.p95_us)),
+                ("p99", "#0a3069", col(|s| s.p99_us)),
+            ],
+            fmt_us,
+        ));
+    } else if !r.stats_window_stages.is_empty() {
+        let names: Vec<String> = names
+            .into_iter()
+            .filter(|n| r.stats_window_stages.contains_key(n))
+            .collect();
+        let col = |f: fn(&crate::stats::StagePercentiles) -> Option<f64>| -> Vec<Option<f64>> {
+            names
+                .iter()
+                .map(|n| r.stats_window_stages.get(n).and_then(f))
+                .collect()
+        };
+        out.push_str(&hbar_chart(
+            "chart-stages",
+            "Per-stage latency from /v1/stats (window after the measured phase)",
+            &names,
+            &[
+                ("p50", "#54aeff", col(|s| s.p50_us)),
+                ("p95", HYDRANT, col(|s| s.p95_us)),
+                ("p99", "#0a3069", col(|s| s.p99_us)),
+            ],
+            fmt_us,
+        ));
+    } else {
+        out.push_str("<p class=\"note\">Not available: the answers carried no timings_us and /v1/stats had no stages for this model.</p>");
+    }
+    if !r.stages.is_empty() && !r.stats_window_stages.is_empty() {
+        let _ = write!(
+            out,
+            "<p class=\"note\">/v1/stats window ({:.0} s after the phase, which may include the sweep or warm-up):</p><table><tr><th>stage</th><th>p50</th><th>p95</th><th>p99</th></tr>",
+            r.stats_window_s.unwrap_or(0.0)
+        );
+        let o = |v: Option<f64>| v.map_or_else(|| "-".into(), fmt_us);
+        for (n, s) in super::in_stage_order(&r.stats_window_stages) {
+            let _ = write!(
+                out,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                esc(n),
+                o(s.p50_us),
+                o(s.p95_us),
+                o(s.p99_us)
+            );
+        }
+        out.push_str("</table>");
+    }
+
+    // Cache.
+    let _ = write!(
+        out,
+        "<h2>Cache</h2><p>Hit rate over the measured phase: <b>{}</b> (source: {}). Hit rate = hits / (hits + stale + misses + negative).</p>",
+        r.hit_rate.map_or_else(|| "n/a".into(), fmt_pct),
+        esc(&r.hit_rate_source)
+    );
+    out.push_str(&line_chart(
+        "chart-hit-rate",
+        "Cache hit rate per second, from /v1/stats counter deltas (all views)",
+        &Axis {
+            label: "seconds since start".into(),
+            fmt: |v| format!("{v:.0}"),
+            log: false,
+            zero: true,
+        },
+        &Axis {
+            label: "hit rate".into(),
+            fmt: |v| format!("{:.0}%", v * 100.0),
+            log: false,
+            zero: true,
+        },
+        &[Series {
+            name: "hit rate".into(),
+            color: GREEN,
+            points: r
+                .stats_timeline
+                .iter()
+                .map(|p| (p.t_s, p.hit_rate))
+                .collect(),
+            dashed: false,
+        }],
+        &bands,
+    ));
+    if r.stats_timeline.is_empty() {
+        out.push_str("<p class=\"note\">No /v1/stats samples: the chart is empty.</p>");
+    }
+    if !r.views.is_empty() {
+        out.push_str("<table><tr><th>view</th><th>hit rate</th><th>hits</th><th>stale</th><th>misses</th><th>negative</th><th>lookups</th></tr>");
+        for (n, v) in &r.views {
+            let _ = write!(
+                out,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                esc(n),
+                v.hit_rate.map_or_else(|| "-".into(), fmt_pct),
+                v.hits,
+                v.stale,
+                v.misses,
+                v.negative,
+                v.lookups
+            );
+        }
+        out.push_str("</table>");
+    }
+
+    // Sweep.
+    if !r.steps.is_empty() {
+        out.push_str("<h2>Closed-loop sweep</h2>");
+        let x = Axis {
+            label: "concurrency (log scale)".into(),
+            fmt: |v| format!("{v:.0}"),
+            log: true,
+            zero: false,
+        };
+        let pts = |f: fn(&LatencySummary) -> f64, floor: bool| -> Vec<(f64, Option<f64>)> {
+            r.steps
+                .iter()
+                .filter_map(|s| {
+                    let c = s.concurrency? as f64;
+                    let summary = if floor { s.floor.as_ref()? } else { &s.hydrant };
+                    Some((c, Some(f(summary))))
+                })
+                .collect()
+        };
+        let mut rps = vec![Series {
+            name: "hydrant rps".into(),
+            color: HYDRANT,
+            points: pts(|s| s.achieved_rps, false),
+            dashed: false,
+        }];
+        let mut p99 = vec![Series {
+            name: "hydrant p99".into(),
+            color: HYDRANT,
+            points: pts(|s| s.p99_us as f64, false),
+            dashed: false,
+        }];
+        if r.steps.iter().any(|s| s.floor.is_some()) {
+            rps.push(Series {
+                name: "floor rps".into(),
+                color: FLOOR,
+                points: pts(|s| s.achieved_rps, true),
+                dashed: true,
+            });
+            p99.push(Series {
+                name: "floor p99".into(),
+                color: FLOOR,
+                points: pts(|s| s.p99_us as f64, true),
+                dashed: true,
+            });
+        }
+        out.push_str(&line_chart(
+            "chart-sweep",
+            "Throughput by concurrency",
+            &x,
+            &Axis {
+                label: "answers per second".into(),
+                fmt: |v| format!("{v:.0}"),
+                log: false,
+                zero: true,
+            },
+            &rps,
+            &[],
+        ));
+        out.push_str(&line_chart(
+            "chart-sweep-p99",
+            "p99 latency by concurrency (log scale)",
+            &x,
+            &Axis {
+                label: "p99".into(),
+                fmt: fmt_us,
+                log: true,
+                zero: false,
+            },
+            &p99,
+            &[],
+        ));
+        out.push_str("<table><tr><th>concurrency</th><th>rps</th><th>p50</th><th>p99</th><th>errors</th><th>floor rps</th><th>floor p99</th></tr>");
+        for s in &r.steps {
+            let _ = write!(
+                out,
+                "<tr><td>{}</td><td>{:.1}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                s.concurrency.map_or_else(|| "-".into(), |c| c.to_string()),
+                s.hydrant.achieved_rps,
+                fmt_us(s.hydrant.p50_us as f64),
+                fmt_us(s.hydrant.p99_us as f64),
+                s.hydrant.errors,
+                s.floor
+                    .as_ref()
+                    .map_or_else(|| "-".into(), |f| format!("{:.1}", f.achieved_rps)),
+                s.floor
+                    .as_ref()
+                    .map_or_else(|| "-".into(), |f| fmt_us(f.p99_us as f64)),
+            );
+        }
+        out.push_str("</table>");
+    }
+
+    // Errors.
+    out.push_str("<h2>Errors</h2>");
+    if h.errors_by_kind.is_empty() {
+        out.push_str("<p>None in the measured phase.</p>");
+    } else {
+        out.push_str("<table><tr><th>status or kind</th><th>count</th></tr>");
+        for (k, v) in &h.errors_by_kind {
+            let _ = write!(out, "<tr><td>{}</td><td>{}</td></tr>", esc(k), v);
+        }
+        for (k, v) in &r.error_codes {
+            let _ = write!(out, "<tr><td>code {}</td><td>{}</td></tr>", esc(k), v);
+        }
+        out.push_str("</table><p class=\"note\">overload: not sent because max_in_flight requests were already open; timeout: no full answer within timeout_ms; connect/io: the connection failed.</p>");
+    }
+    if r.degraded > 0 {
+        let _ = write!(out, "<p>Degraded answers: {}</p>", r.degraded);
+    }
+
+    let _ = write!(
+        out,
+        "<h2>Scenario</h2><pre>{}</pre><p class=\"note\">Raw numbers: {}.json next to this file.</p></body></html>",
+        esc(&r.scenario_toml),
+        esc(&r.scenario)
+    );
+    out
+}

@@ -1,0 +1,245 @@
+//! The terminal summary printed at the end of a run.
+
+use std::fmt::Write as _;
+
+use super::{LatencySummary, RunResult, fmt_pct, fmt_rate, fmt_ratio, fmt_us};
+
+fn row(out: &mut String, name: &str, h: String, f: Option<String>, r: Option<String>) {
+    let _ = write!(out, "  {name:<14}{h:>14}");
+    if let Some(f) = f {
+        let _ = write!(out, "{f:>14}");
+        if let Some(r) = r {
+            let _ = write!(out, "{r:>10}");
+        }
+    }
+    out.push('\n');
+}
+
+fn lat_rows(out: &mut String, h: &LatencySummary, f: Option<&LatencySummary>) {
+    for (name, get) in super::LATENCY_ROWS {
+        let hv = get(h) as f64;
+        let fv = f.map(|f| get(f) as f64);
+        row(
+            out,
+            name,
+            fmt_us(hv),
+            fv.map(fmt_us),
+            fv.map(|fv| fmt_ratio((fv > 0.0).then(|| hv / fv))),
+        );
+    }
+}
+
+/// Renders the summary table.
+pub fn render(r: &RunResult) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\nscenario {} ({}) against {}: model {}, {}{}",
+        r.scenario,
+        r.mode,
+        r.target,
+        r.model,
+        r.format,
+        if r.interrupted {
+            "  [INTERRUPTED: partial results]"
+        } else {
+            ""
+        }
+    );
+
+    if !r.steps.is_empty() {
+        let _ = writeln!(out, "\nclosed-loop sweep");
+        let _ = writeln!(
+            out,
+            "  {:<12}{:>12}{:>12}{:>12}{:>10}{:>12}{:>12}",
+            "concurrency", "rps", "p50", "p99", "errors", "floor rps", "floor p99"
+        );
+        for s in &r.steps {
+            let _ = writeln!(
+                out,
+                "  {:<12}{:>12.1}{:>12}{:>12}{:>10}{:>12}{:>12}",
+                s.concurrency
+                    .map_or_else(|| "-".to_string(), |c| c.to_string()),
+                s.hydrant.achieved_rps,
+                fmt_us(s.hydrant.p50_us as f64),
+                fmt_us(s.hydrant.p99_us as f64),
+                s.hydrant.errors,
+                s.floor
+                    .as_ref()
+                    .map_or_else(|| "-".to_string(), |f| format!("{:.1}", f.achieved_rps)),
+                s.floor
+                    .as_ref()
+                    .map_or_else(|| "-".to_string(), |f| fmt_us(f.p99_us as f64)),
+            );
+        }
+        if let Some(m) = r.max_rps {
+            let _ = write!(out, "  max throughput: {}", fmt_rate(m));
+            if let (Some(f), Some(ratio)) = (r.floor_rps, r.ratio_to_floor) {
+                let _ = write!(out, " (floor {}, ratio {:.2})", fmt_rate(f), ratio);
+            }
+            out.push('\n');
+        }
+    }
+
+    if let Some(g) = &r.redis_get {
+        let _ = writeln!(
+            out,
+            "\nplain Redis GET, same run ({} samples): p50 {}, p99 {}, p99.9 {}",
+            g.samples,
+            fmt_us(g.p50_us as f64),
+            fmt_us(g.p99_us as f64),
+            fmt_us(g.p999_us as f64)
+        );
+    }
+
+    let _ = writeln!(
+        out,
+        "\nmeasured: {} ({:.1} s{})",
+        r.headline,
+        r.hydrant.measured_s,
+        r.offered_rps
+            .map_or_else(String::new, |o| format!(", offered {}", fmt_rate(o)))
+    );
+    let f = r.floor.as_ref();
+    row(
+        &mut out,
+        "",
+        "hydrant".into(),
+        f.map(|_| "floor".into()),
+        f.map(|_| "ratio".into()),
+    );
+    row(
+        &mut out,
+        "achieved rps",
+        format!("{:.1}", r.hydrant.achieved_rps),
+        f.map(|f| format!("{:.1}", f.achieved_rps)),
+        f.map(|f| {
+            fmt_ratio((f.achieved_rps > 0.0).then(|| r.hydrant.achieved_rps / f.achieved_rps))
+        }),
+    );
+    lat_rows(&mut out, &r.hydrant, f);
+    row(
+        &mut out,
+        "requests",
+        r.hydrant.requests.to_string(),
+        f.map(|f| f.requests.to_string()),
+        None,
+    );
+    row(
+        &mut out,
+        "errors",
+        format!("{} ({})", r.hydrant.errors, fmt_pct(r.hydrant.error_rate)),
+        f.map(|f| format!("{} ({})", f.errors, fmt_pct(f.error_rate))),
+        None,
+    );
+    if r.offered_rps.is_some() {
+        row(
+            &mut out,
+            "late sends",
+            fmt_pct(r.hydrant.late_share),
+            f.map(|f| fmt_pct(f.late_share)),
+            None,
+        );
+    }
+    if !r.hydrant.errors_by_kind.is_empty() {
+        let kinds: Vec<String> = r
+            .hydrant
+            .errors_by_kind
+            .iter()
+            .map(|(k, v)| format!("{k}: {v}"))
+            .collect();
+        let _ = writeln!(out, "  errors by status: {}", kinds.join(", "));
+    }
+    if !r.error_codes.is_empty() {
+        let codes: Vec<String> = r
+            .error_codes
+            .iter()
+            .map(|(k, v)| format!("{k}: {v}"))
+            .collect();
+        let _ = writeln!(out, "  error codes: {}", codes.join(", "));
+    }
+    if r.degraded > 0 {
+        let _ = writeln!(out, "  degraded answers: {}", r.degraded);
+    }
+
+    let _ = writeln!(out, "\ngateway stages");
+    if !r.stages.is_empty() {
+        let _ = writeln!(
+            out,
+            "  (from the answers' timings_us)\n  {:<14}{:>12}{:>12}{:>12}",
+            "stage", "p50", "p95", "p99"
+        );
+        for (name, s) in super::in_stage_order(&r.stages) {
+            let _ = writeln!(
+                out,
+                "  {:<14}{:>12}{:>12}{:>12}",
+                name,
+                fmt_us(s.p50_us as f64),
+                fmt_us(s.p95_us as f64),
+                fmt_us(s.p99_us as f64)
+            );
+        }
+    }
+    if !r.stats_window_stages.is_empty() {
+        let _ = writeln!(
+            out,
+            "  (from /v1/stats, last {:.0} s window after the phase)\n  {:<14}{:>12}{:>12}{:>12}",
+            r.stats_window_s.unwrap_or(0.0),
+            "stage",
+            "p50",
+            "p95",
+            "p99"
+        );
+        let opt = |v: Option<f64>| v.map_or_else(|| "-".to_string(), fmt_us);
+        for (name, s) in super::in_stage_order(&r.stats_window_stages) {
+            let _ = writeln!(
+                out,
+                "  {:<14}{:>12}{:>12}{:>12}",
+                name,
+                opt(s.p50_us),
+                opt(s.p95_us),
+                opt(s.p99_us)
+            );
+        }
+    }
+    if r.stages.is_empty() && r.stats_window_stages.is_empty() {
+        let _ = writeln!(
+            out,
+            "  not available (no timings_us in answers, no stages in /v1/stats)"
+        );
+    }
+
+    let _ = write!(out, "\ncache: ");
+    match r.hit_rate {
+        Some(h) => {
+            let _ = write!(out, "hit rate {} (from {})", fmt_pct(h), r.hit_rate_source);
+        }
+        None => {
+            let _ = write!(out, "hit rate not available");
+        }
+    }
+    if let Some(c) = r.cache.as_ref().filter(|c| c.lookups > 0) {
+        let _ = write!(
+            out,
+            ": hits {}, stale {}, misses {}, negative {}",
+            c.hits, c.stale, c.misses, c.negative
+        );
+    }
+    out.push('\n');
+    for (name, v) in &r.views {
+        let _ = writeln!(
+            out,
+            "  {:<20} hit rate {:>7}  lookups {}",
+            name,
+            v.hit_rate.map_or_else(|| "-".to_string(), fmt_pct),
+            v.lookups
+        );
+    }
+    if let Some(note) = &r.stats_note {
+        let _ = writeln!(out, "  note: {note}");
+    }
+    for w in &r.warnings {
+        let _ = writeln!(out, "\nwarning: {w}");
+    }
+    out
+}

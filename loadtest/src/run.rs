@@ -1,0 +1,823 @@
+//! Orchestration of one run: readiness, warm-up, sweep and measured phases, floor alternation,
+//! `/v1/stats` sampling, progress line, Ctrl-C, and the result files.
+//!
+//! With a floor, every measured phase is run hydrant / floor / hydrant (half, whole, half): both
+//! servers get the same total time, and slow drift on the machine (thermal, other work) affects
+//! both equally because their time centres coincide.
+
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::task::JoinHandle;
+
+use crate::client::{ExchangeError, Pool};
+use crate::drive::{Cancel, Driver, closed_loop, open_loop};
+use crate::floor::FloorHandle;
+use crate::record::{Collector, Progress, STAGES, Segment, SharedCollector, Which, lock};
+use crate::report::{
+    self, HistBin, LatencyRatio, LatencySummary, RunResult, SegmentSpan, StageSummary, StepResult,
+};
+use crate::scenario::{Mode, Scenario, TargetUrl};
+use crate::stats::{self, Stats};
+
+/// Where files go and whether to print progress.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub out_dir: PathBuf,
+    pub progress: bool,
+    /// Redis to probe with plain GETs after the load, for the store-round-trip floor.
+    pub redis_url: Option<String>,
+    /// Lift the loopback-only rule for the Redis probe (the compose topology).
+    pub allow_remote: bool,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            out_dir: PathBuf::from("target/loadtest"),
+            progress: true,
+            redis_url: None,
+            allow_remote: false,
+        }
+    }
+}
+
+/// A finished (possibly interrupted) run and where its files are.
+#[derive(Debug, Clone)]
+pub struct RunOutput {
+    pub result: RunResult,
+    pub json_path: PathBuf,
+    pub html_path: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("target {target} is unreachable: {reason}")]
+    Unreachable { target: String, reason: String },
+    #[error(
+        "target {target} did not become ready within {waited_s:.0} s (GET /v2/health/ready answered HTTP {status})"
+    )]
+    NotReady {
+        target: String,
+        waited_s: f64,
+        status: u16,
+    },
+    #[error("interrupted before the target was ready")]
+    Interrupted,
+    #[error("cannot start the floor server: {0}")]
+    Floor(String),
+    #[error("the run task failed: {0}")]
+    Task(String),
+    #[error("client set-up failed: {0}")]
+    Client(#[from] ExchangeError),
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Load shape of one segment.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Shape {
+    Open(f64),
+    Closed(usize),
+}
+
+/// A measured phase: hydrant (both halves merged) and, with a floor, the floor.
+struct Phase {
+    label: String,
+    shape: Shape,
+    hydrant: Segment,
+    floor: Option<Segment>,
+    stats_before: Option<Stats>,
+    stats_after: Option<Stats>,
+}
+
+struct Runner {
+    scenario: Arc<Scenario>,
+    hydrant: Arc<Driver>,
+    floor: Option<Arc<Driver>>,
+    stats_pool: Arc<Pool>,
+    collector: SharedCollector,
+    cancel: Cancel,
+    spans: Vec<SegmentSpan>,
+    stream: u64,
+}
+
+/// Polls `GET /v2/health/ready` until 200 (a 404 counts as ready: the server has no such route).
+/// A refused connection fails at once: the target is not running.
+pub async fn wait_ready(pool: &Pool, wait: Duration, cancel: &Cancel) -> Result<(), RunError> {
+    let target = pool.target().to_string();
+    let start = Instant::now();
+    let poll = Duration::from_millis(250);
+    let max_polls = (wait.as_secs_f64() / poll.as_secs_f64()).ceil() as u64 + 1;
+    let mut last_status = 0;
+    for _ in 0..max_polls {
+        if cancel.is_cancelled() {
+            return Err(RunError::Interrupted);
+        }
+        match pool.get("/v2/health/ready", Duration::from_secs(2)).await {
+            Ok(r) if r.status.is_success() => return Ok(()),
+            Ok(r) if r.status.as_u16() == 404 => {
+                eprintln!("note: {target} has no /v2/health/ready; assuming it is ready");
+                return Ok(());
+            }
+            Ok(r) => last_status = r.status.as_u16(),
+            Err(e @ ExchangeError::Timeout(_)) if start.elapsed() >= wait => {
+                return Err(RunError::Unreachable {
+                    target,
+                    reason: e.to_string(),
+                });
+            }
+            Err(ExchangeError::Timeout(_)) => {}
+            Err(e) => {
+                return Err(RunError::Unreachable {
+                    target,
+                    reason: e.to_string(),
+                });
+            }
+        }
+        if start.elapsed() >= wait {
+            break;
+        }
+        tokio::time::sleep(poll).await;
+    }
+    Err(RunError::NotReady {
+        target,
+        waited_s: start.elapsed().as_secs_f64(),
+        status: last_status,
+    })
+}
+
+/// Runs `scenario` and writes `<out_dir>/<name>.json` and `.html`. Cancelling `cancel` (Ctrl-C)
+/// stops the load early; the partial result is still written, marked `interrupted`.
+pub async fn run(
+    scenario: Scenario,
+    opts: &RunOptions,
+    cancel: Cancel,
+) -> Result<RunOutput, RunError> {
+    let scenario = Arc::new(scenario);
+    let started_at = SystemTime::now();
+    let wall = Instant::now();
+
+    let hydrant_pool = Arc::new(Pool::new(&scenario.target)?);
+    wait_ready(&hydrant_pool, scenario.ready_timeout, &cancel).await?;
+
+    let mut floor_server = None;
+    let floor_pool = match &scenario.floor {
+        None => None,
+        Some(f) => {
+            let url = match &f.url {
+                Some(u) => u.clone(),
+                None => {
+                    let bind = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+                    let h = FloorHandle::spawn(bind, f.scores, f.threads)
+                        .map_err(|e| RunError::Floor(e.to_string()))?;
+                    let url = TargetUrl {
+                        addr: h.addr,
+                        authority: h.addr.to_string(),
+                        base_path: String::new(),
+                    };
+                    floor_server = Some(h);
+                    url
+                }
+            };
+            let p = Arc::new(Pool::new(&url)?);
+            wait_ready(&p, scenario.ready_timeout, &cancel).await?;
+            Some(p)
+        }
+    };
+
+    let origin = Instant::now();
+    let collector = Collector::shared(origin);
+    let hydrant = Arc::new(Driver::new(
+        hydrant_pool.clone(),
+        collector.clone(),
+        scenario.clone(),
+        cancel.clone(),
+    )?);
+    let floor = match &floor_pool {
+        Some(p) => Some(Arc::new(Driver::new(
+            p.clone(),
+            collector.clone(),
+            scenario.clone(),
+            cancel.clone(),
+        )?)),
+        None => None,
+    };
+
+    let stop = Cancel::new();
+    let stats_pool = Arc::new(Pool::new(&scenario.target)?);
+    let bound = scenario.planned_duration() * 2 + Duration::from_secs(600);
+    let sampler = stats::spawn_sampler(
+        stats_pool.clone(),
+        origin,
+        Duration::from_secs(1),
+        bound,
+        stop.clone(),
+    );
+    let progress = opts
+        .progress
+        .then(|| spawn_progress(collector.clone(), stop.clone(), bound));
+
+    let mut runner = Runner {
+        scenario: scenario.clone(),
+        hydrant,
+        floor,
+        stats_pool,
+        collector: collector.clone(),
+        cancel: cancel.clone(),
+        spans: Vec::new(),
+        stream: 0,
+    };
+    let executed = runner.execute().await;
+
+    stop.cancel();
+    let series = sampler.await.unwrap_or_default();
+    if let Some(p) = progress {
+        let _ = p.await;
+    }
+
+    let mut result = assemble(
+        &scenario,
+        &runner,
+        executed,
+        &series,
+        started_at,
+        wall.elapsed(),
+        cancel.is_cancelled(),
+    );
+
+    if let Some(url) = &opts.redis_url
+        && !cancel.is_cancelled()
+    {
+        // Keys shaped like the gateway's user records, drawn from the scenario's key space.
+        let users = scenario.users.keys.max(1);
+        let probe =
+            crate::redis_probe::probe(url, opts.allow_remote, 5000, Duration::from_secs(5), |i| {
+                format!(
+                    "hy:user_profile:u_{}",
+                    (i as u64).wrapping_mul(7919) % users
+                )
+            })
+            .await;
+        match probe {
+            Ok(p) => result.redis_get = Some(p),
+            Err(e) => result
+                .warnings
+                .push(format!("the Redis GET probe failed: {e}")),
+        }
+    }
+
+    // Let the floor see its connections close before it shuts down (its drop joins a thread).
+    hydrant_pool.close_idle();
+    if let Some(p) = &floor_pool {
+        p.close_idle();
+    }
+    if let Some(h) = floor_server {
+        let _ = tokio::task::spawn_blocking(move || drop(h)).await;
+    }
+
+    write_outputs(result, &opts.out_dir)
+}
+
+/// Writes the JSON and HTML files for `result` into `out_dir`.
+pub fn write_outputs(result: RunResult, out_dir: &std::path::Path) -> Result<RunOutput, RunError> {
+    let write_err = |path: &std::path::Path| {
+        let path = path.display().to_string();
+        move |source| RunError::Write { path, source }
+    };
+    std::fs::create_dir_all(out_dir).map_err(write_err(out_dir))?;
+    let json_path = out_dir.join(format!("{}.json", result.scenario));
+    let html_path = out_dir.join(format!("{}.html", result.scenario));
+    let json = serde_json::to_vec_pretty(&result)
+        .map_err(|e| std::io::Error::other(e.to_string()))
+        .map_err(write_err(&json_path))?;
+    std::fs::write(&json_path, json).map_err(write_err(&json_path))?;
+    std::fs::write(&html_path, report::html::render(&result)).map_err(write_err(&html_path))?;
+    Ok(RunOutput {
+        result,
+        json_path,
+        html_path,
+    })
+}
+
+/// What [`Runner::execute`] produced.
+#[derive(Default)]
+struct Executed {
+    phases: Vec<Phase>,
+    headline: Option<usize>,
+    sweep: bool,
+    max_rps: Option<f64>,
+    floor_max_rps: Option<f64>,
+    fraction: Option<f64>,
+}
+
+fn best_index(phases: &[Phase], which: Which) -> Option<(usize, f64)> {
+    phases
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| {
+            let seg = match which {
+                Which::Hydrant => Some(&p.hydrant),
+                Which::Floor => p.floor.as_ref(),
+            }?;
+            Some((i, seg.achieved_rps()))
+        })
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+}
+
+impl Runner {
+    async fn execute(&mut self) -> Executed {
+        let s = self.scenario.clone();
+        let mut ex = Executed::default();
+        let warm_shape = match &s.load.mode {
+            Mode::OpenLoop { rate } => Shape::Open(*rate),
+            Mode::ClosedLoop { concurrency } | Mode::MaxThenFraction { concurrency, .. } => {
+                Shape::Closed(concurrency.first().copied().unwrap_or(1))
+            }
+        };
+        if !s.load.warm_up.is_zero() {
+            let label = match warm_shape {
+                Shape::Open(rate) => format!("open loop at {}", report::fmt_rate(rate)),
+                Shape::Closed(c) => format!("concurrency {c}"),
+            };
+            self.segment(Which::Hydrant, &label, warm_shape, s.load.warm_up, false)
+                .await;
+            if self.floor.is_some() {
+                let w = s.load.warm_up.min(Duration::from_secs(1));
+                self.segment(Which::Floor, &label, warm_shape, w, false)
+                    .await;
+            }
+        }
+        if self.cancel.is_cancelled() {
+            // Interrupted during warm-up: nothing was measured, and the report says so.
+            return ex;
+        }
+        match &s.load.mode {
+            Mode::OpenLoop { rate } => {
+                let label = format!("open loop at {}", report::fmt_rate(*rate));
+                let p = self.phase(label, Shape::Open(*rate), s.load.duration).await;
+                ex.phases.push(p);
+                ex.headline = Some(0);
+            }
+            Mode::ClosedLoop { concurrency } => {
+                ex.sweep = true;
+                for &c in concurrency {
+                    if self.cancel.is_cancelled() {
+                        break;
+                    }
+                    let p = self
+                        .phase(
+                            format!("concurrency {c}"),
+                            Shape::Closed(c),
+                            s.load.duration,
+                        )
+                        .await;
+                    ex.phases.push(p);
+                }
+                ex.headline = best_index(&ex.phases, Which::Hydrant).map(|b| b.0);
+                ex.max_rps = best_index(&ex.phases, Which::Hydrant).map(|b| b.1);
+                ex.floor_max_rps = best_index(&ex.phases, Which::Floor).map(|b| b.1);
+            }
+            Mode::MaxThenFraction {
+                concurrency,
+                fraction,
+                step,
+            } => {
+                ex.sweep = true;
+                ex.fraction = Some(*fraction);
+                for &c in concurrency {
+                    if self.cancel.is_cancelled() {
+                        break;
+                    }
+                    let p = self
+                        .phase(format!("concurrency {c}"), Shape::Closed(c), *step)
+                        .await;
+                    ex.phases.push(p);
+                }
+                let best = best_index(&ex.phases, Which::Hydrant);
+                ex.max_rps = best.map(|b| b.1);
+                ex.floor_max_rps = best_index(&ex.phases, Which::Floor).map(|b| b.1);
+                ex.headline = best.map(|b| b.0);
+                let max = ex.max_rps.unwrap_or(0.0);
+                if !self.cancel.is_cancelled() && max > 0.0 {
+                    let rate = max * fraction;
+                    let label = format!(
+                        "open loop at {} ({} x max)",
+                        report::fmt_rate(rate),
+                        fraction
+                    );
+                    let p = self.phase(label, Shape::Open(rate), s.load.duration).await;
+                    ex.phases.push(p);
+                    ex.headline = Some(ex.phases.len() - 1);
+                } else if max <= 0.0 {
+                    eprintln!(
+                        "note: no request succeeded during the sweep; skipping the open-loop phase"
+                    );
+                }
+            }
+        }
+        ex
+    }
+
+    async fn phase(&mut self, label: String, shape: Shape, duration: Duration) -> Phase {
+        let stats_before = stats::fetch(&self.stats_pool).await.ok();
+        let (hydrant, floor) = if self.floor.is_some() {
+            let half = duration / 2;
+            let mut h = self
+                .segment(Which::Hydrant, &label, shape, half, true)
+                .await;
+            let f = self
+                .segment(Which::Floor, &label, shape, duration, true)
+                .await;
+            let h2 = self
+                .segment(Which::Hydrant, &label, shape, duration - half, true)
+                .await;
+            h.merge(&h2);
+            (h, Some(f))
+        } else {
+            let h = self
+                .segment(Which::Hydrant, &label, shape, duration, true)
+                .await;
+            (h, None)
+        };
+        let stats_after = stats::fetch(&self.stats_pool).await.ok();
+        Phase {
+            label,
+            shape,
+            hydrant,
+            floor,
+            stats_before,
+            stats_after,
+        }
+    }
+
+    async fn segment(
+        &mut self,
+        which: Which,
+        label: &str,
+        shape: Shape,
+        duration: Duration,
+        measured: bool,
+    ) -> Segment {
+        let driver = match which {
+            Which::Hydrant => Some(self.hydrant.clone()),
+            Which::Floor => self.floor.clone(),
+        };
+        let origin = lock(&self.collector).origin();
+        let start_s = origin.elapsed().as_secs_f64();
+        lock(&self.collector).begin(Segment::new(which, label, measured));
+        self.stream += 1;
+        let elapsed = match driver {
+            Some(d) if !self.cancel.is_cancelled() && !duration.is_zero() => match shape {
+                Shape::Open(rate) => open_loop(&d, rate, duration, self.stream).await,
+                Shape::Closed(c) => closed_loop(&d, c, duration, self.stream).await,
+            },
+            _ => Duration::ZERO,
+        };
+        let seg = lock(&self.collector)
+            .end(elapsed)
+            .unwrap_or_else(|| Segment::new(which, label, measured));
+        self.spans.push(SegmentSpan {
+            label: label.to_string(),
+            which,
+            measured,
+            start_s,
+            end_s: origin.elapsed().as_secs_f64(),
+        });
+        seg
+    }
+}
+
+fn spawn_progress(collector: SharedCollector, stop: Cancel, bound: Duration) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let tty = std::io::stderr().is_terminal();
+        let mut ticker = tokio::time::interval(Duration::from_secs(1));
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The first tick is immediate and would show an empty segment.
+        ticker.tick().await;
+        for _ in 0..bound.as_secs().max(1) {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                _ = stop.cancelled() => break,
+            }
+            let p = lock(&collector).progress();
+            if let Some(p) = p {
+                let line = progress_line(&p);
+                if tty {
+                    eprint!("\r\x1b[2K{line}");
+                } else {
+                    eprintln!("{line}");
+                }
+            }
+        }
+        if tty {
+            eprint!("\r\x1b[2K");
+        }
+    })
+}
+
+/// The progress line: segment, time, rps, p99 and errors so far.
+pub fn progress_line(p: &Progress) -> String {
+    let secs = p.elapsed.as_secs_f64();
+    let rps = if secs > 0.0 { p.ok as f64 / secs } else { 0.0 };
+    let late = if p.sent > 0 {
+        format!("  late {:.1}%", 100.0 * p.late as f64 / p.sent as f64)
+    } else {
+        String::new()
+    };
+    format!(
+        "[{}{} {}] {:>5.1} s  rps {:>8.1}  p99 {:>9}  errors {}{}",
+        p.which.name(),
+        if p.measured { "" } else { " warm-up" },
+        p.label,
+        secs,
+        rps,
+        report::fmt_us(p.p99_us as f64),
+        p.errors,
+        late
+    )
+}
+
+fn summary(seg: &Segment) -> LatencySummary {
+    let requests = seg.sent;
+    let errors = seg.error_count();
+    LatencySummary {
+        requests,
+        ok: seg.ok,
+        errors,
+        error_rate: if requests > 0 {
+            errors as f64 / requests as f64
+        } else {
+            0.0
+        },
+        measured_s: seg.elapsed.as_secs_f64(),
+        achieved_rps: seg.achieved_rps(),
+        p50_us: seg.quantile_us(0.5),
+        p90_us: seg.quantile_us(0.9),
+        p95_us: seg.quantile_us(0.95),
+        p99_us: seg.quantile_us(0.99),
+        p999_us: seg.quantile_us(0.999),
+        max_us: if seg.hist.is_empty() {
+            0
+        } else {
+            seg.hist.max()
+        },
+        mean_us: if seg.hist.is_empty() {
+            0.0
+        } else {
+            seg.hist.mean()
+        },
+        late_sends: seg.late,
+        late_share: if requests > 0 {
+            seg.late as f64 / requests as f64
+        } else {
+            0.0
+        },
+        errors_by_kind: seg.errors.clone(),
+    }
+}
+
+fn ratio(a: f64, b: f64) -> Option<f64> {
+    (b > 0.0 && a.is_finite()).then(|| a / b)
+}
+
+/// Log-spaced bins, ten per decade, over the successful latencies of hydrant and floor.
+fn histogram_bins(h: &Segment, f: Option<&Segment>) -> Vec<HistBin> {
+    let bin_of = |v: u64| ((v.max(1) as f64).log10() * 10.0).floor() as i64;
+    let mut counts: BTreeMap<i64, (u64, u64)> = BTreeMap::new();
+    for v in h.hist.iter_recorded() {
+        counts.entry(bin_of(v.value_iterated_to())).or_default().0 += v.count_at_value();
+    }
+    if let Some(f) = f {
+        for v in f.hist.iter_recorded() {
+            counts.entry(bin_of(v.value_iterated_to())).or_default().1 += v.count_at_value();
+        }
+    }
+    let (Some(lo), Some(hi)) = (
+        counts.keys().next().copied(),
+        counts.keys().next_back().copied(),
+    ) else {
+        return Vec::new();
+    };
+    (lo..=hi)
+        .map(|i| {
+            let (hydrant, floor) = counts.get(&i).copied().unwrap_or_default();
+            HistBin {
+                lo_us: 10f64.powf(i as f64 / 10.0),
+                hi_us: 10f64.powf((i + 1) as f64 / 10.0),
+                hydrant,
+                floor,
+            }
+        })
+        .collect()
+}
+
+fn assemble(
+    s: &Scenario,
+    runner: &Runner,
+    ex: Executed,
+    series: &stats::Series,
+    started_at: SystemTime,
+    wall: Duration,
+    interrupted: bool,
+) -> RunResult {
+    let headline = ex.headline.and_then(|i| ex.phases.get(i));
+    let empty = Segment::new(Which::Hydrant, "none", true);
+    let h_seg = headline.map_or(&empty, |p| &p.hydrant);
+    let f_seg = headline.and_then(|p| p.floor.as_ref());
+    let hydrant = summary(h_seg);
+    let floor = f_seg.map(summary);
+
+    // Cache hit rate: the gateway's counters over the headline phase, else the answers' `cache`.
+    let delta = headline.and_then(|p| match (&p.stats_before, &p.stats_after) {
+        (Some(a), Some(b)) => stats::delta(a, b, &s.model),
+        _ => None,
+    });
+    let [hits, stale, misses] = h_seg.cache;
+    let response_lookups = hits + stale + misses;
+    let (hit_rate, hit_rate_source) = match delta.as_ref().and_then(|d| d.total.hit_rate) {
+        Some(r) => (Some(r), "stats"),
+        None if response_lookups > 0 => (Some(hits as f64 / response_lookups as f64), "responses"),
+        None => (None, "none"),
+    };
+
+    // Stages: the answers' timings cover exactly the measured requests; the stats window also
+    // covers whatever ran in the window before (sweep, warm-up), so it is the fallback.
+    let mut stages = BTreeMap::new();
+    for (name, h) in STAGES.iter().zip(&h_seg.stages) {
+        if !h.is_empty() {
+            stages.insert(
+                name.to_string(),
+                StageSummary {
+                    p50_us: h.value_at_quantile(0.5),
+                    p95_us: h.value_at_quantile(0.95),
+                    p99_us: h.value_at_quantile(0.99),
+                },
+            );
+        }
+    }
+    let window = headline
+        .and_then(|p| p.stats_after.as_ref())
+        .and_then(|st| {
+            st.models
+                .get(&s.model)
+                .map(|m| (st.window_s, m.stages.clone()))
+        });
+    let (stats_window_s, stats_window_stages) = match window {
+        Some((w, st)) => (Some(w), st),
+        None => (None, BTreeMap::new()),
+    };
+    let (stages_p99_us, stages_source): (BTreeMap<String, u64>, &str) = if !stages.is_empty() {
+        (
+            stages.iter().map(|(k, v)| (k.clone(), v.p99_us)).collect(),
+            "responses",
+        )
+    } else if !stats_window_stages.is_empty() {
+        (
+            stats_window_stages
+                .iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.p99_us? as u64)))
+                .collect(),
+            "stats_window",
+        )
+    } else {
+        (BTreeMap::new(), "none")
+    };
+
+    let stats_note = if series.samples.is_empty() {
+        Some(match &series.last_error {
+            Some(e) => format!("gateway stats unavailable: {e}"),
+            None => "gateway stats unavailable".to_string(),
+        })
+    } else {
+        None
+    };
+
+    let mut warnings = Vec::new();
+    let late_limit = 0.05;
+    for (name, sum) in
+        std::iter::once(("hydrant", &hydrant)).chain(floor.iter().map(|f| ("floor", f)))
+    {
+        if sum.late_share > late_limit {
+            warnings.push(format!(
+                "{name}: {} of the sends started more than {} ms after their intended time: the load generator (or the machine) could not keep the schedule, so the offered load was not applied evenly; latencies still count from the intended times",
+                report::fmt_pct(sum.late_share),
+                s.load.late_threshold.as_secs_f64() * 1000.0
+            ));
+        }
+        if let Some(n) = sum.errors_by_kind.get("overload") {
+            warnings.push(format!(
+                "{name}: {n} sends were refused because load.max_in_flight ({}) requests were already open",
+                s.load.max_in_flight
+            ));
+        }
+    }
+    if interrupted {
+        warnings.push("interrupted: the numbers cover only what ran before Ctrl-C".to_string());
+    }
+
+    let (floor_rps, ratio_to_floor) = match (&floor, ex.sweep) {
+        (None, _) => (None, None),
+        (Some(_), true) => (
+            ex.floor_max_rps,
+            ex.max_rps.and_then(|m| ratio(m, ex.floor_max_rps?)),
+        ),
+        (Some(f), false) => (
+            Some(f.achieved_rps),
+            ratio(hydrant.achieved_rps, f.achieved_rps),
+        ),
+    };
+    let latency_ratio_to_floor = floor.as_ref().map(|f| LatencyRatio {
+        p50: ratio(hydrant.p50_us as f64, f.p50_us as f64),
+        p99: ratio(hydrant.p99_us as f64, f.p99_us as f64),
+    });
+
+    let steps = if ex.sweep {
+        ex.phases
+            .iter()
+            .filter_map(|p| match p.shape {
+                Shape::Closed(c) => Some(StepResult {
+                    label: p.label.clone(),
+                    concurrency: Some(c),
+                    rate: None,
+                    hydrant: summary(&p.hydrant),
+                    floor: p.floor.as_ref().map(summary),
+                }),
+                Shape::Open(_) => None,
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+
+    let (timeline, floor_timeline) = {
+        let c = lock(&runner.collector);
+        (
+            c.timeline(Which::Hydrant).points(),
+            c.timeline(Which::Floor).points(),
+        )
+    };
+
+    RunResult {
+        scenario: s.name.clone(),
+        mode: s.load.mode.name().to_string(),
+        target: s.target.to_string(),
+        model: s.model.clone(),
+        format: s.format.as_str().to_string(),
+        started_at: report::rfc3339(started_at),
+        wall_s: wall.as_secs_f64(),
+        interrupted,
+        headline: headline.map_or_else(|| "none".to_string(), |p| p.label.clone()),
+        offered_rps: headline.and_then(|p| match p.shape {
+            Shape::Open(r) => Some(r),
+            Shape::Closed(_) => None,
+        }),
+        concurrency: headline.and_then(|p| match p.shape {
+            Shape::Closed(c) => Some(c),
+            Shape::Open(_) => None,
+        }),
+        hydrant,
+        degraded: h_seg.degraded,
+        error_codes: h_seg.error_codes.clone(),
+        hit_rate,
+        hit_rate_source: hit_rate_source.to_string(),
+        cache: delta.as_ref().map(|d| d.total.clone()),
+        views: delta.as_ref().map(|d| d.views.clone()).unwrap_or_default(),
+        response_cache: report::ResponseCache {
+            hits,
+            stale,
+            misses,
+            answers: h_seg.cache_replies,
+        },
+        gateway_requests: delta.as_ref().and_then(|d| d.model_requests),
+        stages_p99_us,
+        stages_source: stages_source.to_string(),
+        stages,
+        stats_window_s,
+        stats_window_stages,
+        stats_note,
+        warnings,
+        max_rps: ex.max_rps,
+        fraction: ex.fraction,
+        floor_rps,
+        ratio_to_floor,
+        latency_ratio_to_floor,
+        redis_get: None,
+        floor,
+        steps,
+        segments: runner.spans.clone(),
+        timeline,
+        floor_timeline,
+        stats_timeline: series.points(&s.model),
+        latency_histogram: histogram_bins(h_seg, f_seg),
+        scenario_toml: s.source.clone(),
+    }
+}

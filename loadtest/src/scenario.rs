@@ -1,0 +1,954 @@
+//! Scenario files: the TOML a person writes, parsed strictly and validated into a [`Scenario`].
+//!
+//! Parsing is two-step on purpose: serde (with `deny_unknown_fields`) rejects unknown keys and wrong
+//! types with the line and key, then [`validate`] rejects impossible values ("rate 0") with the
+//! dotted key and the reason. Targets are loopback-only: a load generator must never be pointed at
+//! somebody else's machine by a typo.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+
+/// Most candidates one request may carry (matches the gateway's own limit in the issue).
+pub const MAX_CANDIDATES: u64 = 10_000;
+/// Most concurrent requests (and so connections) one run may hold open.
+pub const MAX_IN_FLIGHT: u64 = 10_000;
+/// Largest key space; the Zipf sampler needs no table, so this only guards against typos.
+pub const MAX_KEYS: u64 = 1_000_000_000;
+
+/// Why a scenario was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    #[error("cannot read scenario {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("scenario {origin}: {message}")]
+    Parse { origin: String, message: String },
+    #[error("scenario {origin}: `{key}` {reason}")]
+    Invalid {
+        origin: String,
+        key: String,
+        reason: String,
+    },
+}
+
+impl ScenarioError {
+    /// The dotted key an [`ScenarioError::Invalid`] names (for tests and tooling).
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            ScenarioError::Invalid { key, .. } => Some(key),
+            _ => None,
+        }
+    }
+}
+
+/// Request body encoding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    #[default]
+    Json,
+    Msgpack,
+}
+
+impl Format {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Format::Json => "json",
+            Format::Msgpack => "msgpack",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum ModeName {
+    OpenLoop,
+    ClosedLoop,
+    MaxThenFraction,
+}
+
+/// How one context field is generated per request.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ContextGen {
+    /// Uniform integer in `[lo, hi]`.
+    IntRange([i64; 2]),
+    /// Uniform float in `[lo, hi)`.
+    FloatRange([f64; 2]),
+    /// One of the listed values, uniformly.
+    OneOf(Vec<ContextValue>),
+    /// Always this value.
+    Value(ContextValue),
+}
+
+/// A context value as it goes on the wire.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum ContextValue {
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+}
+
+/// `candidates = 100` or `candidates = [1, 10]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct CandidatesSpec {
+    min: i64,
+    max: i64,
+}
+
+impl<'de> Deserialize<'de> for CandidatesSpec {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = CandidatesSpec;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a count (e.g. 100) or a [min, max] range (e.g. [1, 10])")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                Ok(CandidatesSpec { min: v, max: v })
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                let v = i64::try_from(v).map_err(|_| E::custom("count too large"))?;
+                Ok(CandidatesSpec { min: v, max: v })
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let min: i64 = seq
+                    .next_element()?
+                    .ok_or_else(|| de::Error::invalid_length(0, &self))?;
+                let max: i64 = seq
+                    .next_element()?
+                    .ok_or_else(|| de::Error::invalid_length(1, &self))?;
+                if seq.next_element::<de::IgnoredAny>()?.is_some() {
+                    return Err(de::Error::invalid_length(3, &self));
+                }
+                Ok(CandidatesSpec { min, max })
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawScenario {
+    name: Option<String>,
+    target: String,
+    model: String,
+    #[serde(default)]
+    format: Format,
+    timeout_ms: Option<i64>,
+    timings: Option<bool>,
+    seed: Option<u64>,
+    client_threads: Option<i64>,
+    max_error_rate: Option<f64>,
+    ready_timeout_s: Option<f64>,
+    candidates: CandidatesSpec,
+    distinct_candidates: Option<bool>,
+    load: RawLoad,
+    users: RawKeySpace,
+    items: RawKeySpace,
+    #[serde(default)]
+    context: BTreeMap<String, ContextGen>,
+    floor: Option<RawFloor>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLoad {
+    mode: ModeName,
+    rate: Option<f64>,
+    concurrency: Option<Vec<i64>>,
+    fraction: Option<f64>,
+    duration_s: f64,
+    warm_up_s: Option<f64>,
+    step_s: Option<f64>,
+    max_in_flight: Option<i64>,
+    late_threshold_ms: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawKeySpace {
+    entity: Option<String>,
+    prefix: Option<String>,
+    keys: i64,
+    zipf: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFloor {
+    enabled: bool,
+    url: Option<String>,
+    scores: Option<i64>,
+    threads: Option<i64>,
+}
+
+/// A loopback `http://` base URL, already resolved to a socket address (no DNS is ever done).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetUrl {
+    pub addr: SocketAddr,
+    /// `host:port` as written (goes into the Host header).
+    pub authority: String,
+    /// Path prefix without a trailing slash (usually empty).
+    pub base_path: String,
+}
+
+impl fmt::Display for TargetUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "http://{}{}", self.authority, self.base_path)
+    }
+}
+
+/// Parses `text` as an `http://` URL whose host is a loopback address; the error is the reason.
+pub fn parse_loopback_url(text: &str) -> Result<TargetUrl, String> {
+    let uri: hyper::Uri = text
+        .parse()
+        .map_err(|e| format!("is not a valid URL ({e}): {text:?}"))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some(other) => {
+            return Err(format!(
+                "uses scheme {other:?}; only http:// to a loopback address is supported"
+            ));
+        }
+        None => {
+            return Err(format!(
+                "needs a scheme, e.g. http://127.0.0.1:8080 (got {text:?})"
+            ));
+        }
+    }
+    let authority = uri
+        .authority()
+        .ok_or_else(|| format!("has no host: {text:?}"))?;
+    if authority.as_str().contains('@') {
+        return Err("must not carry credentials".to_string());
+    }
+    if uri.query().is_some() {
+        return Err("must not carry a query string".to_string());
+    }
+    let host = authority.host();
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let ip: IpAddr = if bare.eq_ignore_ascii_case("localhost") {
+        IpAddr::V4(Ipv4Addr::LOCALHOST)
+    } else {
+        bare.parse().map_err(|_| {
+            format!(
+                "host {host:?} is not a loopback address; only 127.0.0.0/8, [::1] and localhost are allowed"
+            )
+        })?
+    };
+    if !ip.is_loopback() {
+        return Err(format!(
+            "host {host} is not a loopback address; only 127.0.0.0/8, [::1] and localhost are allowed"
+        ));
+    }
+    let port = authority.port_u16().unwrap_or(80);
+    let base_path = uri.path().trim_end_matches('/').to_string();
+    Ok(TargetUrl {
+        addr: SocketAddr::new(ip, port),
+        authority: authority.as_str().to_string(),
+        base_path,
+    })
+}
+
+/// A key space: `{prefix}{index}` for index in `0..keys`, drawn by Zipf rank (rank 1 = index 0).
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeySpace {
+    pub entity: String,
+    pub prefix: String,
+    pub keys: u64,
+    pub zipf: f64,
+}
+
+/// The load shape of a run.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Mode {
+    /// Fixed schedule at `rate` requests/s.
+    OpenLoop { rate: f64 },
+    /// One measured step per concurrency.
+    ClosedLoop { concurrency: Vec<usize> },
+    /// Closed-loop sweep (`step` per concurrency) to find the max throughput, then open loop at
+    /// `fraction` of it for the run's duration.
+    MaxThenFraction {
+        concurrency: Vec<usize>,
+        fraction: f64,
+        step: Duration,
+    },
+}
+
+impl Mode {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Mode::OpenLoop { .. } => "open-loop",
+            Mode::ClosedLoop { .. } => "closed-loop",
+            Mode::MaxThenFraction { .. } => "max-then-fraction",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Load {
+    pub mode: Mode,
+    /// Measured time of the open-loop phase, or of each closed-loop step.
+    pub duration: Duration,
+    pub warm_up: Duration,
+    pub max_in_flight: usize,
+    pub late_threshold: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Candidates {
+    pub min: usize,
+    pub max: usize,
+    pub distinct: bool,
+}
+
+/// The floor: a bare axum server driven with the same mix, for comparison.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Floor {
+    /// An already running floor (`loadtest floor`); `None` spawns one in-process.
+    pub url: Option<TargetUrl>,
+    /// Scores in the floor's fixed answer (so its size is like a real one).
+    pub scores: usize,
+    /// Worker threads of the in-process floor's runtime.
+    pub threads: usize,
+}
+
+/// A validated scenario.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scenario {
+    pub name: String,
+    pub target: TargetUrl,
+    pub model: String,
+    pub format: Format,
+    pub timeout: Duration,
+    pub timings: bool,
+    pub seed: u64,
+    pub client_threads: usize,
+    pub max_error_rate: Option<f64>,
+    pub ready_timeout: Duration,
+    pub load: Load,
+    pub users: KeySpace,
+    pub items: KeySpace,
+    pub candidates: Candidates,
+    pub context: Vec<(String, ContextGen)>,
+    pub floor: Option<Floor>,
+    /// The TOML as read, echoed in the report.
+    pub source: String,
+}
+
+struct Check<'a> {
+    origin: &'a str,
+}
+
+impl Check<'_> {
+    fn fail<T>(&self, key: &str, reason: impl Into<String>) -> Result<T, ScenarioError> {
+        Err(ScenarioError::Invalid {
+            origin: self.origin.to_string(),
+            key: key.to_string(),
+            reason: reason.into(),
+        })
+    }
+
+    fn positive_f64(&self, key: &str, v: f64, max: f64) -> Result<f64, ScenarioError> {
+        if !v.is_finite() {
+            return self.fail(key, format!("must be a finite number (got {v})"));
+        }
+        if v <= 0.0 {
+            return self.fail(key, format!("must be greater than 0 (got {v})"));
+        }
+        if v > max {
+            return self.fail(key, format!("must be at most {max} (got {v})"));
+        }
+        Ok(v)
+    }
+
+    fn non_negative_f64(&self, key: &str, v: f64, max: f64) -> Result<f64, ScenarioError> {
+        if !v.is_finite() || v < 0.0 {
+            return self.fail(key, format!("must be 0 or more (got {v})"));
+        }
+        if v > max {
+            return self.fail(key, format!("must be at most {max} (got {v})"));
+        }
+        Ok(v)
+    }
+
+    fn int_in(&self, key: &str, v: i64, min: i64, max: i64) -> Result<u64, ScenarioError> {
+        if v < min || v > max {
+            return self.fail(key, format!("must be between {min} and {max} (got {v})"));
+        }
+        // min >= 0 at every call site, so the value is non-negative here.
+        u64::try_from(v).or_else(|_| self.fail(key, format!("must not be negative (got {v})")))
+    }
+
+    fn name_like(&self, key: &str, v: &str) -> Result<(), ScenarioError> {
+        let ok = !v.is_empty()
+            && v.len() <= 128
+            && v.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+        if ok {
+            Ok(())
+        } else {
+            self.fail(
+                key,
+                format!("must be 1-128 characters of A-Z a-z 0-9 _ - . (got {v:?})"),
+            )
+        }
+    }
+
+    fn target(&self, key: &str, v: &str) -> Result<TargetUrl, ScenarioError> {
+        parse_loopback_url(v).or_else(|reason| self.fail(key, reason))
+    }
+
+    fn unused<T>(&self, key: &str, v: &Option<T>, mode: &str) -> Result<(), ScenarioError> {
+        if v.is_some() {
+            return self.fail(
+                key,
+                format!("is not used when load.mode = {mode:?}; remove it"),
+            );
+        }
+        Ok(())
+    }
+
+    fn concurrency(
+        &self,
+        v: Option<Vec<i64>>,
+        max_in_flight: usize,
+    ) -> Result<Vec<usize>, ScenarioError> {
+        let key = "load.concurrency";
+        let Some(list) = v else {
+            return self.fail(key, "is required for this load.mode (e.g. [1, 2, 4, 8])");
+        };
+        if list.is_empty() {
+            return self.fail(key, "must list at least one concurrency");
+        }
+        if list.len() > 64 {
+            return self.fail(key, "must list at most 64 concurrencies");
+        }
+        let mut out = Vec::with_capacity(list.len());
+        for c in list {
+            let c = self.int_in(key, c, 1, MAX_IN_FLIGHT as i64)? as usize;
+            if c > max_in_flight {
+                return self.fail(
+                    key,
+                    format!("{c} exceeds load.max_in_flight ({max_in_flight})"),
+                );
+            }
+            out.push(c);
+        }
+        Ok(out)
+    }
+
+    fn key_space(
+        &self,
+        table: &str,
+        raw: RawKeySpace,
+        default_entity: &str,
+        default_prefix: &str,
+    ) -> Result<KeySpace, ScenarioError> {
+        let entity = raw.entity.unwrap_or_else(|| default_entity.to_string());
+        if entity.is_empty() || entity.len() > 64 {
+            return self.fail(&format!("{table}.entity"), "must be 1-64 characters");
+        }
+        let prefix = raw.prefix.unwrap_or_else(|| default_prefix.to_string());
+        if prefix.len() > 64 {
+            return self.fail(&format!("{table}.prefix"), "must be at most 64 characters");
+        }
+        let keys = self.int_in(&format!("{table}.keys"), raw.keys, 1, MAX_KEYS as i64)?;
+        let zipf = raw.zipf.unwrap_or(0.0);
+        let zkey = format!("{table}.zipf");
+        if !zipf.is_finite() {
+            return self.fail(&zkey, format!("must be a finite number (got {zipf})"));
+        }
+        if zipf < 0.0 {
+            return self.fail(
+                &zkey,
+                format!("is a Zipf exponent and must be 0 (uniform) or more (got {zipf})"),
+            );
+        }
+        if zipf > 20.0 {
+            return self.fail(&zkey, format!("must be at most 20 (got {zipf})"));
+        }
+        Ok(KeySpace {
+            entity,
+            prefix,
+            keys,
+            zipf,
+        })
+    }
+
+    fn context(&self, key: &str, g: &ContextGen) -> Result<(), ScenarioError> {
+        match g {
+            ContextGen::IntRange([lo, hi]) if lo > hi => {
+                self.fail(key, format!("int_range needs lo <= hi (got [{lo}, {hi}])"))
+            }
+            ContextGen::FloatRange([lo, hi]) if !(lo.is_finite() && hi.is_finite() && lo <= hi) => {
+                self.fail(
+                    key,
+                    format!("float_range needs finite lo <= hi (got [{lo}, {hi}])"),
+                )
+            }
+            ContextGen::OneOf(v) if v.is_empty() => {
+                self.fail(key, "one_of needs at least one value")
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Scenario {
+    /// Reads and validates a scenario file; its name defaults to the file stem.
+    pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let stem = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or("scenario");
+        Scenario::from_toml_str(&text, &path.display().to_string(), stem)
+    }
+
+    /// Parses and validates scenario TOML. `origin` names it in errors.
+    pub fn from_toml_str(
+        text: &str,
+        origin: &str,
+        default_name: &str,
+    ) -> Result<Scenario, ScenarioError> {
+        let raw: RawScenario = toml::from_str(text).map_err(|e| ScenarioError::Parse {
+            origin: origin.to_string(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        validate(raw, text, origin, default_name)
+    }
+
+    /// `--target`: replaces the target (still loopback-only).
+    pub fn override_target(&mut self, url: &str) -> Result<(), ScenarioError> {
+        let check = Check {
+            origin: "command line",
+        };
+        self.target = check.target("--target", url)?;
+        Ok(())
+    }
+
+    /// `--target` with `--allow-remote`: any http:// host, resolved once here (the compose network).
+    pub fn override_target_remote(&mut self, url: &str) -> Result<(), ScenarioError> {
+        let fail = |reason: String| ScenarioError::Invalid {
+            origin: "command line".to_string(),
+            key: "--target".to_string(),
+            reason,
+        };
+        let uri: hyper::Uri = url
+            .parse()
+            .map_err(|e| fail(format!("is not a valid URL ({e}): {url:?}")))?;
+        if uri.scheme_str() != Some("http") {
+            return Err(fail("only http:// targets are supported".to_string()));
+        }
+        let authority = uri
+            .authority()
+            .ok_or_else(|| fail(format!("has no host: {url:?}")))?;
+        let port = authority.port_u16().unwrap_or(80);
+        let host = authority
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        let addr = std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
+            .map_err(|e| fail(format!("cannot resolve {host}: {e}")))?
+            .next()
+            .ok_or_else(|| fail(format!("{host} resolves to no address")))?;
+        self.target = TargetUrl {
+            addr,
+            authority: authority.as_str().to_string(),
+            base_path: uri.path().trim_end_matches('/').to_string(),
+        };
+        Ok(())
+    }
+
+    /// `--duration-s`: replaces the measured duration; warm-up and sweep steps are shortened to
+    /// at most the same, so a quick run stays quick.
+    pub fn override_duration_s(&mut self, seconds: f64) -> Result<(), ScenarioError> {
+        let check = Check {
+            origin: "command line",
+        };
+        let s = check.positive_f64("--duration-s", seconds, 86_400.0)?;
+        let d = Duration::from_secs_f64(s);
+        self.load.duration = d;
+        self.load.warm_up = self.load.warm_up.min(d);
+        if let Mode::MaxThenFraction { step, .. } = &mut self.load.mode {
+            *step = (*step).min(d);
+        }
+        Ok(())
+    }
+
+    /// Roughly how long the run takes, floor alternation included.
+    pub fn planned_duration(&self) -> Duration {
+        let floor_factor = if self.floor.is_some() { 2 } else { 1 };
+        let floor_warm = if self.floor.is_some() {
+            self.load.warm_up.min(Duration::from_secs(1))
+        } else {
+            Duration::ZERO
+        };
+        let measured = match &self.load.mode {
+            Mode::OpenLoop { .. } => self.load.duration,
+            Mode::ClosedLoop { concurrency } => self.load.duration * concurrency.len() as u32,
+            Mode::MaxThenFraction {
+                concurrency, step, ..
+            } => *step * concurrency.len() as u32 + self.load.duration,
+        };
+        self.load.warm_up + floor_warm + measured * floor_factor
+    }
+}
+
+fn validate(
+    raw: RawScenario,
+    text: &str,
+    origin: &str,
+    default_name: &str,
+) -> Result<Scenario, ScenarioError> {
+    let c = Check { origin };
+    let name = raw.name.unwrap_or_else(|| default_name.to_string());
+    c.name_like("name", &name)?;
+    let target = c.target("target", &raw.target)?;
+    c.name_like("model", &raw.model)?;
+    let timeout_ms = c.int_in("timeout_ms", raw.timeout_ms.unwrap_or(2_000), 1, 600_000)?;
+    let client_threads = c.int_in("client_threads", raw.client_threads.unwrap_or(1), 1, 64)?;
+    let max_error_rate = match raw.max_error_rate {
+        Some(r) if !(0.0..=1.0).contains(&r) => {
+            return c.fail(
+                "max_error_rate",
+                format!("must be between 0 and 1 (got {r})"),
+            );
+        }
+        other => other,
+    };
+    let ready_timeout_s = c.non_negative_f64(
+        "ready_timeout_s",
+        raw.ready_timeout_s.unwrap_or(30.0),
+        600.0,
+    )?;
+
+    let l = raw.load;
+    let max_in_flight = c.int_in(
+        "load.max_in_flight",
+        l.max_in_flight.unwrap_or(512),
+        1,
+        MAX_IN_FLIGHT as i64,
+    )? as usize;
+    let duration_s = c.positive_f64("load.duration_s", l.duration_s, 86_400.0)?;
+    let warm_up_s = c.non_negative_f64("load.warm_up_s", l.warm_up_s.unwrap_or(0.0), 3_600.0)?;
+    let late_ms = c.positive_f64(
+        "load.late_threshold_ms",
+        l.late_threshold_ms.unwrap_or(1.0),
+        60_000.0,
+    )?;
+    let mode = match l.mode {
+        ModeName::OpenLoop => {
+            let mode = "open-loop";
+            c.unused("load.concurrency", &l.concurrency, mode)?;
+            c.unused("load.fraction", &l.fraction, mode)?;
+            c.unused("load.step_s", &l.step_s, mode)?;
+            let Some(rate) = l.rate else {
+                return c.fail("load.rate", "is required when load.mode = \"open-loop\"");
+            };
+            Mode::OpenLoop {
+                rate: c.positive_f64("load.rate", rate, 1_000_000.0)?,
+            }
+        }
+        ModeName::ClosedLoop => {
+            let mode = "closed-loop";
+            c.unused("load.rate", &l.rate, mode)?;
+            c.unused("load.fraction", &l.fraction, mode)?;
+            c.unused("load.step_s", &l.step_s, mode)?;
+            Mode::ClosedLoop {
+                concurrency: c.concurrency(l.concurrency, max_in_flight)?,
+            }
+        }
+        ModeName::MaxThenFraction => {
+            c.unused("load.rate", &l.rate, "max-then-fraction")?;
+            let concurrency = c.concurrency(l.concurrency, max_in_flight)?;
+            let Some(fraction) = l.fraction else {
+                return c.fail(
+                    "load.fraction",
+                    "is required when load.mode = \"max-then-fraction\" (e.g. 0.5)",
+                );
+            };
+            let fraction = c.positive_f64("load.fraction", fraction, 1.0)?;
+            let step_s = c.positive_f64(
+                "load.step_s",
+                l.step_s.unwrap_or(duration_s.min(5.0)),
+                3_600.0,
+            )?;
+            Mode::MaxThenFraction {
+                concurrency,
+                fraction,
+                step: Duration::from_secs_f64(step_s),
+            }
+        }
+    };
+
+    let users = c.key_space("users", raw.users, "user_id", "u_")?;
+    let items = c.key_space("items", raw.items, "item_id", "i_")?;
+
+    let cand = raw.candidates;
+    if cand.min < 1 {
+        return c.fail(
+            "candidates",
+            format!("must be at least 1 per request (got {})", cand.min),
+        );
+    }
+    if cand.max > MAX_CANDIDATES as i64 {
+        return c.fail(
+            "candidates",
+            format!(
+                "must be at most {MAX_CANDIDATES} per request (got {})",
+                cand.max
+            ),
+        );
+    }
+    if cand.min > cand.max {
+        return c.fail(
+            "candidates",
+            format!("range needs min <= max (got [{}, {}])", cand.min, cand.max),
+        );
+    }
+    let distinct = raw.distinct_candidates.unwrap_or(true);
+    if distinct && cand.max as u64 > items.keys {
+        return c.fail(
+            "candidates",
+            format!(
+                "asks for up to {} distinct candidates but items.keys is only {}",
+                cand.max, items.keys
+            ),
+        );
+    }
+
+    let mut context = Vec::with_capacity(raw.context.len());
+    for (field, g) in raw.context {
+        c.context(&format!("context.{field}"), &g)?;
+        context.push((field, g));
+    }
+
+    let floor = match raw.floor {
+        None => None,
+        Some(f) if !f.enabled => None,
+        Some(f) => {
+            let url = match f.url {
+                Some(u) => Some(c.target("floor.url", &u)?),
+                None => None,
+            };
+            let scores = c.int_in(
+                "floor.scores",
+                f.scores.unwrap_or(cand.max),
+                1,
+                MAX_CANDIDATES as i64,
+            )? as usize;
+            let threads = c.int_in("floor.threads", f.threads.unwrap_or(2), 1, 64)? as usize;
+            Some(Floor {
+                url,
+                scores,
+                threads,
+            })
+        }
+    };
+
+    Ok(Scenario {
+        name,
+        target,
+        model: raw.model,
+        format: raw.format,
+        timeout: Duration::from_millis(timeout_ms),
+        timings: raw.timings.unwrap_or(true),
+        seed: raw.seed.unwrap_or(1),
+        client_threads: client_threads as usize,
+        max_error_rate,
+        ready_timeout: Duration::from_secs_f64(ready_timeout_s),
+        load: Load {
+            mode,
+            duration: Duration::from_secs_f64(duration_s),
+            warm_up: Duration::from_secs_f64(warm_up_s),
+            max_in_flight,
+            late_threshold: Duration::from_secs_f64(late_ms / 1000.0),
+        },
+        users,
+        items,
+        candidates: Candidates {
+            min: cand.min as usize,
+            max: cand.max as usize,
+            distinct,
+        },
+        context,
+        floor,
+        source: text.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+target = "http://127.0.0.1:8080"
+model = "ctr"
+candidates = 1
+
+[load]
+mode = "open-loop"
+rate = 100
+duration_s = 5
+
+[users]
+keys = 1000
+zipf = 1.1
+
+[items]
+keys = 2000
+"#;
+
+    fn parse(text: &str) -> Result<Scenario, ScenarioError> {
+        Scenario::from_toml_str(text, "test.toml", "test")
+    }
+
+    fn invalid(text: &str) -> (String, String) {
+        match parse(text) {
+            Err(e @ ScenarioError::Invalid { .. }) => {
+                (e.key().unwrap_or_default().to_string(), e.to_string())
+            }
+            other => panic!("expected an invalid-value error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn base_parses_with_defaults() {
+        let s = parse(BASE).expect("base scenario");
+        assert_eq!(s.name, "test");
+        assert_eq!(s.users.entity, "user_id");
+        assert_eq!(s.items.prefix, "i_");
+        assert_eq!(s.load.mode, Mode::OpenLoop { rate: 100.0 });
+        assert_eq!(s.target.addr, "127.0.0.1:8080".parse().expect("addr"));
+        assert!(s.floor.is_none());
+    }
+
+    #[test]
+    fn unknown_key_is_rejected_by_name() {
+        let text = BASE.replace("rate = 100", "rate = 100\nrat = 5");
+        let err = parse(&text).expect_err("unknown key");
+        let msg = err.to_string();
+        assert!(msg.contains("unknown field `rat`"), "{msg}");
+        let text = BASE.replace("keys = 1000", "keys = 1000\nzipff = 1.0");
+        let msg = parse(&text).expect_err("unknown key").to_string();
+        assert!(msg.contains("zipff"), "{msg}");
+    }
+
+    #[test]
+    fn impossible_values_name_key_and_reason() {
+        let (key, msg) = invalid(&BASE.replace("rate = 100", "rate = 0"));
+        assert_eq!(key, "load.rate");
+        assert!(msg.contains("greater than 0"), "{msg}");
+
+        let (key, msg) = invalid(&BASE.replace("zipf = 1.1", "zipf = -0.5"));
+        assert_eq!(key, "users.zipf");
+        assert!(msg.contains("0 (uniform) or more"), "{msg}");
+
+        let (key, msg) = invalid(&BASE.replace("duration_s = 5", "duration_s = 0"));
+        assert_eq!(key, "load.duration_s");
+        assert!(msg.contains("greater than 0"), "{msg}");
+
+        let (key, msg) = invalid(&BASE.replace("candidates = 1", "candidates = 0"));
+        assert_eq!(key, "candidates");
+        assert!(msg.contains("at least 1"), "{msg}");
+
+        let (key, msg) = invalid(&BASE.replace("candidates = 1", "candidates = 10001"));
+        assert_eq!(key, "candidates");
+        assert!(msg.contains("at most 10000"), "{msg}");
+
+        let (key, msg) = invalid(&BASE.replace("127.0.0.1", "10.0.0.5"));
+        assert_eq!(key, "target");
+        assert!(msg.contains("not a loopback"), "{msg}");
+
+        let (key, _) = invalid(&BASE.replace("127.0.0.1:8080", "example.com"));
+        assert_eq!(key, "target");
+
+        let (key, msg) = invalid(&BASE.replace("rate = 100", "concurrency = [1]"));
+        assert_eq!(key, "load.concurrency");
+        assert!(msg.contains("not used"), "{msg}");
+    }
+
+    #[test]
+    fn modes_need_their_keys() {
+        let text = BASE.replace(
+            "mode = \"open-loop\"\nrate = 100",
+            "mode = \"max-then-fraction\"\nconcurrency = [1, 2]",
+        );
+        let (key, _) = invalid(&text);
+        assert_eq!(key, "load.fraction");
+        let ok = text.replace(
+            "concurrency = [1, 2]",
+            "concurrency = [1, 2]\nfraction = 0.5\nstep_s = 2",
+        );
+        let s = parse(&ok).expect("max-then-fraction");
+        assert_eq!(
+            s.load.mode,
+            Mode::MaxThenFraction {
+                concurrency: vec![1, 2],
+                fraction: 0.5,
+                step: Duration::from_secs(2)
+            }
+        );
+        let (key, _) = invalid(&ok.replace("fraction = 0.5", "fraction = 1.5"));
+        assert_eq!(key, "load.fraction");
+    }
+
+    #[test]
+    fn candidates_range_and_context() {
+        let text = BASE.replace("candidates = 1", "candidates = [1, 10]")
+            + "\n[context]\nhour_of_day = { int_range = [0, 23] }\ndevice = { one_of = [\"ios\", \"android\", \"web\"] }\n";
+        let s = parse(&text).expect("range");
+        assert_eq!((s.candidates.min, s.candidates.max), (1, 10));
+        assert_eq!(s.context.len(), 2);
+        let (key, _) = invalid(&text.replace("[0, 23]", "[23, 0]"));
+        assert_eq!(key, "context.hour_of_day");
+        let bad = BASE.replace("candidates = 1", "candidates = \"many\"");
+        let msg = parse(&bad).expect_err("bad type").to_string();
+        assert!(msg.contains("[min, max]"), "{msg}");
+    }
+
+    #[test]
+    fn loopback_urls() {
+        assert!(parse_loopback_url("http://localhost:9000").is_ok());
+        assert!(parse_loopback_url("http://127.1.2.3:9000/prefix/").is_ok());
+        let v6 = parse_loopback_url("http://[::1]:9000").expect("v6");
+        assert_eq!(v6.addr.port(), 9000);
+        assert!(parse_loopback_url("https://127.0.0.1").is_err());
+        assert!(parse_loopback_url("http://0.0.0.0:80").is_err());
+        assert!(parse_loopback_url("http://192.168.1.1:80").is_err());
+        assert!(parse_loopback_url("127.0.0.1:80").is_err());
+        assert_eq!(
+            parse_loopback_url("http://127.0.0.1:1/x/")
+                .expect("url")
+                .to_string(),
+            "http://127.0.0.1:1/x"
+        );
+    }
+
+    #[test]
+    fn overrides_are_validated() {
+        let mut s = parse(BASE).expect("base");
+        assert!(s.override_target("http://8.8.8.8:80").is_err());
+        s.override_duration_s(2.0).expect("duration");
+        assert_eq!(s.load.duration, Duration::from_secs(2));
+        assert!(s.override_duration_s(0.0).is_err());
+    }
+}

@@ -1,0 +1,211 @@
+//! A fake gateway for the tests: the predict contract with a known delay, an optional one-off
+//! stall, per-key cache accounting (first lookup of a key misses, later ones hit), `/v1/stats`
+//! counters and readiness.
+
+#![allow(dead_code)]
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use loadtest::scenario::Scenario;
+use tokio::sync::oneshot;
+
+#[derive(Clone, Default)]
+pub struct FakeConfig {
+    /// Time every predict takes.
+    pub delay: Duration,
+    /// (start after server start, length): every predict arriving inside waits until its end.
+    pub stall: Option<(Duration, Duration)>,
+    /// Serve `/v1/stats` (404 otherwise).
+    pub stats: bool,
+}
+
+struct Fake {
+    cfg: FakeConfig,
+    started: Instant,
+    requests: AtomicU64,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    seen: Mutex<HashSet<String>>,
+}
+
+pub struct FakeGateway {
+    pub addr: SocketAddr,
+    shutdown: Option<oneshot::Sender<()>>,
+}
+
+impl FakeGateway {
+    pub async fn start(cfg: FakeConfig) -> FakeGateway {
+        let state = Arc::new(Fake {
+            cfg,
+            started: Instant::now(),
+            requests: AtomicU64::new(0),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            seen: Mutex::new(HashSet::new()),
+        });
+        let app = Router::new()
+            .route("/v1/models/{model}/predict", post(predict))
+            .route("/v1/stats", get(stats))
+            .route("/v2/health/ready", get(|| async { StatusCode::OK }))
+            .with_state(state);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind fake gateway");
+        let addr = listener.local_addr().expect("local addr");
+        let (tx, rx) = oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = rx.await;
+                })
+                .await;
+        });
+        FakeGateway {
+            addr,
+            shutdown: Some(tx),
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for FakeGateway {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+async fn predict(State(st): State<Arc<Fake>>, headers: HeaderMap, body: Bytes) -> Response {
+    let msgpack = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("msgpack"));
+    let parsed: Result<serde_json::Value, String> = if msgpack {
+        rmp_serde::from_slice(&body).map_err(|e| e.to_string())
+    } else {
+        serde_json::from_slice(&body).map_err(|e| e.to_string())
+    };
+    let Ok(req) = parsed else {
+        return (
+            StatusCode::BAD_REQUEST,
+            [(header::CONTENT_TYPE, "application/json")],
+            r#"{"error":{"code":"bad_body","message":"cannot decode","field":""}}"#,
+        )
+            .into_response();
+    };
+    let mut keys = vec![
+        req["entities"]["user_id"]
+            .as_str()
+            .unwrap_or("?")
+            .to_string(),
+    ];
+    let cands = req["candidates"].as_array().cloned().unwrap_or_default();
+    for c in &cands {
+        keys.push(c["item_id"].as_str().unwrap_or("?").to_string());
+    }
+    let (mut hits, mut misses) = (0u64, 0u64);
+    {
+        let mut seen = st.seen.lock().expect("seen lock");
+        for k in keys {
+            if seen.insert(k) {
+                misses += 1;
+            } else {
+                hits += 1;
+            }
+        }
+    }
+    tokio::time::sleep(st.cfg.delay).await;
+    if let Some((at, len)) = st.cfg.stall {
+        let (start, end) = (st.started + at, st.started + at + len);
+        let now = Instant::now();
+        if now >= start && now < end {
+            tokio::time::sleep_until(end.into()).await;
+        }
+    }
+    st.requests.fetch_add(1, Ordering::Relaxed);
+    st.hits.fetch_add(hits, Ordering::Relaxed);
+    st.misses.fetch_add(misses, Ordering::Relaxed);
+    let answer = serde_json::json!({
+        "model": "ctr", "model_version": 1,
+        "outputs": {"score": vec![0.5; cands.len()]},
+        "degraded": false,
+        "feature_status": {},
+        "cache": {"hits": hits, "stale": 0, "misses": misses},
+        "timings_us": {"decode": 9, "hydrate": 41, "assemble": 3, "queue": 12, "infer": 8,
+                       "postprocess": 1, "encode": 4, "total": 80}
+    });
+    if msgpack {
+        let bytes = rmp_serde::to_vec_named(&answer).expect("encode msgpack");
+        ([(header::CONTENT_TYPE, "application/msgpack")], bytes).into_response()
+    } else {
+        axum::Json(answer).into_response()
+    }
+}
+
+async fn stats(State(st): State<Arc<Fake>>) -> Response {
+    if !st.cfg.stats {
+        return StatusCode::NOT_FOUND.into_response();
+    }
+    let hits = st.hits.load(Ordering::Relaxed);
+    let misses = st.misses.load(Ordering::Relaxed);
+    let stage = serde_json::json!({"p50_us": 5, "p95_us": 9, "p99_us": 12});
+    axum::Json(serde_json::json!({
+        "uptime_s": st.started.elapsed().as_secs_f64(),
+        "window_s": 60,
+        "models": {"ctr": {"requests": st.requests.load(Ordering::Relaxed), "errors": 0,
+            "stages": {"decode": stage, "hydrate": stage, "total": stage}}},
+        "views": {"user_profile": {"hits": hits, "stale": 0, "misses": misses, "negative": 0}}
+    }))
+    .into_response()
+}
+
+/// A fresh, empty directory under the system temp dir.
+pub fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("loadtest-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+/// A scenario against `target`; `load` is the body of the `[load]` table, `extra` goes at the end.
+pub fn scenario(target: &str, load: &str, extra: &str) -> Scenario {
+    let text = format!(
+        r#"
+target = "{target}"
+model = "ctr"
+candidates = [1, 3]
+ready_timeout_s = 2
+
+[load]
+{load}
+
+[users]
+keys = 50
+zipf = 1.1
+
+[items]
+keys = 100
+
+[context]
+hour_of_day = {{ int_range = [0, 23] }}
+device = {{ one_of = ["ios", "android", "web"] }}
+{extra}
+"#
+    );
+    Scenario::from_toml_str(&text, "test", "test").expect("test scenario")
+}

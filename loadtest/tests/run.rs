@@ -1,0 +1,254 @@
+//! Whole runs: result files, floor comparison, unreachable targets, Ctrl-C, the binary.
+
+mod common;
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{FakeConfig, FakeGateway, scenario, temp_dir};
+use loadtest::drive::Cancel;
+use loadtest::run::{RunError, RunOptions, run};
+use loadtest::scenario::Scenario;
+
+fn closed_port() -> String {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    drop(l);
+    format!("http://{addr}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_then_fraction_with_floor_writes_json_and_html() {
+    let gw = FakeGateway::start(FakeConfig {
+        delay: Duration::from_millis(2),
+        stats: true,
+        ..FakeConfig::default()
+    })
+    .await;
+    let s = scenario(
+        &gw.url(),
+        "mode = \"max-then-fraction\"\nconcurrency = [1, 4]\nfraction = 0.5\nstep_s = 1\nduration_s = 2\nwarm_up_s = 0.5",
+        "[floor]\nenabled = true\nthreads = 1",
+    );
+    let dir = temp_dir("full");
+    let out = run(
+        s,
+        &RunOptions {
+            out_dir: dir.clone(),
+            progress: false,
+            ..RunOptions::default()
+        },
+        Cancel::new(),
+    )
+    .await
+    .expect("run");
+    assert_eq!(out.json_path, dir.join("test.json"));
+
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&out.json_path).expect("json file")).expect("json");
+    for key in [
+        "achieved_rps",
+        "p50_us",
+        "p99_us",
+        "p999_us",
+        "errors",
+        "hit_rate",
+        "floor_rps",
+        "ratio_to_floor",
+        "max_rps",
+    ] {
+        assert!(v[key].is_number(), "{key} should be a number: {}", v[key]);
+    }
+    assert!(v["stages_p99_us"].is_object(), "stages_p99_us");
+    assert_eq!(
+        v["stages_p99_us"]["hydrate"], 41,
+        "from the answers' timings_us"
+    );
+    assert_eq!(v["hit_rate_source"], "stats");
+    let hit_rate = v["hit_rate"].as_f64().unwrap_or(0.0);
+    assert!(hit_rate > 0.8, "warm keys should mostly hit: {hit_rate}");
+    assert_eq!(v["stats_window_stages"]["decode"]["p99_us"], 12.0);
+    assert_eq!(v["steps"].as_array().map(Vec::len), Some(2));
+    assert!(
+        v["stats_timeline"]
+            .as_array()
+            .is_some_and(|a| !a.is_empty())
+    );
+    assert!(
+        v["latency_histogram"]
+            .as_array()
+            .is_some_and(|a| !a.is_empty())
+    );
+    assert_eq!(v["errors"], 0);
+    assert_eq!(v["interrupted"], false);
+    // The headline is the open-loop phase at half the sweep's max.
+    let max = v["max_rps"].as_f64().unwrap_or(0.0);
+    let offered = v["offered_rps"].as_f64().unwrap_or(0.0);
+    assert!(
+        (offered - max * 0.5).abs() < 1e-6 * max.max(1.0),
+        "{offered} vs {max}"
+    );
+    assert!(v["floor"]["p50_us"].is_number());
+    assert!(v["latency_ratio_to_floor"]["p50"].is_number());
+
+    let html = std::fs::read_to_string(&out.html_path).expect("html file");
+    for id in [
+        "chart-latency-over-time",
+        "chart-latency-histogram",
+        "chart-stages",
+        "chart-hit-rate",
+        "chart-sweep",
+    ] {
+        assert!(html.contains(&format!("<svg id=\"{id}\"")), "missing {id}");
+    }
+    assert!(html.contains("<polyline"), "line charts have lines");
+    assert!(html.contains("<rect"), "bar charts have bars");
+    // Self-contained: nothing fetched from anywhere.
+    for external in ["<script", "<link", "src=", "@import", "https://"] {
+        assert!(!html.contains(external), "html must not contain {external}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_target_is_an_error() {
+    let url = closed_port();
+    let s = scenario(&url, "mode = \"open-loop\"\nrate = 10\nduration_s = 1", "");
+    let err = run(
+        s,
+        &RunOptions {
+            out_dir: temp_dir("unreachable"),
+            progress: false,
+            ..RunOptions::default()
+        },
+        Cancel::new(),
+    )
+    .await
+    .expect_err("must fail");
+    assert!(matches!(err, RunError::Unreachable { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.contains("unreachable") && msg.contains(&url), "{msg}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_writes_a_partial_report() {
+    let gw = FakeGateway::start(FakeConfig {
+        delay: Duration::from_millis(1),
+        ..FakeConfig::default()
+    })
+    .await;
+    let s = scenario(
+        &gw.url(),
+        "mode = \"open-loop\"\nrate = 50\nduration_s = 30",
+        "",
+    );
+    let mut s = s;
+    s.format = loadtest::scenario::Format::Msgpack;
+    let cancel = Cancel::new();
+    let c2 = cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        c2.cancel();
+    });
+    let started = Instant::now();
+    let dir = temp_dir("cancel");
+    let out = run(
+        s,
+        &RunOptions {
+            out_dir: dir,
+            progress: false,
+            ..RunOptions::default()
+        },
+        cancel,
+    )
+    .await
+    .expect("partial run");
+    assert!(started.elapsed() < Duration::from_secs(10), "stopped early");
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&out.json_path).expect("json")).expect("json");
+    assert_eq!(v["interrupted"], true);
+    let ok = v["ok"].as_u64().unwrap_or(0);
+    assert!((40..=120).contains(&ok), "about 1.5 s at 50 rps: {ok}");
+    assert_eq!(
+        v["errors"], 0,
+        "msgpack bodies were accepted: {}",
+        v["errors_by_kind"]
+    );
+    assert!(out.html_path.exists());
+}
+
+fn crate_path(rel: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+#[test]
+fn shipped_scenarios_are_valid() {
+    let dir = crate_path("scenarios");
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(&dir).expect("scenarios dir") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let s = Scenario::load(&path).unwrap_or_else(|e| panic!("{e}"));
+            names.push(s.name);
+        }
+    }
+    for required in ["hot-path", "miss-path", "ranking", "smoke"] {
+        assert!(
+            names.iter().any(|n| n == required),
+            "missing scenario {required}"
+        );
+    }
+}
+
+#[test]
+fn binary_exits_non_zero_on_unreachable_target() {
+    let out_dir = temp_dir("bin-unreachable");
+    let out = Command::new(env!("CARGO_BIN_EXE_loadtest"))
+        .args(["run", "--quiet", "--duration-s", "1", "--target"])
+        .arg(closed_port())
+        .arg("--out-dir")
+        .arg(&out_dir)
+        .arg(crate_path("scenarios/smoke.toml"))
+        .output()
+        .expect("run the binary");
+    assert!(!out.status.success(), "must exit non-zero");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("unreachable"), "{stderr}");
+}
+
+#[test]
+fn binary_check_validates() {
+    let ok = Command::new(env!("CARGO_BIN_EXE_loadtest"))
+        .arg("check")
+        .arg(crate_path("scenarios/hot-path.toml"))
+        .output()
+        .expect("run the binary");
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(String::from_utf8_lossy(&ok.stdout).starts_with("ok: hot-path"));
+
+    let dir = temp_dir("bin-check");
+    let bad = dir.join("bad.toml");
+    let text = std::fs::read_to_string(crate_path("scenarios/smoke.toml")).expect("smoke");
+    std::fs::write(&bad, text.replace("[load]", "[load]\nburst = 3")).expect("write");
+    let out = Command::new(env!("CARGO_BIN_EXE_loadtest"))
+        .arg("check")
+        .arg(&bad)
+        .output()
+        .expect("run the binary");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("burst"));
+
+    let refused = Command::new(env!("CARGO_BIN_EXE_loadtest"))
+        .args(["floor", "--bind", "0.0.0.0:0", "--for-s", "1"])
+        .output()
+        .expect("run the binary");
+    assert!(
+        !refused.status.success(),
+        "floor must refuse non-loopback binds"
+    );
+}

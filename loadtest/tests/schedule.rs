@@ -1,0 +1,160 @@
+//! Open-loop schedule and latency accounting against a server with a known delay.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{FakeConfig, FakeGateway, scenario, temp_dir};
+use loadtest::drive::Cancel;
+use loadtest::run::{RunOptions, run};
+
+fn opts(name: &str) -> RunOptions {
+    RunOptions {
+        out_dir: temp_dir(name),
+        progress: false,
+        ..RunOptions::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_loop_measures_the_known_delay() {
+    let gw = FakeGateway::start(FakeConfig {
+        delay: Duration::from_millis(20),
+        ..FakeConfig::default()
+    })
+    .await;
+    let s = scenario(
+        &gw.url(),
+        "mode = \"open-loop\"\nrate = 100\nduration_s = 3",
+        "",
+    );
+    let out = run(s, &opts("known-delay"), Cancel::new())
+        .await
+        .expect("run");
+    let r = &out.result;
+    assert_eq!(r.hydrant.errors, 0, "{:?}", r.hydrant.errors_by_kind);
+    assert!(
+        (19_000..=40_000).contains(&r.hydrant.p50_us),
+        "p50 {} us should be about 20 ms",
+        r.hydrant.p50_us
+    );
+    assert!(
+        (280..=301).contains(&r.hydrant.requests),
+        "3 s at 100 rps sends about 300, sent {}",
+        r.hydrant.requests
+    );
+    assert!(
+        (90.0..=101.0).contains(&r.hydrant.achieved_rps),
+        "{}",
+        r.hydrant.achieved_rps
+    );
+    assert!(
+        r.hydrant.late_share < 0.2,
+        "late share {}",
+        r.hydrant.late_share
+    );
+    assert_eq!(r.offered_rps, Some(100.0));
+}
+
+/// The coordinated-omission check: a 500 ms stall shows in the open-loop p99 because every request
+/// scheduled during it is charged from its intended send time, while a closed-loop client (which
+/// simply stops sending while it waits) records the stall once and its p99 hides it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stall_shows_in_open_loop_p99_but_not_in_closed_loop() {
+    let stall = FakeConfig {
+        delay: Duration::from_millis(20),
+        stall: Some((Duration::from_millis(1400), Duration::from_millis(500))),
+        ..FakeConfig::default()
+    };
+
+    let gw = FakeGateway::start(stall.clone()).await;
+    let s = scenario(
+        &gw.url(),
+        "mode = \"open-loop\"\nrate = 100\nduration_s = 4",
+        "",
+    );
+    let open = run(s, &opts("stall-open"), Cancel::new())
+        .await
+        .expect("open-loop run")
+        .result;
+    assert_eq!(open.hydrant.errors, 0, "{:?}", open.hydrant.errors_by_kind);
+    assert!(
+        open.hydrant.p99_us >= 400_000,
+        "open-loop p99 {} us must reflect the 500 ms stall",
+        open.hydrant.p99_us
+    );
+    assert!(
+        open.hydrant.max_us >= 450_000,
+        "max {}",
+        open.hydrant.max_us
+    );
+    assert!(open.hydrant.p50_us < 40_000, "p50 {}", open.hydrant.p50_us);
+    // The timeline puts the stall where it happened (1.4 s to 1.9 s: second 1), not elsewhere.
+    let worst = open
+        .timeline
+        .iter()
+        .max_by_key(|p| p.max_us)
+        .expect("timeline");
+    assert_eq!(
+        worst.t_s, 1.0,
+        "stall should be in second 1: {:?}",
+        open.timeline
+    );
+    drop(gw);
+
+    let gw = FakeGateway::start(stall).await;
+    let s = scenario(
+        &gw.url(),
+        "mode = \"closed-loop\"\nconcurrency = [1]\nduration_s = 4",
+        "",
+    );
+    let closed = run(s, &opts("stall-closed"), Cancel::new())
+        .await
+        .expect("closed-loop run")
+        .result;
+    assert!(
+        closed.hydrant.max_us >= 450_000,
+        "the closed loop saw the stall once"
+    );
+    assert!(
+        closed.hydrant.p99_us < 100_000,
+        "closed-loop p99 {} us hides the stall (that is the point of the comparison)",
+        closed.hydrant.p99_us
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sends_over_the_in_flight_cap_count_as_overload() {
+    let gw = FakeGateway::start(FakeConfig {
+        delay: Duration::from_millis(200),
+        ..FakeConfig::default()
+    })
+    .await;
+    // 100 rps x 200 ms needs ~20 in flight; a cap of 5 must refuse most sends, visibly.
+    let s = scenario(
+        &gw.url(),
+        "mode = \"open-loop\"\nrate = 100\nduration_s = 1\nmax_in_flight = 5",
+        "",
+    );
+    let r = run(s, &opts("overload"), Cancel::new())
+        .await
+        .expect("run")
+        .result;
+    let overload = r
+        .hydrant
+        .errors_by_kind
+        .get("overload")
+        .copied()
+        .unwrap_or(0);
+    assert!(
+        overload >= 50,
+        "expected refused sends, got {:?}",
+        r.hydrant.errors_by_kind
+    );
+    assert_eq!(r.hydrant.ok + r.hydrant.errors, r.hydrant.requests);
+    assert!(
+        r.hydrant.ok >= 20,
+        "the 5 slots keep working: ok {}",
+        r.hydrant.ok
+    );
+}
