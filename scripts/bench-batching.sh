@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Rows/s with micro-batching vs one request per run, at several concurrencies, and the lone request's
+# p50/p99 with batching on vs off: two gateways over the same demo data, driven alternately in one run.
+#   scripts/bench-batching.sh [rounds]      -> target/loadtest/batching.md
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds="${1:-2}"
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+work="$(mktemp -d)"
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT INT TERM
+
+cargo build --release --bin hydrant --bin loadtest
+bin=target/release
+out=target/loadtest/batching
+mkdir -p "$out"
+
+start() { # name batching
+  local port; port="$(free_port)"
+  export HYDRANT_STORE__EMBEDDED__PATH="$work/$1.redb"
+  "$bin/hydrant" load --view user_profile demo/rows/user_profile.jsonl >/dev/null
+  "$bin/hydrant" load --view item_stats demo/rows/item_stats.jsonl >/dev/null
+  HYDRANT_SERVER__BIND="127.0.0.1:$port" HYDRANT_INFERENCE__BATCHING="$2" HYDRANT_TELEMETRY__LOG_LEVEL=warn \
+    "$bin/hydrant" serve >"$work/$1.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 1 200); do curl -sf "http://127.0.0.1:$port/v2/health/ready" >/dev/null 2>&1 && break; sleep 0.05; done
+  echo "$port"
+}
+on="$(start on true)"
+off="$(start off false)"
+for r in $(seq 1 "$rounds"); do
+  for side in on off; do
+    port=$([ "$side" = on ] && echo "$on" || echo "$off")
+    "$bin/loadtest" run loadtest/scenarios/batching.toml --quiet --target "http://127.0.0.1:$port" --out-dir "$out/$side-$r" >/dev/null
+  done
+done
+python3 - "$out" "$rounds" <<'PY'
+import json, sys, os
+out, rounds = sys.argv[1], int(sys.argv[2])
+rows = {}
+for side in ("on", "off"):
+    for r in range(1, rounds + 1):
+        res = json.load(open(os.path.join(out, f"{side}-{r}", "batching.json")))
+        for s in res["steps"]:
+            c = s["concurrency"]
+            h = s["hydrant"]
+            rows.setdefault(c, {}).setdefault(side, []).append((h["achieved_rps"] * 10, h["p50_us"], h["p99_us"]))
+def med(xs): xs = sorted(xs); return xs[len(xs) // 2]
+lines = ["| concurrency | rows/s batching on | rows/s batching off | ratio | p50 on | p50 off | p99 on | p99 off |",
+         "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+for c in sorted(rows):
+    on, off = rows[c]["on"], rows[c]["off"]
+    ron, roff = med([x[0] for x in on]), med([x[0] for x in off])
+    lines.append(f"| {c} | {ron:,.0f} | {roff:,.0f} | {ron / roff:.2f} | {med([x[1] for x in on])} µs | {med([x[1] for x in off])} µs | {med([x[2] for x in on])} µs | {med([x[2] for x in off])} µs |")
+text = "\n".join(lines) + f"\n\n(1 user x 10 candidates per request; medians of {rounds} alternating rounds; concurrency 1 is the lone request)\n"
+open(os.path.join(out, "..", "batching.md"), "w").write(text)
+print(text)
+PY
