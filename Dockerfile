@@ -3,7 +3,7 @@ FROM rust:1.95-bookworm AS build
 WORKDIR /src
 RUN apt-get update -qq && apt-get install -y -qq python3 python3-pip >/dev/null
 COPY . .
-RUN cargo build --release --locked --bin hydrant --bin loadtest \
+RUN cargo build --release --locked --bin hydrant && cargo build --release --locked -p loadtest \
  && scripts/install-ort.sh cpu /opt/ort
 
 FROM debian:bookworm-slim

@@ -1,23 +1,35 @@
 #!/usr/bin/env bash
 # Rows/s with micro-batching vs one request per run, at several concurrencies, and the lone request's
 # p50/p99 with batching on vs off: two gateways over the same demo data, driven alternately in one run.
-#   scripts/bench-batching.sh [rounds]      -> target/loadtest/batching.md
+#   scripts/bench-batching.sh [rounds] [ctr|ctr_wide]   -> target/loadtest/batching-<model>.md
+# ctr is the demo model (tiny: the HTTP stack dominates); ctr_wide (loadtest/bench/make_wide.py) has the
+# same input and a 1024-wide body, so the forward pass dominates and batching has something to amortize.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-2}"
+model="${2:-ctr}"
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 work="$(mktemp -d)"
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT INT TERM
 
-cargo build --release --bin hydrant --bin loadtest
+cargo build --release --bin hydrant && cargo build --release -p loadtest
 bin=target/release
-out=target/loadtest/batching
+out="target/loadtest/batching-$model"
 mkdir -p "$out"
+# The schemas (plus ctr_wide when asked for) and the scenario aimed at the model.
+mkdir -p "$work/schemas"
+cp schemas/*.yaml "$work/schemas/"
+if [ "$model" = ctr_wide ]; then
+  sed -e 's/^name: ctr$/name: ctr_wide/' -e "s|^file: ctr.onnx .*|file: $PWD/loadtest/bench/ctr_wide.onnx|" \
+    schemas/ctr.yaml >"$work/schemas/ctr_wide.yaml"
+fi
+sed -e "s/^model = \"ctr\"/model = \"$model\"/" loadtest/scenarios/batching.toml >"$work/batching.toml"
+export HYDRANT_REGISTRY__SCHEMAS="$work/schemas"
 
-start() { # name batching
-  local port; port="$(free_port)"
+start() { # name batching -> sets $port (not in a subshell, so the trap can stop the gateway)
+  port="$(free_port)"
   export HYDRANT_STORE__EMBEDDED__PATH="$work/$1.redb"
   "$bin/hydrant" load --view user_profile demo/rows/user_profile.jsonl >/dev/null
   "$bin/hydrant" load --view item_stats demo/rows/item_stats.jsonl >/dev/null
@@ -25,19 +37,20 @@ start() { # name batching
     "$bin/hydrant" serve >"$work/$1.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 1 200); do curl -sf "http://127.0.0.1:$port/v2/health/ready" >/dev/null 2>&1 && break; sleep 0.05; done
-  echo "$port"
 }
-on="$(start on true)"
-off="$(start off false)"
+start on true
+on="$port"
+start off false
+off="$port"
 for r in $(seq 1 "$rounds"); do
   for side in on off; do
     port=$([ "$side" = on ] && echo "$on" || echo "$off")
-    "$bin/loadtest" run loadtest/scenarios/batching.toml --quiet --target "http://127.0.0.1:$port" --out-dir "$out/$side-$r" >/dev/null
+    "$bin/loadtest" run "$work/batching.toml" --quiet --target "http://127.0.0.1:$port" --out-dir "$out/$side-$r" >/dev/null
   done
 done
-python3 - "$out" "$rounds" <<'PY'
+python3 - "$out" "$rounds" "$model" <<'PY'
 import json, sys, os
-out, rounds = sys.argv[1], int(sys.argv[2])
+out, rounds, model = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 rows = {}
 for side in ("on", "off"):
     for r in range(1, rounds + 1):
@@ -53,7 +66,7 @@ for c in sorted(rows):
     on, off = rows[c]["on"], rows[c]["off"]
     ron, roff = med([x[0] for x in on]), med([x[0] for x in off])
     lines.append(f"| {c} | {ron:,.0f} | {roff:,.0f} | {ron / roff:.2f} | {med([x[1] for x in on])} µs | {med([x[1] for x in off])} µs | {med([x[2] for x in on])} µs | {med([x[2] for x in off])} µs |")
-text = "\n".join(lines) + f"\n\n(1 user x 10 candidates per request; medians of {rounds} alternating rounds; concurrency 1 is the lone request)\n"
-open(os.path.join(out, "..", "batching.md"), "w").write(text)
+text = f"model {model}\n\n" + "\n".join(lines) + f"\n\n(1 user x 10 candidates per request; medians of {rounds} alternating rounds; concurrency 1 is the lone request)\n"
+open(os.path.join(out, "..", f"batching-{model}.md"), "w").write(text)
 print(text)
 PY

@@ -19,7 +19,7 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-cargo build --release --bin hydrant --bin loadtest
+cargo build --release --bin hydrant && cargo build --release -p loadtest
 bin=target/release
 
 redis_port="$(free_port)"

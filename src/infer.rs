@@ -168,6 +168,7 @@ impl Engine {
                 info: info.clone(),
                 rx: rx.clone(),
                 depth: depth.clone(),
+                workers: n,
                 session,
                 batch: Vec::new(),
                 stats: stats.clone(),
@@ -425,6 +426,8 @@ struct Worker {
     stats: Arc<ModelStats>,
     queue_timeout: Duration,
     batching: bool,
+    /// Sessions (workers) of this model.
+    workers: usize,
 }
 
 impl Worker {
@@ -436,16 +439,21 @@ impl Worker {
         loop {
             let first = match carry.take() {
                 Some(j) => j,
-                None => match self.rx.recv() {
-                    Ok(j) => j,
-                    Err(_) => return, // queue closed and drained
-                },
+                None => {
+                    match self.rx.recv() {
+                        Ok(j) => j,
+                        Err(_) => return, // queue closed and drained
+                    }
+                }
             };
             self.depth.fetch_sub(1, Relaxed);
             let mut rows = first.rows;
             jobs.push(first);
             let wait_until = Instant::now() + max_delay;
-            while self.batching && rows < max_rows {
+            // Take a fair share of what is queued, not all of it: the other sessions, idle now or free soon,
+            // get theirs, so batching never turns N busy sessions into one busy session and N-1 idle ones.
+            let mut share = self.rx.len().div_ceil(self.workers);
+            while self.batching && rows < max_rows && (share > 0 || !max_delay.is_zero()) {
                 let next = match self.rx.try_recv() {
                     Ok(j) => Some(j),
                     Err(TryRecvError::Empty) if !max_delay.is_zero() => {
@@ -454,6 +462,7 @@ impl Worker {
                     Err(_) => None,
                 };
                 let Some(j) = next else { break };
+                share = share.saturating_sub(1);
                 self.depth.fetch_sub(1, Relaxed);
                 if rows + j.rows > max_rows {
                     carry = Some(j);

@@ -100,6 +100,8 @@ async fn a_full_queue_sheds_with_503_and_retry_after() {
     c.inference.default_sessions = 1;
     c.inference.max_queue = 1;
     c.inference.batching = false;
+    // Only the queue may refuse requests here, however slow the machine is.
+    c.limits.request_timeout = std::time::Duration::from_secs(120);
     let (store, dir) = demo_store().await;
     let app = Arc::new(TestApp::spawn_with(c, store, Some(dir)).await);
     let mut tasks = Vec::new();
@@ -142,6 +144,7 @@ async fn a_request_that_waits_past_the_queue_timeout_is_shed() {
     c.inference.default_sessions = 1;
     c.inference.batching = false;
     c.inference.queue_timeout = std::time::Duration::from_micros(200);
+    c.limits.request_timeout = std::time::Duration::from_secs(120);
     let (store, dir) = demo_store().await;
     let app = Arc::new(TestApp::spawn_with(c, store, Some(dir)).await);
     let mut tasks = Vec::new();
