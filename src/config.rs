@@ -21,6 +21,7 @@ pub struct Config {
     pub registry: RegistryConfig,
     pub limits: LimitsConfig,
     pub cache: CacheConfig,
+    pub prefetch: PrefetchConfig,
     pub inference: InferenceConfig,
     pub telemetry: TelemetryConfig,
 }
@@ -54,13 +55,33 @@ pub struct EmbeddedConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisConfig {
-    /// `redis://`, `rediss://` (TLS) or `redis+cluster://`; empty means the embedded store.
+    /// `redis://[user:pass@]host:port[/db]`, `rediss://` (TLS), `redis-cluster://host:port?node=host:port`
+    /// (`rediss-cluster://` with TLS); empty means the embedded store.
     pub url: String,
+    /// Connections, used round-robin.
     pub pool_size: usize,
+    /// How long start-up waits for the first connection (and each reconnection attempt may take).
     #[serde(with = "duration")]
     pub connect_timeout: Duration,
+    /// The longest a read may take at the client. Reads also stop at the view's `store.timeout` and the
+    /// request's deadline, whichever comes first.
     #[serde(with = "duration")]
     pub command_timeout: Duration,
+    /// The longest a batch write (loader, `POST /v1/views/{view}/rows`) may take.
+    #[serde(with = "duration")]
+    pub write_timeout: Duration,
+    /// Reconnection backoff: the first retry waits `reconnect_min_delay`, each next one twice as long, up to
+    /// `reconnect_max_delay`; retries never stop.
+    #[serde(with = "duration")]
+    pub reconnect_min_delay: Duration,
+    #[serde(with = "duration")]
+    pub reconnect_max_delay: Duration,
+    /// Commands queued in the client beyond this (Redis slow or reconnecting) fail at once instead of
+    /// queueing without bound.
+    pub max_command_buffer: usize,
+    /// PEM file of the CA(s) that signed the server's certificate, for `rediss://` with a private CA; empty
+    /// means the system's trusted roots.
+    pub tls_ca_file: PathBuf,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -93,6 +114,26 @@ pub struct LimitsConfig {
 pub struct CacheConfig {
     /// Memory budget of the feature cache, in bytes, across all views (entries are weighed by size).
     pub max_bytes: u64,
+}
+
+/// Warming the cache ahead of requests: `POST /v1/prefetch`, hot-key sampling and the warm start.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PrefetchConfig {
+    /// Prefetch batches fetched at once; a `POST /v1/prefetch` beyond this gets 429 with `Retry-After`.
+    pub max_concurrent: usize,
+    /// How many of each view's hottest keys a starting replica loads before it reports ready (0: none).
+    pub warm_top_k: usize,
+    /// The longest the warm start may hold readiness back; the replica turns ready when it is over.
+    #[serde(with = "duration")]
+    pub warm_timeout: Duration,
+    /// One lookup in this many records its key in the view's hot set (`{prefix}:hot:{view}`); 0 disables.
+    pub hot_sample_every: u64,
+    /// How often sampled keys are written to the hot sets (one pipelined round trip).
+    #[serde(with = "duration")]
+    pub hot_flush_interval: Duration,
+    /// Keys kept per hot set; the coldest are trimmed on each flush.
+    pub hot_keep: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -163,6 +204,24 @@ impl Default for RedisConfig {
             pool_size: 4,
             connect_timeout: Duration::from_secs(2),
             command_timeout: Duration::from_millis(50),
+            write_timeout: Duration::from_secs(5),
+            reconnect_min_delay: Duration::from_millis(20),
+            reconnect_max_delay: Duration::from_secs(1),
+            max_command_buffer: 10_000,
+            tls_ca_file: PathBuf::new(),
+        }
+    }
+}
+
+impl Default for PrefetchConfig {
+    fn default() -> Self {
+        Self {
+            max_concurrent: 8,
+            warm_top_k: 1000,
+            warm_timeout: Duration::from_secs(5),
+            hot_sample_every: 32,
+            hot_flush_interval: Duration::from_secs(1),
+            hot_keep: 10_000,
         }
     }
 }
@@ -330,6 +389,41 @@ impl Config {
                 "must be longer than 0".to_owned(),
             ));
         }
+        positive(
+            "store.redis.max_command_buffer",
+            self.store.redis.max_command_buffer,
+        )?;
+        positive("prefetch.max_concurrent", self.prefetch.max_concurrent)?;
+        positive("prefetch.hot_keep", self.prefetch.hot_keep)?;
+        for (key, d) in [
+            (
+                "store.redis.connect_timeout",
+                self.store.redis.connect_timeout,
+            ),
+            (
+                "store.redis.command_timeout",
+                self.store.redis.command_timeout,
+            ),
+            ("store.redis.write_timeout", self.store.redis.write_timeout),
+            (
+                "store.redis.reconnect_min_delay",
+                self.store.redis.reconnect_min_delay,
+            ),
+            (
+                "prefetch.hot_flush_interval",
+                self.prefetch.hot_flush_interval,
+            ),
+        ] {
+            if d.is_zero() {
+                return Err((key, "must be longer than 0".to_owned()));
+            }
+        }
+        if self.store.redis.reconnect_max_delay < self.store.redis.reconnect_min_delay {
+            return Err((
+                "store.redis.reconnect_max_delay",
+                "must not be shorter than store.redis.reconnect_min_delay".to_owned(),
+            ));
+        }
         if self.cache.max_bytes == 0 {
             return Err(("cache.max_bytes", "must be greater than 0".to_owned()));
         }
@@ -482,6 +576,34 @@ mod tests {
             .expect_err("must fail")
             .to_string();
         assert!(e.contains("telemetry.log_format"), "{e}");
+    }
+
+    #[test]
+    fn redis_and_prefetch_settings_are_checked() {
+        let c = Config::load(
+            None,
+            env(&[
+                ("HYDRANT_STORE__REDIS__WRITE_TIMEOUT", "3s"),
+                ("HYDRANT_PREFETCH__WARM_TOP_K", "50"),
+            ]),
+        )
+        .expect("valid");
+        assert_eq!(c.store.redis.write_timeout, Duration::from_secs(3));
+        assert_eq!(c.prefetch.warm_top_k, 50);
+        let e = Config::load(
+            None,
+            env(&[
+                ("HYDRANT_STORE__REDIS__RECONNECT_MIN_DELAY", "2s"),
+                ("HYDRANT_STORE__REDIS__RECONNECT_MAX_DELAY", "1s"),
+            ]),
+        )
+        .expect_err("max below min")
+        .to_string();
+        assert!(e.contains("store.redis.reconnect_max_delay"), "{e}");
+        let e = Config::load(None, env(&[("HYDRANT_PREFETCH__MAX_CONCURRENT", "0")]))
+            .expect_err("zero")
+            .to_string();
+        assert!(e.contains("prefetch.max_concurrent"), "{e}");
     }
 
     #[test]

@@ -39,6 +39,12 @@ pub enum ApiError {
     /// Load shed: the model's queue is full.
     #[error("{0}")]
     Overloaded(String),
+    /// Too many background jobs of this kind (prefetches) are running: retry later.
+    #[error("{0}")]
+    TooManyRequests(String),
+    /// The store failed a write (a read failure degrades the answer instead).
+    #[error("{0}")]
+    StoreUnavailable(String),
     /// The request's deadline or the gateway's request timeout passed.
     #[error("{0}")]
     Timeout(String),
@@ -81,9 +87,11 @@ impl ApiError {
             Self::NotFound { .. } => StatusCode::NOT_FOUND,
             Self::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            Self::Overloaded(_) | Self::Timeout(_) | Self::NotReady(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Self::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
+            Self::Overloaded(_)
+            | Self::Timeout(_)
+            | Self::NotReady(_)
+            | Self::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -96,6 +104,8 @@ impl ApiError {
             | Self::TooLarge { code, .. } => code,
             Self::UnsupportedMediaType(_) => "unsupported_media_type",
             Self::Overloaded(_) => "overloaded",
+            Self::TooManyRequests(_) => "too_many_requests",
+            Self::StoreUnavailable(_) => "store_unavailable",
             Self::Timeout(_) => "deadline_exceeded",
             Self::NotReady(_) => "not_ready",
             Self::Internal(_) => "internal",

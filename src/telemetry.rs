@@ -1,5 +1,5 @@
-//! Telemetry: per-request stage timings, per-view cache counters, per-model stage histograms, the
-//! `Server-Timing` header and logging set-up.
+//! Telemetry: per-request stage timings, per-view cache counters, per-model stage histograms, store round
+//! trips per backend, prefetch and invalidation counters, the `Server-Timing` header and logging set-up.
 //!
 //! Counters are plain atomics owned by the app (not a process-global recorder), so several gateways in one
 //! process, as in the integration tests, never mix their numbers.
@@ -100,6 +100,11 @@ pub struct ViewStats {
     pub bad_records: AtomicU64,
     pub degraded_timeout: AtomicU64,
     pub degraded_error: AtomicU64,
+    /// Background refreshes (refresh-ahead) by outcome: `hydrant_refresh_total{view,outcome}`. A key counts
+    /// once per refresh round trip it was part of.
+    pub refresh_ok: AtomicU64,
+    pub refresh_error: AtomicU64,
+    pub refresh_timeout: AtomicU64,
 }
 
 impl ViewStats {
@@ -385,6 +390,92 @@ impl ModelStats {
 
 /// (route, model, status) of `hydrant_request_duration_seconds`.
 pub type RequestKey = (&'static str, String, u16);
+/// How a store call ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreOutcome {
+    Ok,
+    Error,
+    Timeout,
+}
+
+/// Round trips to one store backend (`embedded`, `redis`), reads and writes apart:
+/// `hydrant_store_round_trips_total{backend,op,outcome}` and `hydrant_store_duration_seconds{backend,op}`.
+/// One read round trip carries all the misses of a request (or a refresh, prefetch or warm-start batch);
+/// `read_keys` counts the keys they carried.
+#[derive(Debug, Default)]
+pub struct StoreStats {
+    pub reads_ok: AtomicU64,
+    pub reads_error: AtomicU64,
+    pub reads_timeout: AtomicU64,
+    pub read_keys: AtomicU64,
+    pub read_duration: Histogram,
+    pub writes_ok: AtomicU64,
+    pub writes_error: AtomicU64,
+    pub writes_timeout: AtomicU64,
+    pub written_keys: AtomicU64,
+    pub write_duration: Histogram,
+}
+
+impl StoreStats {
+    /// Records one read round trip of `keys` keys that took `us` (timeouts are recorded at the timeout).
+    pub fn read(&self, outcome: StoreOutcome, keys: usize, us: u64) {
+        match outcome {
+            StoreOutcome::Ok => &self.reads_ok,
+            StoreOutcome::Error => &self.reads_error,
+            StoreOutcome::Timeout => &self.reads_timeout,
+        }
+        .fetch_add(1, Relaxed);
+        self.read_keys.fetch_add(keys as u64, Relaxed);
+        self.read_duration.observe_us(us);
+    }
+
+    pub fn write(&self, outcome: StoreOutcome, keys: usize, us: u64) {
+        match outcome {
+            StoreOutcome::Ok => &self.writes_ok,
+            StoreOutcome::Error => &self.writes_error,
+            StoreOutcome::Timeout => &self.writes_timeout,
+        }
+        .fetch_add(1, Relaxed);
+        self.written_keys.fetch_add(keys as u64, Relaxed);
+        self.write_duration.observe_us(us);
+    }
+}
+
+/// Prefetching (`POST /v1/prefetch`), warm start and hot-key sampling: `hydrant_prefetch_total{outcome}`,
+/// counted in keys (one key = one entity of one view).
+#[derive(Debug, Default)]
+pub struct PrefetchStats {
+    /// Keys accepted by `POST /v1/prefetch` (202).
+    pub accepted: AtomicU64,
+    /// Keys in prefetch requests refused with 429 because `prefetch.max_concurrent` batches were running.
+    pub rejected: AtomicU64,
+    /// Keys read from the store into the cache (found or not found).
+    pub fetched: AtomicU64,
+    /// Keys skipped because the cache already held them fresh.
+    pub cached: AtomicU64,
+    /// Keys whose fetch failed or timed out (the cache is left as it was).
+    pub failed: AtomicU64,
+    /// Keys prefetched by the warm start (also counted in `fetched`/`failed`).
+    pub warm_keys: AtomicU64,
+    /// Warm starts cut short by `prefetch.warm_timeout` or a store failure (the replica turned ready anyway).
+    pub warm_incomplete: AtomicU64,
+    /// Lookups sampled into the hot-key sets, and flushes of those samples that failed.
+    pub hot_samples: AtomicU64,
+    pub hot_flush_errors: AtomicU64,
+}
+
+/// Cache invalidation between replicas: `hydrant_invalidations_total{kind}`.
+#[derive(Debug, Default)]
+pub struct InvalidationStats {
+    /// Keys this replica announced as changed (writes through `POST /v1/views/{view}/rows`).
+    pub published_keys: AtomicU64,
+    /// Announcements that failed (the keys are then fresh everywhere only after the view's `cache.ttl`).
+    pub publish_errors: AtomicU64,
+    /// Keys dropped from this replica's cache on another replica's (or the loader's) announcement.
+    pub received_keys: AtomicU64,
+    /// Whole-cache flushes: the invalidation subscription (re)connected, so messages may have been missed.
+    pub flushes: AtomicU64,
+}
 
 /// All counters of one gateway.
 #[derive(Debug, Default)]
@@ -394,6 +485,9 @@ pub struct Telemetry {
     /// `hydrant_request_duration_seconds` by (route, model, status).
     requests: RwLock<HashMap<RequestKey, Arc<Histogram>>>,
     started: OnceStart,
+    stores: RwLock<HashMap<&'static str, Arc<StoreStats>>>,
+    pub prefetch: PrefetchStats,
+    pub invalidation: InvalidationStats,
 }
 
 /// When the telemetry (so the gateway) started.
@@ -455,6 +549,25 @@ impl Telemetry {
 
     pub fn uptime_s(&self) -> f64 {
         self.started.0.elapsed().as_secs_f64()
+    }
+
+    /// The round-trip counters of a store backend, created on first use.
+    pub fn store(&self, backend: &'static str) -> Arc<StoreStats> {
+        if let Some(s) = self.stores.read().get(backend) {
+            return s.clone();
+        }
+        self.stores.write().entry(backend).or_default().clone()
+    }
+
+    pub fn stores(&self) -> Vec<(&'static str, Arc<StoreStats>)> {
+        let mut v: Vec<_> = self
+            .stores
+            .read()
+            .iter()
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(b.0));
+        v
     }
 
     pub fn views(&self) -> Vec<(String, Arc<ViewStats>)> {
