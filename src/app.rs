@@ -31,9 +31,9 @@ pub struct Application {
 }
 
 /// Opens the configured store: Redis when `store.redis.url` is set, else the embedded file.
-pub fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
+pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
     if !config.store.redis.url.is_empty() {
-        anyhow::bail!("store.redis.url is set, but this build serves the embedded store only");
+        return crate::store::redis::open(&config.store.redis, &config.store.prefix).await;
     }
     Ok(Arc::new(EmbeddedStore::open(&config.store.embedded.path)?))
 }
@@ -62,7 +62,7 @@ pub fn load_models(
 
 impl Application {
     pub async fn build(config: Config) -> anyhow::Result<Self> {
-        let store = open_store(&config)?;
+        let store = open_store(&config).await?;
         Self::build_with_store(config, store, Clock::default()).await
     }
 

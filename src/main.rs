@@ -125,7 +125,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     known.join(", ")
                 )
             })?;
-            let store = open_store(&config)?;
+            let store = open_store(&config).await?;
             let mut failed = false;
             for file in files {
                 let f = std::fs::File::open(&file)

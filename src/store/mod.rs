@@ -3,14 +3,22 @@
 //! A store maps full keys (`{prefix}:{view}:{entity_key}`) to encoded [`crate::value::Record`]s. Reads come in
 //! batches so a whole request's misses cost one round trip; writes come in batches so a bulk load is atomic
 //! per batch.
+//!
+//! A store shared by several replicas (Redis) also carries what the replicas tell each other: which keys a
+//! write changed (so each drops them from its cache) and which keys are hot (so a starting replica can load
+//! them before it reports ready). The trait's defaults do nothing, which is right for a store only one
+//! process reads.
 
 pub mod embedded;
+pub mod redis;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use embedded::EmbeddedStore;
+pub use redis::RedisStore;
 
 /// A boxed future, so stores can sit behind `dyn Store`.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -45,6 +53,61 @@ pub trait Store: Send + Sync + 'static {
         writes: Writes,
         ttl: Option<Duration>,
     ) -> BoxFuture<'_, Result<(), StoreError>>;
+
+    /// Tells every replica that `keys` changed, so each drops them from its cache.
+    fn publish_invalidations<'a>(
+        &'a self,
+        _keys: &'a [String],
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    /// Delivers other replicas' [`Invalidation`]s to `sink` from now on, for as long as the store lives;
+    /// resolves once subscribed. After the subscription reconnects it delivers [`Invalidation::All`]: messages
+    /// sent while it was down are lost.
+    fn subscribe_invalidations(
+        &self,
+        _sink: InvalidationSink,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    /// Adds sampled lookup counts to the views' hot sets, keeping the `keep` hottest keys of each.
+    fn record_hot<'a>(
+        &'a self,
+        _counts: &'a [HotCounts],
+        _keep: usize,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    /// The `k` hottest entity keys of `view`, hottest first.
+    fn hottest<'a>(
+        &'a self,
+        _view: &'a str,
+        _k: usize,
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+}
+
+/// What changed in the store, as one replica tells the others.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Invalidation {
+    /// These full keys were written.
+    Keys(Vec<String>),
+    /// Announcements may have been missed: anything may have changed.
+    All,
+}
+
+/// Where a store delivers invalidations. Called on the subscriber's task: it must not block.
+pub type InvalidationSink = Arc<dyn Fn(Invalidation) + Send + Sync>;
+
+/// Sampled lookups of one view: entity keys and how often each was sampled.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HotCounts {
+    pub view: String,
+    pub keys: Vec<(String, u32)>,
 }
 
 /// The store key of an entity in a view. View names never contain `:`, so no entity key, whatever

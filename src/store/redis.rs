@@ -1,0 +1,493 @@
+//! The Redis store: a pool of fred clients, reading a request's misses in one pipelined round trip, writing
+//! batches atomically, and carrying the replicas' invalidations and hot-key sets.
+//!
+//! Round trips. A standalone server gets one `MGET` for all the keys of a read and one `MULTI`/`EXEC` of
+//! `SET ... PX` for a write batch. A cluster refuses `MGET` and `MULTI` across hash slots (`CROSSSLOT`), so
+//! there a read is pipelined `GET`s and a write pipelined `SET`s: fred routes each command to the node owning
+//! its slot and sends each node its share at once, so a read still costs one round trip (to every node
+//! concerned, in parallel), but a cluster write batch is atomic per key only.
+//!
+//! Failure. Reads fail fast: no queueing behind a reconnection, no retry, and a timeout of
+//! `store.redis.command_timeout`, because a read that misses its deadline is worth nothing to the request
+//! waiting for it (the hydrator serves stale values or defaults instead). Writes wait up to
+//! `store.redis.write_timeout` and are retried on a new connection, since a `SET` is idempotent. The pool
+//! reconnects forever with exponential backoff, and at most `store.redis.max_command_buffer` commands queue
+//! in a client, so a slow Redis turns into fast errors rather than memory growth.
+//!
+//! Invalidation goes over the pub/sub channel `{prefix}:invalidate`, one message per written batch holding
+//! its keys separated by `\n` (entity keys never hold control characters). Redis client-side tracking
+//! (`CLIENT TRACKING ... BCAST`) would also see writes made around hydrant, but fred 10.1's
+//! `start_tracking` sends BCAST tracking to a single cluster node, which only reports its own keys, so on a
+//! cluster most invalidations would be lost; pub/sub works the same on every deployment. Pub/sub delivers at
+//! most once, so when the subscription reconnects the subscriber reports [`Invalidation::All`].
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use bytes::Bytes;
+use fred::prelude::{
+    Builder, ClientLike, Config as FredConfig, Error as FredError, ErrorKind, EventInterface,
+    Expiration, KeysInterface, Options, Pool, PubsubInterface, ReconnectPolicy, SetOptions,
+    SortedSetsInterface, TransactionInterface, Value,
+};
+use fred::types::config::{TlsConnector, UnresponsiveConfig};
+use parking_lot::Mutex;
+use tokio::sync::broadcast::error::RecvError;
+
+use super::{BoxFuture, HotCounts, Invalidation, InvalidationSink, Store, StoreError, Writes};
+use crate::config::RedisConfig;
+
+/// How often (in hot-set flushes) a replica offers to decay the hot sets, and how long the decay lock is
+/// held: scores halve about once a minute, whichever replica gets there first.
+const DECAY_EVERY_FLUSHES: u64 = 60;
+const DECAY_LOCK: Duration = Duration::from_secs(60);
+
+pub struct RedisStore {
+    pool: Pool,
+    /// Cluster deployments get pipelined GET/SET instead of MGET and MULTI (see the module doc).
+    clustered: bool,
+    /// Options of every read: fail fast, one attempt, `command_timeout`.
+    read: Options,
+    /// The fred configuration, to open the subscriber's own connection with the same settings.
+    builder: Builder,
+    prefix: String,
+    channel: String,
+    flushes: AtomicU64,
+    /// Stops the invalidation subscriber's tasks (which then close its connection); set by
+    /// `subscribe_invalidations`.
+    subscriber: Mutex<Option<tokio::sync::watch::Sender<bool>>>,
+}
+
+impl RedisStore {
+    /// Connects the pool, failing when Redis does not answer within `connect_timeout`.
+    pub async fn connect(cfg: &RedisConfig, prefix: &str) -> anyhow::Result<Self> {
+        let mut config = FredConfig::from_url(&cfg.url).map_err(|e| {
+            // fred's message never echoes the URL, which may hold a password.
+            anyhow::anyhow!("store.redis.url is not a valid Redis URL: {}", e.details())
+        })?;
+        // Start-up reports a Redis it cannot reach rather than serving defaults from a cold cache.
+        config.fail_fast = true;
+        if !cfg.tls_ca_file.as_os_str().is_empty() {
+            if config.tls.is_none() {
+                anyhow::bail!(
+                    "store.redis.tls_ca_file is set, but store.redis.url is not a TLS URL (rediss://)"
+                );
+            }
+            config.tls = Some(tls_trusting(&cfg.tls_ca_file)?.into());
+        }
+        let mut builder = Builder::from_config(config);
+        let ms = |d: Duration| u32::try_from(d.as_millis()).unwrap_or(u32::MAX);
+        builder
+            .set_policy(ReconnectPolicy::new_exponential(
+                0,
+                ms(cfg.reconnect_min_delay),
+                ms(cfg.reconnect_max_delay),
+                2,
+            ))
+            .with_connection_config(|c| {
+                c.connection_timeout = cfg.connect_timeout;
+                c.internal_command_timeout = cfg.connect_timeout;
+                c.max_command_buffer_len = cfg.max_command_buffer;
+                // A connection that stops answering (a frozen server, a half-open socket) is closed and
+                // reconnected; for the subscriber this is how a dead subscription is noticed.
+                let stuck = cfg.connect_timeout.max(Duration::from_secs(1));
+                c.unresponsive = UnresponsiveConfig {
+                    max_timeout: Some(stuck),
+                    interval: stuck / 4,
+                };
+            })
+            .with_performance_config(|p| {
+                p.default_command_timeout = cfg.write_timeout;
+                // Room for bursts of invalidation messages before the subscriber would lag (and flush).
+                p.broadcast_channel_capacity = 1024;
+            });
+        let pool = builder
+            .build_pool(cfg.pool_size)
+            .map_err(|e| anyhow::anyhow!("store.redis: {}", e.details()))?;
+        match tokio::time::timeout(cfg.connect_timeout, pool.init()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                anyhow::bail!("cannot connect to Redis (store.redis.url): {e}");
+            }
+            Err(_) => {
+                // Stop the connection attempts still running in the background.
+                let _ = pool.quit().await;
+                anyhow::bail!(
+                    "Redis (store.redis.url) did not answer within {:?} (store.redis.connect_timeout)",
+                    cfg.connect_timeout
+                );
+            }
+        }
+        let clustered = pool.is_clustered();
+        Ok(Self {
+            pool,
+            clustered,
+            read: Options {
+                timeout: Some(cfg.command_timeout),
+                max_attempts: Some(1),
+                fail_fast: true,
+                ..Options::default()
+            },
+            builder,
+            prefix: prefix.to_owned(),
+            channel: format!("{prefix}:invalidate"),
+            flushes: AtomicU64::new(0),
+            subscriber: Mutex::new(None),
+        })
+    }
+
+    /// The pub/sub channel invalidations travel on.
+    pub fn channel(&self) -> &str {
+        &self.channel
+    }
+
+    fn hot_key(&self, view: &str) -> String {
+        format!("{}:hot:{view}", self.prefix)
+    }
+
+    async fn read(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let client = self.pool.next_connected();
+        if !self.clustered {
+            let reply: Value = client
+                .with_options(&self.read)
+                .mget(keys.iter().map(String::as_str).collect::<Vec<_>>())
+                .await
+                .map_err(store_error)?;
+            return match reply {
+                Value::Array(items) => items.into_iter().map(record_bytes).collect(),
+                other => Err(StoreError::Io(format!(
+                    "MGET answered {:?}, not an array",
+                    other.kind()
+                ))),
+            };
+        }
+        let pipeline = client.pipeline().with_options(&self.read);
+        for k in keys {
+            let _: () = pipeline.get(k.as_str()).await.map_err(store_error)?;
+        }
+        let mut out = Vec::with_capacity(keys.len());
+        for r in pipeline.try_all::<Value>().await {
+            out.push(match r {
+                Ok(v) => record_bytes(v)?,
+                // Another type stored at the key reads as absent, as MGET answers it on a standalone server.
+                Err(e) if e.details().starts_with("WRONGTYPE") => None,
+                Err(e) => return Err(store_error(e)),
+            });
+        }
+        Ok(out)
+    }
+
+    async fn write(&self, writes: Writes, ttl: Option<Duration>) -> Result<(), StoreError> {
+        let expire = ttl.map(|t| Expiration::PX(i64::try_from(t.as_millis()).unwrap_or(i64::MAX)));
+        if self.clustered {
+            let pipeline = self.pool.next().pipeline();
+            for (k, v) in writes {
+                let _: () = pipeline
+                    .set(k, Value::Bytes(Bytes::from(v)), expire.clone(), None, false)
+                    .await
+                    .map_err(store_error)?;
+            }
+            for r in pipeline.try_all::<Value>().await {
+                r.map_err(store_error)?;
+            }
+            return Ok(());
+        }
+        let tx = self.pool.next().multi();
+        for (k, v) in writes {
+            let _: () = tx
+                .set(k, Value::Bytes(Bytes::from(v)), expire.clone(), None, false)
+                .await
+                .map_err(store_error)?;
+        }
+        let _: Value = tx.exec(true).await.map_err(store_error)?;
+        Ok(())
+    }
+
+    async fn publish(&self, keys: &[String]) -> Result<(), StoreError> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let message = keys.join("\n");
+        let _: i64 = self
+            .pool
+            .next()
+            .publish(self.channel.as_str(), message)
+            .await
+            .map_err(store_error)?;
+        Ok(())
+    }
+
+    async fn subscribe(&self, sink: InvalidationSink) -> Result<(), StoreError> {
+        let sub = self
+            .builder
+            .build_subscriber_client()
+            .map_err(store_error)?;
+        sub.init().await.map_err(store_error)?;
+        sub.subscribe(self.channel.as_str())
+            .await
+            .map_err(store_error)?;
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        // Heartbeat: an idle subscription has no command in flight, so a dead socket would go unnoticed. An
+        // unanswered PING trips the unresponsive check, which reconnects, which flushes (below).
+        {
+            let sub = sub.clone();
+            let mut stop = stop_rx.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(1));
+                loop {
+                    tokio::select! {
+                        _ = stop.changed() => break,
+                        _ = tick.tick() => {
+                            let _ = sub.ping::<Value>(None).await;
+                        }
+                    }
+                }
+            });
+        }
+        let mut messages = sub.message_rx();
+        // Taken after `init`, so the first connection's event has passed: every event is a reconnection.
+        let mut reconnects = sub.reconnect_rx();
+        let task_sub = sub.clone();
+        let mut stop = stop_rx;
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = stop.changed() => break,
+                    m = messages.recv() => match m {
+                        Ok(m) => {
+                            let keys = match m.value {
+                                Value::String(s) => split_keys(&s),
+                                Value::Bytes(b) => split_keys(&String::from_utf8_lossy(&b)),
+                                _ => Vec::new(),
+                            };
+                            if !keys.is_empty() {
+                                sink(Invalidation::Keys(keys));
+                            }
+                        }
+                        // The task fell behind and messages were dropped.
+                        Err(RecvError::Lagged(_)) => sink(Invalidation::All),
+                        Err(RecvError::Closed) => break,
+                    },
+                    r = reconnects.recv() => match r {
+                        Ok(_) | Err(RecvError::Lagged(_)) => {
+                            // Resubscribe first, so nothing written after the flush can be missed.
+                            if let Err(e) = task_sub.resubscribe_all().await {
+                                tracing::warn!("invalidation channel: resubscribing failed: {e}");
+                            }
+                            tracing::info!("invalidation channel reconnected: flushing the feature cache");
+                            sink(Invalidation::All);
+                        }
+                        Err(RecvError::Closed) => break,
+                    },
+                }
+            }
+            let _ = task_sub.quit().await;
+        });
+        if let Some(old) = self.subscriber.lock().replace(stop_tx) {
+            let _ = old.send(true);
+        }
+        Ok(())
+    }
+
+    async fn incr_hot(&self, counts: &[HotCounts], keep: usize) -> Result<(), StoreError> {
+        let pipeline = self.pool.next().pipeline();
+        let keep = i64::try_from(keep).unwrap_or(i64::MAX);
+        for c in counts.iter().filter(|c| !c.keys.is_empty()) {
+            let key = self.hot_key(&c.view);
+            for (member, n) in &c.keys {
+                let _: () = pipeline
+                    .zincrby(key.as_str(), f64::from(*n), member.as_str())
+                    .await
+                    .map_err(store_error)?;
+            }
+            // Ranks ascend with the score: drop everything below the `keep` hottest.
+            let _: () = pipeline
+                .zremrangebyrank(key.as_str(), 0, -keep - 1)
+                .await
+                .map_err(store_error)?;
+        }
+        let _: Value = pipeline.all().await.map_err(store_error)?;
+        if self.flushes.fetch_add(1, Relaxed) % DECAY_EVERY_FLUSHES == DECAY_EVERY_FLUSHES - 1 {
+            self.decay_hot(counts).await?;
+        }
+        Ok(())
+    }
+
+    /// Halves the hot sets' scores, so yesterday's hot keys give way; at most once per [`DECAY_LOCK`] across
+    /// all replicas (the first to set the lock key does it).
+    async fn decay_hot(&self, counts: &[HotCounts]) -> Result<(), StoreError> {
+        let client = self.pool.next();
+        let lock = format!("{}:hot-decay", self.prefix);
+        let won: Option<String> = client
+            .set(
+                lock.as_str(),
+                "1",
+                Some(Expiration::PX(DECAY_LOCK.as_millis() as i64)),
+                Some(SetOptions::NX),
+                false,
+            )
+            .await
+            .map_err(store_error)?;
+        if won.is_none() {
+            return Ok(());
+        }
+        let pipeline = client.pipeline();
+        for c in counts {
+            let key = self.hot_key(&c.view);
+            let _: () = pipeline
+                .zunionstore(key.as_str(), key.as_str(), 0.5, None)
+                .await
+                .map_err(store_error)?;
+        }
+        let _: Value = pipeline.all().await.map_err(store_error)?;
+        Ok(())
+    }
+
+    async fn top(&self, view: &str, k: usize) -> Result<Vec<String>, StoreError> {
+        if k == 0 {
+            return Ok(Vec::new());
+        }
+        let stop = i64::try_from(k).unwrap_or(i64::MAX) - 1;
+        self.pool
+            .next_connected()
+            .zrevrange(self.hot_key(view), 0, stop, false)
+            .await
+            .map_err(store_error)
+    }
+}
+
+impl Drop for RedisStore {
+    fn drop(&mut self) {
+        if let Some(stop) = self.subscriber.lock().take() {
+            let _ = stop.send(true);
+        }
+        // Close the pool's connections; without a runtime (process exit) there is nothing left to close.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let pool = self.pool.clone();
+            rt.spawn(async move {
+                let _ = pool.quit().await;
+            });
+        }
+    }
+}
+
+/// A rustls connector that trusts the CA certificates of a PEM file (and nothing else).
+fn tls_trusting(path: &std::path::Path) -> anyhow::Result<TlsConnector> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let bad = |e: &dyn std::fmt::Display| {
+        anyhow::anyhow!(
+            "store.redis.tls_ca_file {}: not a readable PEM file of certificates: {e}",
+            path.display()
+        )
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(path).map_err(|e| bad(&e))? {
+        roots.add(cert.map_err(|e| bad(&e))?).map_err(|e| bad(&e))?;
+    }
+    if roots.is_empty() {
+        return Err(bad(&"it holds no certificate"));
+    }
+    let config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(config.into())
+}
+
+fn split_keys(s: &str) -> Vec<String> {
+    s.split('\n')
+        .filter(|k| !k.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// One reply of a read: the record's bytes, or `None` for a missing key.
+fn record_bytes(v: Value) -> Result<Option<Vec<u8>>, StoreError> {
+    match v {
+        Value::Null => Ok(None),
+        Value::Bytes(b) => Ok(Some(b.to_vec())),
+        Value::String(s) => Ok(Some(s.as_bytes().to_vec())),
+        other => Err(StoreError::Io(format!(
+            "a read answered {:?}, not a string",
+            other.kind()
+        ))),
+    }
+}
+
+fn store_error(e: FredError) -> StoreError {
+    match e.kind() {
+        ErrorKind::Timeout => StoreError::Timeout,
+        // Canceled: fail-fast while disconnected; Backpressure: the command buffer is full.
+        ErrorKind::Canceled | ErrorKind::Backpressure | ErrorKind::IO => {
+            StoreError::Unavailable(e.to_string())
+        }
+        _ => StoreError::Io(e.to_string()),
+    }
+}
+
+impl Store for RedisStore {
+    fn backend(&self) -> &'static str {
+        "redis"
+    }
+
+    fn get_many<'a>(
+        &'a self,
+        keys: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<Option<Vec<u8>>>, StoreError>> {
+        Box::pin(async move {
+            if keys.is_empty() {
+                return Ok(Vec::new());
+            }
+            self.read(keys).await
+        })
+    }
+
+    fn put_many(
+        &self,
+        writes: Writes,
+        ttl: Option<Duration>,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            if writes.is_empty() {
+                return Ok(());
+            }
+            self.write(writes, ttl).await
+        })
+    }
+
+    fn publish_invalidations<'a>(
+        &'a self,
+        keys: &'a [String],
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.publish(keys))
+    }
+
+    fn subscribe_invalidations(
+        &self,
+        sink: InvalidationSink,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(self.subscribe(sink))
+    }
+
+    fn record_hot<'a>(
+        &'a self,
+        counts: &'a [HotCounts],
+        keep: usize,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.incr_hot(counts, keep))
+    }
+
+    fn hottest<'a>(
+        &'a self,
+        view: &'a str,
+        k: usize,
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        Box::pin(self.top(view, k))
+    }
+}
+
+/// The store as a shared trait object (what [`crate::app::open_store`] hands out).
+pub async fn open(cfg: &RedisConfig, prefix: &str) -> anyhow::Result<Arc<dyn Store>> {
+    Ok(Arc::new(RedisStore::connect(cfg, prefix).await?))
+}
