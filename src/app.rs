@@ -1,5 +1,8 @@
 //! Start-up and shutdown: builds a [`Gateway`] from a [`Config`] (schemas, store, cache, model sessions),
 //! binds the listener, and serves until a shutdown signal, draining in-flight requests.
+//!
+//! With a shared store (Redis) start-up also subscribes to the replicas' invalidations, starts the hot-key
+//! flusher, and warms the cache from the hot keys before the gateway reports ready.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -16,6 +19,7 @@ use crate::config::Config;
 use crate::gateway::Gateway;
 use crate::hydrate::Hydrator;
 use crate::infer::{self, Engine};
+use crate::prefetch::{self, HotKeys, Prefetcher};
 use crate::schema::Registry;
 use crate::store::{EmbeddedStore, Store};
 use crate::telemetry::Telemetry;
@@ -84,7 +88,29 @@ impl Application {
             telemetry.clone(),
             config.store.prefix.clone(),
         );
-        let hydrator = Hydrator::new(store, cache, config.store.prefix.clone(), telemetry.clone());
+        let hydrator = Hydrator::new(
+            store.clone(),
+            cache,
+            config.store.prefix.clone(),
+            telemetry.clone(),
+            HotKeys::new(config.prefetch.hot_sample_every),
+        );
+        // Subscribed before anything is cached, so no write made from here on can be missed.
+        let weak = Arc::downgrade(&hydrator);
+        store
+            .subscribe_invalidations(Arc::new(move |inv| {
+                if let Some(h) = weak.upgrade() {
+                    h.apply(inv);
+                }
+            }))
+            .await
+            .context("cannot subscribe to the store's invalidation channel")?;
+        prefetch::spawn_hot_flusher(
+            Arc::downgrade(&hydrator),
+            config.prefetch.hot_flush_interval,
+            config.prefetch.hot_keep,
+        );
+        let prefetcher = Prefetcher::new(config.prefetch.max_concurrent);
         let listener = TcpListener::bind(config.server.bind)
             .await
             .with_context(|| format!("cannot listen on {} (server.bind)", config.server.bind))?;
@@ -95,9 +121,25 @@ impl Application {
             hydrator,
             telemetry,
             ready: AtomicBool::new(false),
+            prefetcher,
         });
         let router = crate::api::router(gateway.clone());
-        gateway.ready.store(true, Relaxed);
+        // Warm start while already serving: `/v2/health/ready` answers 503 until the hottest keys are
+        // cached or `prefetch.warm_timeout` is over, whichever comes first.
+        let gw = gateway.clone();
+        tokio::spawn(async move {
+            let warmed =
+                prefetch::warm_start(&gw.hydrator, &gw.registry, &gw.config.prefetch).await;
+            if warmed.keys.fetched > 0 || warmed.incomplete {
+                tracing::info!(
+                    keys = warmed.keys.fetched,
+                    failed = warmed.keys.failed,
+                    incomplete = warmed.incomplete,
+                    "warm start done"
+                );
+            }
+            gw.ready.store(true, Relaxed);
+        });
         Ok(Self {
             listener,
             router,

@@ -32,6 +32,8 @@ pub struct Gateway {
     pub telemetry: Arc<Telemetry>,
     /// False until models are loaded (and, with warm start, the cache is warm).
     pub ready: AtomicBool,
+    /// Bounds the background prefetches (`POST /v1/prefetch`).
+    pub prefetcher: crate::prefetch::Prefetcher,
 }
 
 impl Gateway {

@@ -9,10 +9,18 @@
 //! deadline) never leaves followers waiting on a fetch nobody finishes. When the store fails or misses its
 //! deadline, an expired entry still within `max_staleness` is served as `STALE`, else the defaults as
 //! `DEFAULTED`; the answer is flagged `degraded` and never fails.
+//!
+//! Invalidation (a write through any replica) drops the key from the cache *and* from the in-flight map:
+//! a fetch that was already reading the key may carry the value from before the write, so its result is
+//! still handed to the requests waiting on it but is not cached. Both happen under the in-flight lock, so
+//! no interleaving of a fetch's completion and an invalidation can leave the old value cached.
+//!
+//! Also here: [`Hydrator::prefetch`], the same single-flight fetch for keys nobody waits on yet (the
+//! prefetch API and the warm start), and the hot-key sampling of lookups ([`crate::prefetch::HotKeys`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -20,9 +28,10 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::cache::{Entry, FeatureCache, Found, Lookup};
+use crate::prefetch::HotKeys;
 use crate::schema::View;
-use crate::store::{Store, StoreError, write_key};
-use crate::telemetry::Telemetry;
+use crate::store::{Invalidation, Store, StoreError, write_key};
+use crate::telemetry::{StoreOutcome, StoreStats, Telemetry, us_since};
 use crate::value::Record;
 
 /// How an entity's features were served (DESIGN.md's feature statuses, per entity).
@@ -80,15 +89,45 @@ enum Fail {
 /// What a fetch produced for one key: the entry to cache and serve, or a failure.
 type Outcome = Result<Arc<Entry>, Fail>;
 
+/// Why a fetch runs: a request waits on it, it refreshes a value still being served, or it warms the cache
+/// (off any request's path, so it may take until the prefetch's own deadline).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Purpose {
+    Request,
+    Refresh,
+    Prefetch { until: Instant },
+}
+
+/// A fetch in flight for one key: its id (so a completing fetch knows whether an invalidation superseded
+/// it) and the channel its result is published on.
+struct Flight {
+    id: u64,
+    rx: watch::Receiver<Option<Outcome>>,
+}
+
+/// What a prefetch did, in keys.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Prefetched {
+    /// Read from the store (found or not).
+    pub fetched: u32,
+    /// Already fresh in the cache: not read.
+    pub cached: u32,
+    /// The store failed or timed out.
+    pub failed: u32,
+}
+
 /// Resolves features for requests; shared by all requests of a gateway.
 pub struct Hydrator {
     store: Arc<dyn Store>,
+    store_stats: Arc<StoreStats>,
     cache: FeatureCache,
     prefix: String,
     telemetry: Arc<Telemetry>,
-    /// Keys being fetched now, with the channel their result will be published on. The lock is held only
-    /// to look up or insert, never across an await.
-    inflight: Mutex<HashMap<Box<str>, watch::Receiver<Option<Outcome>>>>,
+    hot: HotKeys,
+    /// Keys being fetched now. The lock is held only to look up, insert or remove, and (on completion) to
+    /// fill the cache, never across an await; it orders completions against invalidations.
+    inflight: Mutex<HashMap<Box<str>, Flight>>,
+    next_flight: AtomicU64,
     /// Keys whose unreadable record was already logged (bounded), so a bad hot key logs once.
     logged_bad: Mutex<HashSet<Box<str>>>,
 }
@@ -106,6 +145,7 @@ struct Pending {
 struct FetchItem {
     key: String,
     view: Arc<View>,
+    id: u64,
     tx: watch::Sender<Option<Outcome>>,
 }
 
@@ -115,15 +155,59 @@ impl Hydrator {
         cache: FeatureCache,
         prefix: String,
         telemetry: Arc<Telemetry>,
+        hot: HotKeys,
     ) -> Arc<Self> {
         Arc::new(Self {
+            store_stats: telemetry.store(store.backend()),
             store,
             cache,
             prefix,
             telemetry,
+            hot,
             inflight: Mutex::new(HashMap::new()),
+            next_flight: AtomicU64::new(0),
             logged_bad: Mutex::new(HashSet::new()),
         })
+    }
+
+    pub fn hot_keys(&self) -> &HotKeys {
+        &self.hot
+    }
+
+    pub fn telemetry(&self) -> &Arc<Telemetry> {
+        &self.telemetry
+    }
+
+    /// Drops `keys` (written elsewhere) from the cache; a fetch of one of them already in flight is still
+    /// answered but not cached.
+    pub fn invalidate(&self, keys: &[String]) {
+        let mut inflight = self.inflight.lock();
+        for k in keys {
+            inflight.remove(k.as_str());
+            self.cache.invalidate(k);
+        }
+    }
+
+    /// Drops everything cached (the invalidation channel was down: writes may have been missed).
+    pub fn invalidate_all(&self) {
+        let mut inflight = self.inflight.lock();
+        inflight.clear();
+        self.cache.invalidate_all();
+    }
+
+    /// Applies an invalidation received from another replica.
+    pub fn apply(&self, inv: Invalidation) {
+        let stats = &self.telemetry.invalidation;
+        match inv {
+            Invalidation::Keys(keys) => {
+                stats.received_keys.fetch_add(keys.len() as u64, Relaxed);
+                self.invalidate(&keys);
+            }
+            Invalidation::All => {
+                stats.flushes.fetch_add(1, Relaxed);
+                self.invalidate_all();
+            }
+        }
     }
 
     pub fn cache(&self) -> &FeatureCache {
@@ -150,11 +234,13 @@ impl Hydrator {
         };
         let mut pending: Vec<Pending> = Vec::new();
         let mut to_fetch: Vec<FetchItem> = Vec::new();
+        let mut to_refresh: Vec<FetchItem> = Vec::new();
         let mut key = String::with_capacity(64);
         for (vi, (view, keys)) in views.iter().enumerate() {
             let stats = self.telemetry.view(&view.name);
             let mut rows = Vec::with_capacity(keys.len());
             for (ri, k) in keys.iter().enumerate() {
+                self.hot.sample(&view.name, k);
                 write_key(&mut key, &self.prefix, &view.name, k);
                 let old = match self.cache.lookup(&key, &view.policy) {
                     Lookup::Fresh(e) => {
@@ -170,7 +256,8 @@ impl Hydrator {
                     Lookup::RefreshDue(e) => {
                         stats.stale.fetch_add(1, Relaxed);
                         out.cache.stale += 1;
-                        self.refresh(&key, view);
+                        // Joining a refresh already in flight starts nothing; the receiver is not needed.
+                        drop(self.join_or_lead(&key, view, &mut to_refresh));
                         rows.push(self.resolve(view, Some(e)));
                         continue;
                     }
@@ -194,8 +281,12 @@ impl Hydrator {
             }
             out.views.push(rows);
         }
+        // All of a request's refreshes share one background round trip, like its misses.
+        if !to_refresh.is_empty() {
+            self.spawn_fetch(to_refresh, Purpose::Refresh);
+        }
         if !to_fetch.is_empty() {
-            self.spawn_fetch(to_fetch);
+            self.spawn_fetch(to_fetch, Purpose::Request);
         }
         for p in pending {
             let view = views[p.view].0;
@@ -263,42 +354,73 @@ impl Hydrator {
         to_fetch: &mut Vec<FetchItem>,
     ) -> watch::Receiver<Option<Outcome>> {
         let mut inflight = self.inflight.lock();
-        if let Some(rx) = inflight.get(key) {
-            return rx.clone();
+        if let Some(f) = inflight.get(key) {
+            return f.rx.clone();
         }
         let (tx, rx) = watch::channel(None);
-        inflight.insert(key.into(), rx.clone());
+        let id = self.next_flight.fetch_add(1, Relaxed);
+        inflight.insert(key.into(), Flight { id, rx: rx.clone() });
         to_fetch.push(FetchItem {
             key: key.to_owned(),
             view: view.clone(),
+            id,
             tx,
         });
         rx
     }
 
-    /// Starts a background refresh of `key` unless one is already in flight (best-effort: a failed refresh
-    /// leaves the cached value, which expires by its ttl).
-    fn refresh(self: &Arc<Self>, key: &str, view: &Arc<View>) {
-        let mut items = Vec::new();
-        drop(self.join_or_lead(key, view, &mut items));
-        if !items.is_empty() {
-            self.spawn_fetch(items);
+    /// Warms the cache: reads every key of `views` that is not fresh in the cache, in one round trip, and
+    /// waits (until `deadline`) for the outcome. Keys already being fetched are joined, not read twice.
+    /// Lookups here are not counted as hits or misses: nobody is served.
+    pub async fn prefetch(
+        self: &Arc<Self>,
+        views: &[(&Arc<View>, &[String])],
+        deadline: Instant,
+    ) -> Prefetched {
+        let mut out = Prefetched::default();
+        let mut to_fetch = Vec::new();
+        let mut waits = Vec::new();
+        let mut key = String::with_capacity(64);
+        for (view, keys) in views {
+            for k in keys.iter() {
+                write_key(&mut key, &self.prefix, &view.name, k);
+                match self.cache.lookup(&key, &view.policy) {
+                    Lookup::Fresh(_) => out.cached += 1,
+                    Lookup::RefreshDue(_) | Lookup::Expired(_) | Lookup::Absent => {
+                        waits.push(self.join_or_lead(&key, view, &mut to_fetch));
+                    }
+                }
+            }
         }
+        if !to_fetch.is_empty() {
+            self.spawn_fetch(to_fetch, Purpose::Prefetch { until: deadline });
+        }
+        for rx in waits {
+            match wait(rx, deadline).await {
+                Ok(_) => out.fetched += 1,
+                Err(_) => out.failed += 1,
+            }
+        }
+        out
     }
 
-    fn spawn_fetch(self: &Arc<Self>, items: Vec<FetchItem>) {
+    fn spawn_fetch(self: &Arc<Self>, items: Vec<FetchItem>, purpose: Purpose) {
         let this = self.clone();
-        tokio::spawn(async move { this.fetch(items).await });
+        tokio::spawn(async move { this.fetch(items, purpose).await });
     }
 
     /// Reads `items` in one round trip, caches what came back and publishes each key's outcome.
-    async fn fetch(&self, items: Vec<FetchItem>) {
-        let timeout = items
+    async fn fetch(&self, items: Vec<FetchItem>, purpose: Purpose) {
+        let mut timeout = items
             .iter()
             .map(|i| i.view.policy.store_timeout)
             .max()
             .unwrap_or(Duration::from_millis(50));
+        if let Purpose::Prefetch { until } = purpose {
+            timeout = timeout.max(until.saturating_duration_since(Instant::now()));
+        }
         let keys: Vec<String> = items.iter().map(|i| i.key.clone()).collect();
+        let started = Instant::now();
         let result = match tokio::time::timeout(timeout, self.store.get_many(&keys)).await {
             Ok(Ok(values)) if values.len() == keys.len() => Ok(values),
             Ok(Ok(_)) => Err((
@@ -310,13 +432,29 @@ impl Hydrator {
             }
             Ok(Err(e)) => Err((Fail::Error, e.to_string())),
         };
+        let outcome = match &result {
+            Ok(_) => StoreOutcome::Ok,
+            Err((Fail::Timeout, _)) => StoreOutcome::Timeout,
+            Err((Fail::Error, _)) => StoreOutcome::Error,
+        };
+        self.store_stats
+            .read(outcome, keys.len(), us_since(started));
+        if purpose == Purpose::Refresh {
+            for item in &items {
+                let stats = self.telemetry.view(&item.view.name);
+                match outcome {
+                    StoreOutcome::Ok => &stats.refresh_ok,
+                    StoreOutcome::Error => &stats.refresh_error,
+                    StoreOutcome::Timeout => &stats.refresh_timeout,
+                }
+                .fetch_add(1, Relaxed);
+            }
+        }
         let now = self.cache.clock().now_ms();
         match result {
             Ok(values) => {
                 for (item, bytes) in items.into_iter().zip(values) {
                     let entry = Arc::new(self.decode(&item, bytes.as_deref(), now));
-                    self.cache
-                        .insert(&item.view.name, item.key.as_str().into(), entry.clone());
                     self.publish(item, Ok(entry));
                 }
             }
@@ -333,9 +471,26 @@ impl Hydrator {
         }
     }
 
+    /// Caches a fetched entry (unless an invalidation superseded the fetch) and hands the outcome to the
+    /// requests waiting on it.
     fn publish(&self, item: FetchItem, outcome: Outcome) {
-        // Remove first: a request arriving after this finds the cache filled (or fetches anew after a failure).
-        self.inflight.lock().remove(item.key.as_str());
+        {
+            let mut inflight = self.inflight.lock();
+            let current = inflight
+                .get(item.key.as_str())
+                .is_some_and(|f| f.id == item.id);
+            if current {
+                if let Ok(entry) = &outcome {
+                    // Under the lock: an invalidation either comes before (and `current` is false) or
+                    // after (and removes this entry).
+                    self.cache
+                        .insert(&item.view.name, item.key.as_str().into(), entry.clone());
+                }
+                // After the insert: a request arriving now finds the cache filled (or, after a failure,
+                // fetches anew).
+                inflight.remove(item.key.as_str());
+            }
+        }
         let _ = item.tx.send(Some(outcome));
     }
 
@@ -402,5 +557,245 @@ async fn wait(mut rx: watch::Receiver<Option<Outcome>>, deadline: Instant) -> Ou
         // The fetch task ended without publishing (it cannot, but never hang on it).
         Ok(Err(_)) => Err(Fail::Error),
         Err(_) => Err(Fail::Timeout),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::atomic::AtomicUsize;
+
+    use tokio::sync::Semaphore;
+
+    use super::*;
+    use crate::clock::Clock;
+    use crate::schema::Registry;
+    use crate::store::{BoxFuture, Writes};
+    use crate::value::{Value, now_ms};
+
+    /// An in-memory store whose reads each wait for a permit (when gated) and are counted.
+    struct Gated {
+        data: Mutex<HashMap<String, Vec<u8>>>,
+        gate: Option<Arc<Semaphore>>,
+        reads: AtomicUsize,
+    }
+
+    impl Store for Gated {
+        fn backend(&self) -> &'static str {
+            "test"
+        }
+        fn get_many<'a>(
+            &'a self,
+            keys: &'a [String],
+        ) -> BoxFuture<'a, Result<Vec<Option<Vec<u8>>>, StoreError>> {
+            Box::pin(async move {
+                self.reads.fetch_add(1, Relaxed);
+                // Read before waiting: the value a fetch carries is the one from before any later write.
+                let out = {
+                    let data = self.data.lock();
+                    keys.iter().map(|k| data.get(k).cloned()).collect()
+                };
+                if let Some(g) = &self.gate {
+                    g.acquire().await.map_err(|_| StoreError::Timeout)?.forget();
+                }
+                Ok(out)
+            })
+        }
+        fn put_many(
+            &self,
+            writes: Writes,
+            _ttl: Option<Duration>,
+        ) -> BoxFuture<'_, Result<(), StoreError>> {
+            Box::pin(async move {
+                self.data.lock().extend(writes);
+                Ok(())
+            })
+        }
+    }
+
+    fn view() -> Arc<View> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let r = Registry::load_dir(&root.join("schemas"), &root.join("models")).expect("schemas");
+        r.views["user_profile"].clone()
+    }
+
+    fn record(age: i64) -> Vec<u8> {
+        Record {
+            schema_version: 1,
+            event_ts_ms: now_ms(),
+            values: vec![
+                Value::Int(age),
+                Value::Null,
+                Value::Null,
+                Value::Null,
+                Value::Null,
+            ],
+        }
+        .encode()
+    }
+
+    fn setup(gated: bool) -> (Arc<Hydrator>, Arc<Gated>, Option<Arc<Semaphore>>, Clock) {
+        let gate = gated.then(|| Arc::new(Semaphore::new(0)));
+        let store = Arc::new(Gated {
+            data: Mutex::new(HashMap::new()),
+            gate: gate.clone(),
+            reads: AtomicUsize::new(0),
+        });
+        let telemetry = Arc::new(Telemetry::default());
+        let clock = Clock::default();
+        let cache = FeatureCache::new(1 << 20, clock.clone(), telemetry.clone(), "hy".into());
+        let h = Hydrator::new(
+            store.clone(),
+            cache,
+            "hy".into(),
+            telemetry,
+            HotKeys::disabled(),
+        );
+        (h, store, gate, clock)
+    }
+
+    fn age(h: &Hydrated, i: usize) -> Option<Value> {
+        h.views[0][i].found().map(|f| f.values[0].clone())
+    }
+
+    fn soon() -> Instant {
+        Instant::now() + Duration::from_secs(5)
+    }
+
+    #[tokio::test]
+    async fn a_write_during_a_fetch_keeps_the_fetched_old_value_out_of_the_cache() {
+        let (h, store, gate, _) = setup(true);
+        let gate = gate.expect("gated");
+        let v = view();
+        let keys = vec!["u_1".to_owned()];
+        store
+            .data
+            .lock()
+            .insert("hy:user_profile:u_1".into(), record(40));
+        let request = {
+            let (h, v, keys) = (h.clone(), v.clone(), keys.clone());
+            tokio::spawn(async move { h.hydrate(&[(&v, &keys)], soon()).await })
+        };
+        while store.reads.load(Relaxed) == 0 {
+            tokio::task::yield_now().await;
+        }
+        // The fetch has read 40; now the key is rewritten and invalidated before the fetch completes.
+        store
+            .data
+            .lock()
+            .insert("hy:user_profile:u_1".into(), record(41));
+        h.invalidate(&["hy:user_profile:u_1".to_owned()]);
+        gate.add_permits(1);
+        let got = request.await.expect("request");
+        assert_eq!(
+            age(&got, 0),
+            Some(Value::Int(40)),
+            "its waiter still gets it"
+        );
+        assert!(matches!(
+            h.cache().lookup("hy:user_profile:u_1", &v.policy),
+            Lookup::Absent
+        ));
+        gate.add_permits(1);
+        let got = h.hydrate(&[(&v, &keys)], soon()).await;
+        assert_eq!(age(&got, 0), Some(Value::Int(41)));
+        assert_eq!(store.reads.load(Relaxed), 2);
+    }
+
+    #[tokio::test]
+    async fn concurrent_misses_share_one_read_and_invalidate_all_forgets_everything() {
+        let (h, store, gate, _) = setup(true);
+        let gate = gate.expect("gated");
+        let v = view();
+        store
+            .data
+            .lock()
+            .insert("hy:user_profile:u_1".into(), record(40));
+        let keys = vec!["u_1".to_owned(), "u_2".to_owned()];
+        let runs: Vec<_> = (0..20)
+            .map(|_| {
+                let (h, v, keys) = (h.clone(), v.clone(), keys.clone());
+                tokio::spawn(async move { h.hydrate(&[(&v, &keys)], soon()).await })
+            })
+            .collect();
+        while store.reads.load(Relaxed) == 0 {
+            tokio::task::yield_now().await;
+        }
+        tokio::task::yield_now().await;
+        gate.add_permits(100);
+        for r in runs {
+            let got = r.await.expect("run");
+            assert_eq!(age(&got, 0), Some(Value::Int(40)));
+            assert_eq!(got.views[0][1].status, Status::NotFound);
+        }
+        assert_eq!(store.reads.load(Relaxed), 1);
+        h.invalidate_all();
+        let got = h.hydrate(&[(&v, &keys)], soon()).await;
+        assert_eq!(got.cache.misses, 2);
+        assert_eq!(store.reads.load(Relaxed), 2);
+    }
+
+    #[tokio::test]
+    async fn a_request_refreshes_all_its_refresh_due_keys_in_one_read() {
+        let (h, store, _, clock) = setup(false);
+        let v = view();
+        let keys: Vec<String> = (0..5).map(|i| format!("u_{i}")).collect();
+        for k in &keys {
+            store
+                .data
+                .lock()
+                .insert(format!("hy:user_profile:{k}"), record(40));
+        }
+        h.hydrate(&[(&v, &keys)], soon()).await;
+        assert_eq!(store.reads.load(Relaxed), 1);
+        for k in &keys {
+            store
+                .data
+                .lock()
+                .insert(format!("hy:user_profile:{k}"), record(41));
+        }
+        clock.advance(Duration::from_secs(121)); // past refresh_after (2m), before ttl (10m)
+        let got = h.hydrate(&[(&v, &keys)], soon()).await;
+        assert_eq!(got.cache.stale, 5);
+        assert_eq!(
+            age(&got, 0),
+            Some(Value::Int(40)),
+            "served while refreshing"
+        );
+        let stats = h.telemetry().view("user_profile");
+        while stats.refresh_ok.load(Relaxed) < 5 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(store.reads.load(Relaxed), 2, "five refreshes, one read");
+        let got = h.hydrate(&[(&v, &keys)], soon()).await;
+        assert_eq!(got.cache.hits, 5);
+        assert_eq!(age(&got, 4), Some(Value::Int(41)));
+    }
+
+    #[tokio::test]
+    async fn prefetch_reads_only_what_is_not_fresh_and_counts_no_lookups() {
+        let (h, store, _, _) = setup(false);
+        let v = view();
+        store
+            .data
+            .lock()
+            .insert("hy:user_profile:u_1".into(), record(40));
+        let keys = vec!["u_1".to_owned(), "u_2".to_owned()];
+        let p = h.prefetch(&[(&v, &keys)], soon()).await;
+        assert_eq!(
+            p,
+            Prefetched {
+                fetched: 2,
+                cached: 0,
+                failed: 0
+            }
+        );
+        let p = h.prefetch(&[(&v, &keys)], soon()).await;
+        assert_eq!(p.cached, 2);
+        assert_eq!(store.reads.load(Relaxed), 1);
+        let stats = h.telemetry().view("user_profile");
+        assert_eq!(stats.misses.load(Relaxed) + stats.hits.load(Relaxed), 0);
+        let got = h.hydrate(&[(&v, &keys)], soon()).await;
+        assert_eq!(got.cache.hits, 2);
     }
 }

@@ -23,11 +23,13 @@
 //! - [`gateway`]: runs the stages in order for one request; [`api`]: HTTP routes and thin handlers;
 //!   [`error`]: the one error type and its status mapping.
 //! - [`cache`]: the moka feature cache and its per-view policies; [`clock`]: the time it measures ages by.
-//! - [`store`]: the storage backends (embedded redb file) behind the `Store` trait; [`value`]: feature
-//!   values and the stored record format.
+//! - [`prefetch`]: warming the cache ahead of requests: the prefetch API, hot-key sampling, warm start.
+//! - [`store`]: the storage backends (Redis, embedded redb file) behind the `Store` trait, and the
+//!   invalidations replicas send each other through it; [`value`]: feature values and the stored record
+//!   format.
 //! - [`schema`]: the schema registry: parsing, validation and compilation of entities, views and models.
 //! - [`oip`]: the Open Inference Protocol (KServe V2) infer endpoint, raw tensors without hydration.
-//! - [`loader`]: the bulk loader for JSON Lines and CSV feature rows.
+//! - [`loader`]: writing feature rows: the bulk loader (JSON Lines, CSV) and the rows API, write-through.
 //! - [`config`]: typed configuration, file plus `HYDRANT_*` environment overrides.
 //! - [`observe`]: `/metrics` (Prometheus) and `/v1/stats` (JSON) rendering.
 //! - [`telemetry`]: stage timings, counters and histograms, logging set-up.
@@ -49,6 +51,7 @@ pub mod loader;
 pub mod observe;
 pub mod oip;
 pub mod postprocess;
+pub mod prefetch;
 pub mod schema;
 pub mod store;
 pub mod telemetry;

@@ -1,0 +1,399 @@
+//! Warming the cache ahead of requests: the `POST /v1/prefetch` request and its bounded background work,
+//! the sampling of hot keys into the store, and the warm start of a new replica from those hot keys.
+//!
+//! Hot keys: one lookup in `prefetch.hot_sample_every` records its entity key; every
+//! `prefetch.hot_flush_interval` the sampled counts go to the store in one pipelined round trip (Redis:
+//! `ZINCRBY {prefix}:hot:{view}`, trimmed to the `prefetch.hot_keep` hottest). Sampling costs one atomic
+//! increment per lookup and a short lock one time in N.
+//!
+//! Warm start: before a new replica reports ready it reads the `prefetch.warm_top_k` hottest keys of every
+//! view into its cache, for at most `prefetch.warm_timeout`; a store that is slow or down only delays
+//! readiness by that much.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use serde::Deserialize;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::config::{LimitsConfig, PrefetchConfig};
+use crate::decode::{EntityKeys, key_string};
+use crate::error::ApiError;
+use crate::hydrate::{Hydrator, Prefetched};
+use crate::schema::{Registry, View};
+use crate::store::HotCounts;
+
+/// Most distinct keys held between two flushes; samples beyond it are dropped (the hottest keys are
+/// sampled early and often, so they are not the ones lost).
+const MAX_PENDING_KEYS: usize = 50_000;
+
+/// Keys per store round trip of the warm start.
+const WARM_BATCH: usize = 1000;
+
+/// Samples lookups into per-view counts, until the flusher takes them.
+pub struct HotKeys {
+    every: u64,
+    counter: AtomicU64,
+    pending: Mutex<Pending>,
+}
+
+/// Samples since the last flush: view -> entity key -> count, and how many keys that is in all.
+#[derive(Default)]
+struct Pending {
+    views: HashMap<Box<str>, HashMap<Box<str>, u32>>,
+    keys: usize,
+}
+
+impl HotKeys {
+    /// Samples one lookup in `every` (0: never).
+    pub fn new(every: u64) -> Self {
+        Self {
+            every,
+            counter: AtomicU64::new(0),
+            pending: Mutex::new(Pending::default()),
+        }
+    }
+
+    pub fn disabled() -> Self {
+        Self::new(0)
+    }
+
+    /// Counts a lookup of `entity_key` in `view`, one time in N.
+    #[inline]
+    pub fn sample(&self, view: &str, entity_key: &str) {
+        if self.every == 0
+            || !self
+                .counter
+                .fetch_add(1, Relaxed)
+                .is_multiple_of(self.every)
+        {
+            return;
+        }
+        let mut p = self.pending.lock();
+        if let Some(n) = p.views.get_mut(view).and_then(|k| k.get_mut(entity_key)) {
+            *n = n.saturating_add(1);
+            return;
+        }
+        if p.keys >= MAX_PENDING_KEYS {
+            return;
+        }
+        p.keys += 1;
+        p.views
+            .entry(view.into())
+            .or_default()
+            .insert(entity_key.into(), 1);
+    }
+
+    /// The counts sampled since the last call.
+    pub fn take(&self) -> Vec<HotCounts> {
+        let views = std::mem::take(&mut *self.pending.lock()).views;
+        let mut out: Vec<HotCounts> = views
+            .into_iter()
+            .map(|(view, keys)| HotCounts {
+                view: view.into(),
+                keys: keys.into_iter().map(|(k, n)| (k.into(), n)).collect(),
+            })
+            .collect();
+        out.sort_by(|a, b| a.view.cmp(&b.view));
+        out
+    }
+}
+
+/// Writes the sampled hot keys to the store every `interval` (best-effort background task: a failed flush
+/// loses its samples, counted in `prefetch.hot_flush_errors`; the task ends with the hydrator).
+pub fn spawn_hot_flusher(hydrator: Weak<Hydrator>, interval: Duration, keep: usize) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            let Some(h) = hydrator.upgrade() else { break };
+            flush_hot(&h, keep).await;
+        }
+    });
+}
+
+/// Writes the sampled hot keys now (the flusher's step; tests call it to skip the wait).
+pub async fn flush_hot(h: &Hydrator, keep: usize) {
+    let counts = h.hot_keys().take();
+    if counts.is_empty() {
+        return;
+    }
+    let n: usize = counts.iter().map(|c| c.keys.len()).sum();
+    let stats = &h.telemetry().prefetch;
+    stats.hot_samples.fetch_add(n as u64, Relaxed);
+    if let Err(e) = h.store().record_hot(&counts, keep).await {
+        stats.hot_flush_errors.fetch_add(1, Relaxed);
+        tracing::debug!("hot-key flush failed ({n} keys dropped): {e}");
+    }
+}
+
+/// What a warm start did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Warmed {
+    pub keys: Prefetched,
+    /// The time bound or a store failure cut it short.
+    pub incomplete: bool,
+}
+
+/// Reads the hottest keys of every view into the cache, within `cfg.warm_timeout`.
+pub async fn warm_start(h: &Arc<Hydrator>, registry: &Registry, cfg: &PrefetchConfig) -> Warmed {
+    let mut out = Warmed::default();
+    if cfg.warm_top_k == 0 {
+        return out;
+    }
+    let deadline = Instant::now() + cfg.warm_timeout;
+    let mut views: Vec<&Arc<View>> = registry.views.values().collect();
+    views.sort_by(|a, b| a.name.cmp(&b.name));
+    let work = async {
+        for view in views {
+            let keys = match h.store().hottest(&view.name, cfg.warm_top_k).await {
+                Ok(keys) => keys,
+                Err(e) => {
+                    tracing::warn!(view = %view.name, "warm start: cannot read the hot keys: {e}");
+                    out.incomplete = true;
+                    continue;
+                }
+            };
+            for chunk in keys.chunks(WARM_BATCH) {
+                let p = h.prefetch(&[(view, chunk)], deadline).await;
+                out.keys.fetched += p.fetched;
+                out.keys.cached += p.cached;
+                out.keys.failed += p.failed;
+            }
+        }
+    };
+    if tokio::time::timeout_at(deadline.into(), work)
+        .await
+        .is_err()
+    {
+        out.incomplete = true;
+    }
+    out.incomplete |= out.keys.failed > 0;
+    let stats = &h.telemetry().prefetch;
+    let total = out.keys.fetched + out.keys.cached + out.keys.failed;
+    stats.warm_keys.fetch_add(u64::from(total), Relaxed);
+    stats
+        .fetched
+        .fetch_add(u64::from(out.keys.fetched), Relaxed);
+    stats.failed.fetch_add(u64::from(out.keys.failed), Relaxed);
+    if out.incomplete {
+        stats.warm_incomplete.fetch_add(1, Relaxed);
+    }
+    out
+}
+
+/// `POST /v1/prefetch`: the entities about to be scored, and optionally which views to warm (default: every
+/// view keyed by one of the entities).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrefetchRequest {
+    pub entities: HashMap<String, EntityKeys>,
+    #[serde(default)]
+    pub views: Option<Vec<String>>,
+}
+
+/// The keys a prefetch reads, per view.
+pub type PrefetchPlan = Vec<(Arc<View>, Vec<String>)>;
+
+impl PrefetchRequest {
+    /// Checks the request against the registry and the limits: every entity known, every key valid, every
+    /// named view known and keyed by one of the entities sent.
+    pub fn plan(
+        &self,
+        registry: &Registry,
+        limits: &LimitsConfig,
+    ) -> Result<PrefetchPlan, ApiError> {
+        if self.entities.is_empty() {
+            return Err(ApiError::invalid(
+                "missing_entity",
+                "entities",
+                "entities: expected at least one entity with keys, e.g. {\"user_id\": [\"u_1\"]}",
+            ));
+        }
+        let total: usize = self.entities.values().map(|k| k.0.len()).sum();
+        if total > limits.max_entities {
+            return Err(ApiError::TooLarge {
+                code: "too_many_entities",
+                message: format!(
+                    "entities: {total} keys, the limit is {}",
+                    limits.max_entities
+                ),
+                field: Some("entities".to_owned()),
+            });
+        }
+        let mut names: Vec<&String> = self.entities.keys().collect();
+        names.sort();
+        let mut keys: HashMap<&str, Vec<String>> = HashMap::new();
+        for name in names {
+            let field = format!("entities.{name}");
+            let Some(entity) = registry.entities.get(name.as_str()) else {
+                let mut known: Vec<_> = registry.entities.keys().map(String::as_str).collect();
+                known.sort_unstable();
+                return Err(ApiError::invalid(
+                    "unknown_entity",
+                    &field,
+                    format!(
+                        "{field}: no entity `{name}` is registered (entities: {})",
+                        known.join(", ")
+                    ),
+                ));
+            };
+            let mut ks = Vec::with_capacity(self.entities[name].0.len());
+            for (j, k) in self.entities[name].0.iter().enumerate() {
+                ks.push(key_string(entity, k, &format!("{field}[{j}]"), limits)?);
+            }
+            keys.insert(name.as_str(), ks);
+        }
+        let views: Vec<Arc<View>> = match &self.views {
+            Some(names) => {
+                let mut out = Vec::with_capacity(names.len());
+                for (i, vname) in names.iter().enumerate() {
+                    let field = format!("views[{i}]");
+                    let Some(view) = registry.views.get(vname) else {
+                        let mut known: Vec<_> = registry.views.keys().map(String::as_str).collect();
+                        known.sort_unstable();
+                        return Err(ApiError::invalid(
+                            "unknown_view",
+                            &field,
+                            format!(
+                                "{field}: no view `{vname}` is registered (views: {})",
+                                known.join(", ")
+                            ),
+                        ));
+                    };
+                    if !keys.contains_key(view.entity.name.as_str()) {
+                        return Err(ApiError::invalid(
+                            "missing_entity",
+                            &field,
+                            format!(
+                                "{field}: view `{vname}` is keyed by `{}`: send its keys in entities",
+                                view.entity.name
+                            ),
+                        ));
+                    }
+                    if !out.iter().any(|v: &Arc<View>| v.name == view.name) {
+                        out.push(view.clone());
+                    }
+                }
+                out
+            }
+            None => {
+                let mut out: Vec<Arc<View>> = registry
+                    .views
+                    .values()
+                    .filter(|v| keys.contains_key(v.entity.name.as_str()))
+                    .cloned()
+                    .collect();
+                out.sort_by(|a, b| a.name.cmp(&b.name));
+                out
+            }
+        };
+        if views.is_empty() {
+            return Err(ApiError::invalid(
+                "no_view",
+                "entities",
+                "entities: no registered view is keyed by these entities",
+            ));
+        }
+        Ok(views
+            .into_iter()
+            .filter_map(|v| {
+                let ks = keys.get(v.entity.name.as_str())?.clone();
+                (!ks.is_empty()).then_some((v, ks))
+            })
+            .collect())
+    }
+}
+
+/// Bounds the prefetches running at once.
+pub struct Prefetcher {
+    permits: Arc<Semaphore>,
+}
+
+impl Prefetcher {
+    pub fn new(max_concurrent: usize) -> Self {
+        Self {
+            permits: Arc::new(Semaphore::new(max_concurrent)),
+        }
+    }
+
+    /// Starts `plan` in the background if fewer than `max_concurrent` prefetches are running; returns the
+    /// number of keys accepted, or `None` when over the bound (the caller answers 429; the keys are counted
+    /// as rejected). The fetch stops at `deadline`.
+    pub fn start(&self, h: &Arc<Hydrator>, plan: PrefetchPlan, deadline: Instant) -> Option<usize> {
+        let n: usize = plan.iter().map(|(_, k)| k.len()).sum();
+        let stats = &h.telemetry().prefetch;
+        let Ok(permit) = self.permits.clone().try_acquire_owned() else {
+            stats.rejected.fetch_add(n as u64, Relaxed);
+            return None;
+        };
+        stats.accepted.fetch_add(n as u64, Relaxed);
+        let h = h.clone();
+        tokio::spawn(run(h, plan, deadline, permit));
+        Some(n)
+    }
+}
+
+/// One accepted prefetch (best-effort background task: its outcome is only counted).
+async fn run(
+    h: Arc<Hydrator>,
+    plan: PrefetchPlan,
+    deadline: Instant,
+    _permit: OwnedSemaphorePermit,
+) {
+    let views: Vec<(&Arc<View>, &[String])> = plan.iter().map(|(v, k)| (v, k.as_slice())).collect();
+    let p = h.prefetch(&views, deadline).await;
+    let stats = &h.telemetry().prefetch;
+    stats.fetched.fetch_add(u64::from(p.fetched), Relaxed);
+    stats.cached.fetch_add(u64::from(p.cached), Relaxed);
+    stats.failed.fetch_add(u64::from(p.failed), Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sampling_counts_one_lookup_in_n() {
+        let h = HotKeys::new(4);
+        for _ in 0..40 {
+            h.sample("user_profile", "u_1");
+        }
+        // The 41st lookup is sampled (0, 4, ... 40), the 42nd is not.
+        h.sample("item_stats", "i_1");
+        h.sample("item_stats", "i_2");
+        let counts = h.take();
+        assert_eq!(
+            counts,
+            vec![
+                HotCounts {
+                    view: "item_stats".into(),
+                    keys: vec![("i_1".into(), 1)],
+                },
+                HotCounts {
+                    view: "user_profile".into(),
+                    keys: vec![("u_1".into(), 10)],
+                },
+            ]
+        );
+        assert!(h.take().is_empty(), "take empties the samples");
+        let off = HotKeys::disabled();
+        off.sample("user_profile", "u_1");
+        assert!(off.take().is_empty());
+    }
+
+    #[test]
+    fn pending_samples_are_bounded() {
+        let h = HotKeys::new(1);
+        for i in 0..(MAX_PENDING_KEYS + 10) {
+            h.sample("v", &format!("k{i}"));
+        }
+        let n: usize = h.take().iter().map(|c| c.keys.len()).sum();
+        assert_eq!(n, MAX_PENDING_KEYS);
+    }
+}
