@@ -30,6 +30,8 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/stats", get(stats))
         .route("/v2", get(server_metadata))
+        .route("/v1/prefetch", post(prefetch))
+        .route("/v1/views/{view}/rows", post(write_rows))
         .route("/v2/health/live", get(live))
         .route("/v2/health/ready", get(ready))
         .route("/v2/models/{model}", get(model_metadata))
@@ -183,6 +185,25 @@ async fn v2_infer(
 /// Open Inference Protocol server metadata.
 async fn server_metadata() -> Json<serde_json::Value> {
     Json(json!({"name": "hydrant", "version": env!("CARGO_PKG_VERSION"), "extensions": []}))
+}
+
+async fn prefetch(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body_bytes(body, gw.config.limits.max_body_bytes)?;
+    gw.prefetch(&headers, &body).await
+}
+
+async fn write_rows(
+    State(gw): State<Arc<Gateway>>,
+    Path(view): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body_bytes(body, gw.config.limits.max_body_bytes)?;
+    gw.write_rows(&view, &headers, &body).await
 }
 
 async fn live() -> StatusCode {

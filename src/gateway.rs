@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use axum::http::HeaderMap;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use tracing::Instrument;
 
@@ -290,5 +290,66 @@ impl Serialize for ColumnsBody<'_> {
             m.serialize_entry(k, v)?;
         }
         m.end()
+    }
+}
+
+/// Warming and writing: `POST /v1/prefetch` and `POST /v1/views/{view}/rows`.
+impl Gateway {
+    /// `POST /v1/prefetch`: checks the entities and views, then fetches them in the background; 202
+    /// `{"accepted": N}` (keys), or 429 while `prefetch.max_concurrent` prefetches are running.
+    pub async fn prefetch(&self, headers: &HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
+        let format = Format::of_request(headers)?;
+        let req: crate::prefetch::PrefetchRequest = parse_body(format, body)?;
+        let plan = req.plan(&self.registry, &self.config.limits)?;
+        let deadline = Instant::now() + self.config.limits.request_timeout;
+        match self.prefetcher.start(&self.hydrator, plan, deadline) {
+            Some(n) => Ok((
+                axum::http::StatusCode::ACCEPTED,
+                axum::Json(serde_json::json!({ "accepted": n })),
+            )
+                .into_response()),
+            None => Err(ApiError::TooManyRequests(format!(
+                "{} prefetches are running (prefetch.max_concurrent); retry later",
+                self.config.prefetch.max_concurrent
+            ))),
+        }
+    }
+
+    /// `POST /v1/views/{view}/rows`: validates every row (one bad row refuses them all), writes them
+    /// through to the store and invalidates them on every replica; 200 `{"written": N, "announced": bool}`.
+    pub async fn write_rows(
+        &self,
+        view: &str,
+        headers: &HeaderMap,
+        body: &[u8],
+    ) -> Result<Response, ApiError> {
+        let Some(v) = self.registry.views.get(view) else {
+            let mut known: Vec<_> = self.registry.views.keys().map(String::as_str).collect();
+            known.sort_unstable();
+            return Err(ApiError::NotFound {
+                code: "unknown_view",
+                message: format!(
+                    "no view `{view}` is registered (views: {})",
+                    known.join(", ")
+                ),
+            });
+        };
+        let format = Format::of_request(headers)?;
+        let req: crate::loader::RowsRequest = parse_body(format, body)?;
+        let writes = crate::loader::parse_rows(
+            v,
+            &self.config.store.prefix,
+            &req.rows,
+            crate::value::now_ms(),
+            &self.config.limits,
+        )?;
+        let written = crate::loader::write_through(&self.hydrator, writes, v.policy.key_ttl)
+            .await
+            .map_err(|e| ApiError::StoreUnavailable(format!("the rows were not written: {e}")))?;
+        Ok(axum::Json(serde_json::json!({
+            "written": written.rows,
+            "announced": written.announced,
+        }))
+        .into_response())
     }
 }

@@ -1,22 +1,37 @@
-//! The bulk loader: feature rows from JSON Lines or CSV files, validated against the view's schema and
-//! written to the store in atomic batches.
+//! Writing feature rows: the bulk loader (JSON Lines or CSV files) and the rows API
+//! (`POST /v1/views/{view}/rows`), both validated against the view's schema, written in atomic batches with
+//! the view's `store.key_ttl`, and announced to every replica so each drops the changed keys from its cache.
 //!
 //! A row names its entity key (the view's entity, e.g. `user_id`), optionally `event_timestamp` (RFC 3339 or
 //! milliseconds since the epoch; the load time when absent), and features by name; a feature left out is
-//! stored as null and served as its default. A bad row is rejected with its line number and the reason;
-//! the good rows still load. Each batch is one atomic write, so no row is ever half-written.
+//! stored as null and served as its default.
+//!
+//! The loader rejects a bad row with its line number and the reason, and still loads the good rows; each
+//! batch of [`BATCH`] rows is one atomic write (Redis: one `MULTI`/`EXEC` round trip), so no row is ever
+//! half-written, and [`IN_FLIGHT`] batches are written at once. The rows API is all-or-nothing per request:
+//! one bad row refuses the request and nothing is written.
 
 use std::io::BufRead;
 use std::path::Path;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
 
 use crate::config::LimitsConfig;
 use crate::decode::{EntityKey, key_string};
+use crate::error::ApiError;
+use crate::hydrate::Hydrator;
 use crate::schema::View;
-use crate::store::{Store, key};
+use crate::store::{Store, StoreError, Writes, key};
+use crate::telemetry::{StoreOutcome, us_since};
 use crate::value::{Record, Value};
 
 /// Rows per store write.
 pub const BATCH: usize = 1000;
+
+/// Batches the loader writes at once.
+pub const IN_FLIGHT: usize = 4;
 
 /// A line number and the row parsed from it (or why it could not be).
 type ParsedLine = (
@@ -37,6 +52,19 @@ pub struct Rejected {
 pub struct Report {
     pub written: usize,
     pub rejected: Vec<Rejected>,
+    /// Batches whose write failed, with the lines they held and why; none of their rows were written.
+    pub failed: Vec<FailedBatch>,
+    /// Batches written but not announced to the other replicas (they see the rows within `cache.ttl`).
+    pub unannounced: usize,
+}
+
+/// A batch the store refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailedBatch {
+    pub first_line: usize,
+    pub last_line: usize,
+    pub rows: usize,
+    pub reason: String,
 }
 
 /// Turns one JSON object into the store key and record of `view`.
@@ -121,7 +149,8 @@ fn feature_names(view: &View) -> String {
         .join(", ")
 }
 
-/// Reads rows from `reader`: JSON Lines, or CSV when `csv` is set. Calls `sink` with each batch of valid rows.
+/// Reads rows from `reader`: JSON Lines, or CSV when `csv` is set, and writes the valid ones to `store` in
+/// batches, announcing each written batch's keys to the replicas.
 pub async fn load<R: BufRead>(
     view: &View,
     prefix: &str,
@@ -132,7 +161,6 @@ pub async fn load<R: BufRead>(
 ) -> anyhow::Result<Report> {
     let now = crate::value::now_ms();
     let mut report = Report::default();
-    let mut batch: Vec<(String, Vec<u8>)> = Vec::with_capacity(BATCH);
     let mut rows: Vec<ParsedLine> = Vec::new();
     if csv {
         read_csv(view, reader, &mut rows)?;
@@ -150,23 +178,181 @@ pub async fn load<R: BufRead>(
             rows.push((i + 1, parsed));
         }
     }
+    let mut batches: Vec<Batch> = Vec::new();
+    let mut batch = Batch::default();
     for (line, parsed) in rows {
         match parsed.and_then(|m| parse_row(view, prefix, &m, now, limits)) {
-            Ok((k, record)) => batch.push((k, record.encode())),
+            Ok((k, record)) => {
+                if batch.writes.is_empty() {
+                    batch.first_line = line;
+                }
+                batch.last_line = line;
+                batch.writes.push((k, record.encode()));
+            }
             Err(reason) => report.rejected.push(Rejected { line, reason }),
         }
-        if batch.len() >= BATCH {
-            report.written += batch.len();
-            store
-                .put_many(std::mem::take(&mut batch), view.policy.key_ttl)
-                .await?;
+        if batch.writes.len() >= BATCH {
+            batches.push(std::mem::take(&mut batch));
         }
     }
-    if !batch.is_empty() {
-        report.written += batch.len();
-        store.put_many(batch, view.policy.key_ttl).await?;
+    if !batch.writes.is_empty() {
+        batches.push(batch);
+    }
+    let ttl = view.policy.key_ttl;
+    let mut batches = batches.into_iter();
+    loop {
+        let window: Vec<Batch> = batches.by_ref().take(IN_FLIGHT).collect();
+        if window.is_empty() {
+            break;
+        }
+        let results =
+            futures::future::join_all(window.into_iter().map(|b| write_batch(store, b, ttl))).await;
+        for r in results {
+            match r {
+                Ok((rows, announced)) => {
+                    report.written += rows;
+                    report.unannounced += usize::from(!announced);
+                }
+                Err(failed) => report.failed.push(failed),
+            }
+        }
     }
     Ok(report)
+}
+
+#[derive(Default)]
+struct Batch {
+    first_line: usize,
+    last_line: usize,
+    writes: Writes,
+}
+
+/// Writes one batch, then announces its keys; `Ok((rows, announced))`.
+async fn write_batch(
+    store: &dyn Store,
+    b: Batch,
+    ttl: Option<Duration>,
+) -> Result<(usize, bool), FailedBatch> {
+    let rows = b.writes.len();
+    let keys: Vec<String> = b.writes.iter().map(|(k, _)| k.clone()).collect();
+    store
+        .put_many(b.writes, ttl)
+        .await
+        .map_err(|e| FailedBatch {
+            first_line: b.first_line,
+            last_line: b.last_line,
+            rows,
+            reason: e.to_string(),
+        })?;
+    let announced = store.publish_invalidations(&keys).await.is_ok();
+    Ok((rows, announced))
+}
+
+/// `POST /v1/views/{view}/rows`: rows as the loader reads them, one JSON object each.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RowsRequest {
+    pub rows: Vec<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// Validates every row of a rows request: all of them or none, so the error names the first bad row (as
+/// `rows[i]`) and nothing is written.
+pub fn parse_rows(
+    view: &View,
+    prefix: &str,
+    rows: &[serde_json::Map<String, serde_json::Value>],
+    now_ms: i64,
+    limits: &LimitsConfig,
+) -> Result<Writes, ApiError> {
+    if rows.is_empty() {
+        return Err(ApiError::invalid(
+            "invalid_field",
+            "rows",
+            "rows: expected at least one row",
+        ));
+    }
+    if rows.len() > BATCH {
+        return Err(ApiError::TooLarge {
+            code: "too_many_rows",
+            message: format!(
+                "rows: {} rows, the limit is {BATCH} per request (use the bulk loader for more)",
+                rows.len()
+            ),
+            field: Some("rows".to_owned()),
+        });
+    }
+    let mut writes = Vec::with_capacity(rows.len());
+    let mut first_bad: Option<(usize, String)> = None;
+    let mut bad = 0;
+    for (i, row) in rows.iter().enumerate() {
+        match parse_row(view, prefix, row, now_ms, limits) {
+            Ok((k, record)) => writes.push((k, record.encode())),
+            Err(reason) => {
+                bad += 1;
+                first_bad.get_or_insert((i, reason));
+            }
+        }
+    }
+    match first_bad {
+        None => Ok(writes),
+        Some((i, reason)) => Err(ApiError::invalid(
+            "invalid_row",
+            format!("rows[{i}]"),
+            format!(
+                "rows[{i}]: {reason} ({bad} of {} rows invalid; nothing was written)",
+                rows.len()
+            ),
+        )),
+    }
+}
+
+/// What a write through hydrant did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Written {
+    pub rows: usize,
+    /// The other replicas were told; when false they see the rows within the view's `cache.ttl`.
+    pub announced: bool,
+}
+
+/// Writes validated rows through to the store, drops them from this replica's cache at once (read your
+/// writes), and announces them to the other replicas.
+pub async fn write_through(
+    h: &Hydrator,
+    writes: Writes,
+    ttl: Option<Duration>,
+) -> Result<Written, StoreError> {
+    let store = h.store();
+    let stats = h.telemetry().store(store.backend());
+    let keys: Vec<String> = writes.iter().map(|(k, _)| k.clone()).collect();
+    let started = Instant::now();
+    let result = store.put_many(writes, ttl).await;
+    let outcome = match &result {
+        Ok(()) => StoreOutcome::Ok,
+        Err(StoreError::Timeout) => StoreOutcome::Timeout,
+        Err(_) => StoreOutcome::Error,
+    };
+    stats.write(outcome, keys.len(), us_since(started));
+    result?;
+    h.invalidate(&keys);
+    let inv = &h.telemetry().invalidation;
+    let announced = match store.publish_invalidations(&keys).await {
+        Ok(()) => {
+            inv.published_keys.fetch_add(keys.len() as u64, Relaxed);
+            true
+        }
+        Err(e) => {
+            inv.publish_errors.fetch_add(1, Relaxed);
+            tracing::warn!(
+                keys = keys.len(),
+                "rows written but not announced to the other replicas (they see them within cache.ttl): {e}"
+            );
+            false
+        }
+    };
+    Ok(Written {
+        rows: keys.len(),
+        announced,
+    })
 }
 
 /// Parses CSV into JSON objects typed by the view: empty cells are null, `float32[N]` cells hold a JSON list.
@@ -240,4 +426,65 @@ pub fn is_csv(path: &Path) -> bool {
     path.extension()
         .and_then(|e| e.to_str())
         .is_some_and(|e| e.eq_ignore_ascii_case("csv"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::schema::Registry;
+
+    fn view() -> std::sync::Arc<View> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let r = Registry::load_dir(&root.join("schemas"), &root.join("models")).expect("schemas");
+        r.views["user_profile"].clone()
+    }
+
+    fn rows(v: serde_json::Value) -> Vec<serde_json::Map<String, serde_json::Value>> {
+        serde_json::from_value(v).expect("rows")
+    }
+
+    #[test]
+    fn a_rows_request_is_refused_whole_naming_the_first_bad_row() {
+        let v = view();
+        let limits = LimitsConfig::default();
+        let e = parse_rows(
+            &v,
+            "hy",
+            &rows(serde_json::json!([
+                {"user_id": "a", "age": 1},
+                {"user_id": "b", "age": 1.5},
+                {"age": 3}
+            ])),
+            0,
+            &limits,
+        )
+        .expect_err("bad rows");
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with("rows[1]: feature `age`") && msg.contains("2 of 3"),
+            "{msg}"
+        );
+        assert!(matches!(e, ApiError::Invalid { field: Some(ref f), .. } if f == "rows[1]"));
+
+        let ok = parse_rows(
+            &v,
+            "hy",
+            &rows(serde_json::json!([{"user_id": "a", "age": 1}, {"user_id": "b"}])),
+            7,
+            &limits,
+        )
+        .expect("valid");
+        assert_eq!(ok.len(), 2);
+        assert_eq!(ok[1].0, "hy:user_profile:b");
+        let rec = Record::decode(&ok[0].1).expect("record");
+        assert_eq!((rec.event_ts_ms, &rec.values[0]), (7, &Value::Int(1)));
+
+        let e = parse_rows(&v, "hy", &[], 0, &limits).expect_err("empty");
+        assert_eq!(e.code(), "invalid_field");
+        let many = vec![serde_json::Map::new(); BATCH + 1];
+        let e = parse_rows(&v, "hy", &many, 0, &limits).expect_err("too many");
+        assert_eq!(e.code(), "too_many_rows");
+    }
 }

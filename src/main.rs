@@ -142,13 +142,31 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 for r in &report.rejected {
                     eprintln!("{}:{}: rejected: {}", file.display(), r.line, r.reason);
                 }
+                for b in &report.failed {
+                    eprintln!(
+                        "{}:{}-{}: not written ({} rows): {}",
+                        file.display(),
+                        b.first_line,
+                        b.last_line,
+                        b.rows,
+                        b.reason
+                    );
+                }
+                if report.unannounced > 0 {
+                    eprintln!(
+                        "{}: {} batch(es) written but not announced to running replicas; they see them within the view's cache.ttl",
+                        file.display(),
+                        report.unannounced
+                    );
+                }
                 println!(
-                    "{}: {} rows written to view `{view}`, {} rejected",
+                    "{}: {} rows written to view `{view}`, {} rejected, {} not written",
                     file.display(),
                     report.written,
-                    report.rejected.len()
+                    report.rejected.len(),
+                    report.failed.iter().map(|b| b.rows).sum::<usize>()
                 );
-                failed |= !report.rejected.is_empty();
+                failed |= !report.rejected.is_empty() || !report.failed.is_empty();
             }
             Ok(if failed {
                 ExitCode::from(2)
