@@ -1,6 +1,8 @@
 //! Test harness: starts the real gateway on port 0 over a real store, with typed request helpers.
 #![allow(dead_code)]
 
+pub mod redis;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 

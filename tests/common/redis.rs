@@ -1,0 +1,454 @@
+//! A real `redis-server` for tests: started on a free port with no persistence, stopped on drop, and
+//! controllable mid-test: frozen (`pause`/`resume`, SIGSTOP/SIGCONT), made slow (`DEBUG SLEEP`), stopped and
+//! restarted on the same port. Commands go over a tiny blocking RESP client, so a test can inspect Redis
+//! (`INFO commandstats`, raw keys) without going through the code under test.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A RESP reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    Status(String),
+    Error(String),
+    Int(i64),
+    Bulk(Option<Vec<u8>>),
+    Array(Vec<Reply>),
+}
+
+impl Reply {
+    /// The reply as text (status or bulk string), for assertions.
+    pub fn text(&self) -> String {
+        match self {
+            Reply::Status(s) | Reply::Error(s) => s.clone(),
+            Reply::Bulk(Some(b)) => String::from_utf8_lossy(b).into_owned(),
+            other => format!("{other:?}"),
+        }
+    }
+
+    pub fn bytes(&self) -> Option<Vec<u8>> {
+        match self {
+            Reply::Bulk(b) => b.clone(),
+            _ => None,
+        }
+    }
+}
+
+pub struct RedisServer {
+    port: u16,
+    cluster: bool,
+    password: Option<String>,
+    /// TLS port and the folder holding `ca.crt`, `server.crt`, `server.key`.
+    tls: Option<(u16, PathBuf)>,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    /// A standalone server.
+    pub fn start() -> Self {
+        Self::launch(false, None, false)
+    }
+
+    /// A server that requires `AUTH` with `password`.
+    pub fn start_with_password(password: &str) -> Self {
+        Self::launch(false, Some(password.to_owned()), false)
+    }
+
+    /// A server that also listens with TLS, its certificate signed by a CA made for the test (`ca_file`);
+    /// `url` is then the `rediss://` one. The plain port stays for the test's own commands.
+    pub fn start_tls() -> Self {
+        Self::launch(false, None, true)
+    }
+
+    /// The PEM file of the CA that signed a TLS server's certificate.
+    pub fn ca_file(&self) -> PathBuf {
+        self.tls.as_ref().expect("a TLS server").1.join("ca.crt")
+    }
+
+    /// A one-node Redis Cluster owning every hash slot: it refuses multi-key commands across slots
+    /// (`CROSSSLOT`) exactly as a real cluster does.
+    pub fn start_cluster() -> Self {
+        let s = Self::launch(true, None, false);
+        let r = s.cmd(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]);
+        assert_eq!(r, Reply::Status("OK".into()), "{r:?}");
+        let until = Instant::now() + Duration::from_secs(10);
+        while !s
+            .cmd(&["CLUSTER", "INFO"])
+            .text()
+            .contains("cluster_state:ok")
+        {
+            assert!(Instant::now() < until, "the cluster did not become ok");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        s
+    }
+
+    fn launch(cluster: bool, password: Option<String>, tls: bool) -> Self {
+        let mut last_err = String::new();
+        // A free port can be taken between finding it and binding it: try a few.
+        for _ in 0..5 {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let tls = tls.then(|| (free_port(), make_certs(dir.path())));
+            let mut s = Self {
+                port: free_port(),
+                cluster,
+                password: password.clone(),
+                tls,
+                dir,
+                child: None,
+            };
+            match s.spawn() {
+                Ok(()) => return s,
+                Err(e) => last_err = e,
+            }
+        }
+        panic!("redis-server did not start: {last_err}");
+    }
+
+    fn args(&self) -> Vec<String> {
+        let mut a: Vec<String> = [
+            "--port",
+            &self.port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--enable-debug-command",
+            "yes",
+            "--dir",
+            &self.dir.path().display().to_string(),
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        if self.cluster {
+            a.extend(
+                [
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-announce-ip",
+                    "127.0.0.1",
+                ]
+                .map(str::to_owned),
+            );
+        }
+        if let Some(p) = &self.password {
+            a.extend(["--requirepass".to_owned(), p.clone()]);
+        }
+        if let Some((port, dir)) = &self.tls {
+            let f = |name: &str| dir.join(name).display().to_string();
+            a.extend([
+                "--tls-port".to_owned(),
+                port.to_string(),
+                "--tls-cert-file".to_owned(),
+                f("server.crt"),
+                "--tls-key-file".to_owned(),
+                f("server.key"),
+                "--tls-ca-cert-file".to_owned(),
+                f("ca.crt"),
+                "--tls-auth-clients".to_owned(),
+                "no".to_owned(),
+            ]);
+        }
+        a
+    }
+
+    fn spawn(&mut self) -> Result<(), String> {
+        let child = Command::new(redis_server())
+            .args(self.args())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot run redis-server: {e}"))?;
+        self.child = Some(child);
+        let until = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Ok(Reply::Status(pong)) = self.try_cmd(&[b"PING"])
+                && pong == "PONG"
+            {
+                return Ok(());
+            }
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                self.child = None;
+                return Err(format!("redis-server exited: {status}"));
+            }
+            if Instant::now() > until {
+                self.kill();
+                return Err("no PONG within 5 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The URL hydrant connects with.
+    pub fn url(&self) -> String {
+        let auth = self
+            .password
+            .as_ref()
+            .map(|p| format!(":{p}@"))
+            .unwrap_or_default();
+        if let Some((port, _)) = &self.tls {
+            return format!("rediss://{auth}127.0.0.1:{port}");
+        }
+        let scheme = if self.cluster {
+            "redis-cluster"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://{auth}127.0.0.1:{}", self.port)
+    }
+
+    fn pid(&self) -> u32 {
+        self.child
+            .as_ref()
+            .expect("redis-server is not running")
+            .id()
+    }
+
+    /// Freezes the server (SIGSTOP): connections stay open, nothing is answered.
+    pub fn pause(&self) {
+        signal("-STOP", self.pid());
+    }
+
+    pub fn resume(&self) {
+        signal("-CONT", self.pid());
+    }
+
+    /// Makes the server busy for `d` (`DEBUG SLEEP`, sent from a thread; returns at once).
+    pub fn sleep(&self, d: Duration) {
+        let port = self.port;
+        let password = self.password.clone();
+        let secs = format!("{:.3}", d.as_secs_f64());
+        std::thread::spawn(move || {
+            let mut c = Conn::open(port, password.as_deref()).expect("connect");
+            let _ = c.call(&[b"DEBUG", b"SLEEP", secs.as_bytes()]);
+        });
+        // Let the command reach the server before the caller goes on.
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    /// Stops the server (SIGKILL); `restart` brings it back, empty, on the same port.
+    pub fn stop(&mut self) {
+        self.kill();
+    }
+
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "stop it first");
+        if let Err(e) = self.spawn() {
+            panic!("redis-server did not restart on port {}: {e}", self.port);
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Runs a command with text arguments.
+    pub fn cmd(&self, args: &[&str]) -> Reply {
+        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        self.cmd_bytes(&args)
+    }
+
+    /// Runs a command with binary arguments.
+    pub fn cmd_bytes(&self, args: &[&[u8]]) -> Reply {
+        self.try_cmd(args)
+            .unwrap_or_else(|e| panic!("redis command {:?} failed: {e}", args.first()))
+    }
+
+    fn try_cmd(&self, args: &[&[u8]]) -> Result<Reply, String> {
+        Conn::open(self.port, self.password.as_deref())?.call(args)
+    }
+
+    /// How often `command` (lower case, e.g. `mget`) ran since start or the last `reset_stats`.
+    pub fn calls(&self, command: &str) -> u64 {
+        let info = self.cmd(&["INFO", "commandstats"]).text();
+        let prefix = format!("cmdstat_{command}:calls=");
+        info.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+
+    pub fn reset_stats(&self) {
+        self.cmd(&["CONFIG", "RESETSTAT"]);
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        // SIGKILL works on a stopped process too.
+        self.kill();
+    }
+}
+
+fn redis_server() -> PathBuf {
+    std::env::var_os("REDIS_SERVER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("redis-server"))
+}
+
+/// A CA and a server certificate for 127.0.0.1 signed by it, made with the `openssl` command.
+fn make_certs(dir: &std::path::Path) -> PathBuf {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("the openssl command (apt-get install openssl)");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+    )
+    .expect("ext");
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=hydrant test CA",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+    ]);
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "server.ext",
+        "-out",
+        "server.crt",
+    ]);
+    dir.to_owned()
+}
+
+fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+fn signal(sig: &str, pid: u32) {
+    let ok = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(ok, "kill {sig} {pid} failed");
+}
+
+/// One blocking RESP connection.
+struct Conn {
+    r: BufReader<TcpStream>,
+}
+
+impl Conn {
+    fn open(port: u16, password: Option<&str>) -> Result<Self, String> {
+        let s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .map_err(|e| e.to_string())?;
+        let mut c = Self {
+            r: BufReader::new(s),
+        };
+        if let Some(p) = password {
+            match c.call(&[b"AUTH", p.as_bytes()])? {
+                Reply::Status(_) => {}
+                other => return Err(format!("AUTH: {other:?}")),
+            }
+        }
+        Ok(c)
+    }
+
+    fn call(&mut self, args: &[&[u8]]) -> Result<Reply, String> {
+        let mut out = format!("*{}\r\n", args.len()).into_bytes();
+        for a in args {
+            out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+            out.extend_from_slice(a);
+            out.extend_from_slice(b"\r\n");
+        }
+        self.r
+            .get_mut()
+            .write_all(&out)
+            .map_err(|e| e.to_string())?;
+        self.read()
+    }
+
+    fn read(&mut self) -> Result<Reply, String> {
+        let mut line = String::new();
+        self.r.read_line(&mut line).map_err(|e| e.to_string())?;
+        let line = line.trim_end_matches("\r\n");
+        let (kind, rest) = line.split_at(line.len().min(1));
+        let int = |s: &str| s.parse::<i64>().map_err(|e| format!("{s:?}: {e}"));
+        Ok(match kind {
+            "+" => Reply::Status(rest.to_owned()),
+            "-" => Reply::Error(rest.to_owned()),
+            ":" => Reply::Int(int(rest)?),
+            "$" => {
+                let n = int(rest)?;
+                if n < 0 {
+                    Reply::Bulk(None)
+                } else {
+                    let mut buf = vec![0; n as usize + 2];
+                    self.r.read_exact(&mut buf).map_err(|e| e.to_string())?;
+                    buf.truncate(n as usize);
+                    Reply::Bulk(Some(buf))
+                }
+            }
+            "*" => {
+                let n = int(rest)?;
+                let mut items = Vec::new();
+                for _ in 0..n.max(0) {
+                    items.push(self.read()?);
+                }
+                Reply::Array(items)
+            }
+            _ => return Err(format!("unexpected reply line {line:?}")),
+        })
+    }
+}

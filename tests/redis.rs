@@ -1,0 +1,1302 @@
+//! The gateway on Redis: each test starts its own `redis-server` on a free port and real gateways on port 0
+//! over it. Cache policies are checked with the gateway's clock moved forward (no sleeping through TTLs),
+//! round trips are counted with Redis's own `INFO commandstats`, and faults are real: the server is stopped,
+//! restarted, frozen (SIGSTOP) or kept busy (`DEBUG SLEEP`).
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use common::redis::{RedisServer, Reply};
+use common::{TestApp, load_demo_rows, root, test_config};
+use hydrant::app::open_store;
+use hydrant::config::Config;
+use hydrant::hydrate::Status;
+use hydrant::store::{BoxFuture, HotCounts, InvalidationSink, Store, StoreError, Writes};
+use hydrant::value::{Record, Value, now_ms};
+use serde_json::{Value as Json, json};
+
+// ------------------------------------------------------------------------------------------------------
+// Helpers
+
+fn config_for(redis: &RedisServer) -> Config {
+    let mut c = test_config();
+    c.store.redis.url = redis.url();
+    c
+}
+
+/// A store on `redis` with the demo rows loaded through the bulk loader.
+async fn seeded(redis: &RedisServer) -> Arc<dyn Store> {
+    let store = open_store(&config_for(redis)).await.expect("redis store");
+    load_demo_rows(store.as_ref(), "hy").await;
+    store
+}
+
+/// A gateway on `redis` (its own connections), with `edit` applied to the config.
+async fn gateway(redis: &RedisServer, edit: impl FnOnce(&mut Config)) -> TestApp {
+    let mut c = config_for(redis);
+    edit(&mut c);
+    let store = open_store(&c).await.expect("redis store");
+    gateway_over(c, store).await
+}
+
+async fn gateway_over(c: Config, store: Arc<dyn Store>) -> TestApp {
+    let app = TestApp::spawn_with(c, store, None).await;
+    wait_ready(&app).await;
+    app
+}
+
+async fn wait_ready(app: &TestApp) {
+    let until = Instant::now() + Duration::from_secs(10);
+    while app.get("/v2/health/ready").await.status != 200 {
+        assert!(Instant::now() < until, "the gateway never turned ready");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn demo_rows(view: &str, key: &str) -> HashMap<String, Json> {
+    let text =
+        std::fs::read_to_string(root().join(format!("demo/rows/{view}.jsonl"))).expect("rows");
+    text.lines()
+        .map(|l| serde_json::from_str::<Json>(l).expect("json"))
+        .map(|r| (r[key].as_str().expect("key").to_owned(), r))
+        .collect()
+}
+
+/// `POST /v1/features` for `keys` of the view keyed by `entity`.
+async fn features(
+    app: &TestApp,
+    entity: &str,
+    keys: &[&str],
+    names: &[&str],
+    deadline_ms: Option<u64>,
+) -> Json {
+    let mut body = json!({"entities": {entity: keys}, "features": names});
+    if let Some(ms) = deadline_ms {
+        body["options"] = json!({"deadline_ms": ms});
+    }
+    let r = app
+        .post(
+            "/v1/features",
+            "application/json",
+            serde_json::to_vec(&body).expect("json"),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    r.json()
+}
+
+/// The ages and statuses of `users`, read through `/v1/features`.
+async fn ages(app: &TestApp, users: &[&str]) -> (Vec<i64>, Vec<String>, Json) {
+    let j = features(app, "user_id", users, &["user_profile:age"], None).await;
+    let col = &j["features"]["user_profile:age"];
+    let values = col["values"]
+        .as_array()
+        .expect("values")
+        .iter()
+        .map(|v| v.as_i64().expect("int"))
+        .collect();
+    let statuses = col["statuses"]
+        .as_array()
+        .expect("statuses")
+        .iter()
+        .map(|v| v.as_str().expect("str").to_owned())
+        .collect();
+    (values, statuses, j)
+}
+
+/// A user_profile record as the loader writes it.
+fn user_record(age: i64, event_ts_ms: i64) -> Vec<u8> {
+    Record {
+        schema_version: 1,
+        event_ts_ms,
+        values: vec![
+            Value::Int(age),
+            Value::Str("de".into()),
+            Value::Bool(true),
+            Value::Float(12.5),
+            Value::List(vec![0.5, -0.5, 0.25, 1.0].into_boxed_slice()),
+        ],
+    }
+    .encode()
+}
+
+fn item_record(price: f64, event_ts_ms: i64) -> Vec<u8> {
+    Record {
+        schema_version: 1,
+        event_ts_ms,
+        values: vec![
+            Value::Str("tech".into()),
+            Value::Str("brand_1".into()),
+            Value::Float(price),
+            Value::Float(0.05),
+            Value::Int(100),
+            Value::List(vec![0.0, 0.1, 0.2, 0.3].into_boxed_slice()),
+        ],
+    }
+    .encode()
+}
+
+/// Writes straight into Redis, around hydrant: no invalidation is sent, as with a writer that bypasses it.
+fn put_raw(redis: &RedisServer, key: &str, value: &[u8]) {
+    assert_eq!(
+        redis.cmd_bytes(&[b"SET", key.as_bytes(), value]),
+        Reply::Status("OK".into())
+    );
+}
+
+const DAY: Duration = Duration::from_secs(86_400);
+
+/// Polls `check` every 5 ms until it holds or `limit` passes; returns how long it took.
+async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if check().await {
+            return start.elapsed();
+        }
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A store in front of another that counts reads and can make them, or the hot-key read, slow.
+struct Slowed {
+    inner: Arc<dyn Store>,
+    read_delay: Duration,
+    hottest_delay: Duration,
+    reads: AtomicUsize,
+}
+
+impl Slowed {
+    fn new(inner: Arc<dyn Store>, read_delay: Duration, hottest_delay: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            read_delay,
+            hottest_delay,
+            reads: AtomicUsize::new(0),
+        })
+    }
+}
+
+impl Store for Slowed {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    fn get_many<'a>(
+        &'a self,
+        keys: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<Option<Vec<u8>>>, StoreError>> {
+        Box::pin(async move {
+            self.reads.fetch_add(1, Relaxed);
+            tokio::time::sleep(self.read_delay).await;
+            self.inner.get_many(keys).await
+        })
+    }
+    fn put_many(
+        &self,
+        writes: Writes,
+        ttl: Option<Duration>,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.inner.put_many(writes, ttl)
+    }
+    fn publish_invalidations<'a>(
+        &'a self,
+        keys: &'a [String],
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.inner.publish_invalidations(keys)
+    }
+    fn subscribe_invalidations(
+        &self,
+        sink: InvalidationSink,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.inner.subscribe_invalidations(sink)
+    }
+    fn record_hot<'a>(
+        &'a self,
+        counts: &'a [HotCounts],
+        keep: usize,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.inner.record_hot(counts, keep)
+    }
+    fn hottest<'a>(
+        &'a self,
+        view: &'a str,
+        k: usize,
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        Box::pin(async move {
+            tokio::time::sleep(self.hottest_delay).await;
+            self.inner.hottest(view, k).await
+        })
+    }
+}
+
+// ------------------------------------------------------------------------------------------------------
+// Reads
+
+#[tokio::test]
+async fn features_read_from_redis_equal_the_rows_loaded() {
+    let redis = RedisServer::start();
+    seeded(&redis).await;
+    let app = gateway(&redis, |_| {}).await;
+    let users = demo_rows("user_profile", "user_id");
+    let items = demo_rows("item_stats", "item_id");
+    let keys = ["u_0", "u_1", "u_999", "u_nobody"];
+    let j = features(&app, "user_id", &keys, &["user_profile"], None).await;
+    for f in [
+        "age",
+        "country",
+        "is_premium",
+        "avg_session_minutes",
+        "embedding",
+    ] {
+        let col = &j["features"][format!("user_profile:{f}")];
+        for (i, k) in keys[..3].iter().enumerate() {
+            let want = &users[*k][f];
+            let got = &col["values"][i];
+            match (want.as_f64(), got.as_f64()) {
+                (Some(w), Some(g)) => assert!((w - g).abs() < 1e-5, "{k}.{f}: {got} != {want}"),
+                _ if want.is_array() => {
+                    for (a, b) in want
+                        .as_array()
+                        .expect("list")
+                        .iter()
+                        .zip(got.as_array().expect("list"))
+                    {
+                        assert!(
+                            (a.as_f64().expect("f") - b.as_f64().expect("f")).abs() < 1e-6,
+                            "{k}.{f}"
+                        );
+                    }
+                }
+                _ if want.is_null() => assert_eq!(col["statuses"][i], "NULL_VALUE", "{k}.{f}"),
+                _ => assert_eq!(got, want, "{k}.{f}"),
+            }
+        }
+        assert_eq!(col["statuses"][3], "NOT_FOUND");
+    }
+    let j = features(
+        &app,
+        "item_id",
+        &["i_7"],
+        &["item_stats:price", "item_stats:category"],
+        None,
+    )
+    .await;
+    assert_eq!(
+        j["features"]["item_stats:category"]["values"][0],
+        items["i_7"]["category"]
+    );
+    let price = j["features"]["item_stats:price"]["values"][0]
+        .as_f64()
+        .expect("price");
+    assert!((price - items["i_7"]["price"].as_f64().expect("price")).abs() < 1e-9);
+    assert_eq!(j["degraded"], false);
+}
+
+#[tokio::test]
+async fn all_misses_of_a_request_cost_one_round_trip() {
+    let redis = RedisServer::start();
+    seeded(&redis).await;
+    let app = gateway(&redis, |c| c.prefetch.hot_sample_every = 0).await;
+    redis.reset_stats();
+    let candidates: Vec<Json> = (0..200)
+        .map(|i| json!({"item_id": format!("i_{i}")}))
+        .collect();
+    let body = json!({"entities": {"user_id": "u_3"}, "candidates": candidates, "context": {"hour_of_day": 9}});
+    let r = app.predict("ctr", &body).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let j = r.json();
+    assert_eq!(j["cache"], json!({"hits": 0, "stale": 0, "misses": 201}));
+    assert_eq!(j["degraded"], false);
+    assert_eq!(
+        redis.calls("mget"),
+        1,
+        "one MGET for the user and 200 items"
+    );
+    assert_eq!(redis.calls("get"), 0);
+    // The same request again is served from the cache: no round trip at all.
+    let j = app.predict("ctr", &body).await.json();
+    assert_eq!(j["cache"], json!({"hits": 201, "stale": 0, "misses": 0}));
+    assert_eq!(redis.calls("mget"), 1);
+    let stats = app.gateway.telemetry.store("redis");
+    assert_eq!(stats.reads_ok.load(Relaxed), 1);
+    assert_eq!(stats.read_keys.load(Relaxed), 201);
+}
+
+#[tokio::test]
+async fn concurrent_misses_of_one_key_share_one_store_read() {
+    let redis = RedisServer::start();
+    seeded(&redis).await;
+    let c = config_for(&redis);
+    let inner = open_store(&c).await.expect("store");
+    let slowed = Slowed::new(inner, Duration::from_millis(20), Duration::ZERO);
+    let app = gateway_over(c, slowed.clone()).await;
+    redis.reset_stats();
+    let view = app.gateway.registry.views["user_profile"].clone();
+    let keys = vec!["u_42".to_owned()];
+    let h = app.gateway.hydrator.clone();
+    let deadline = Instant::now() + Duration::from_secs(1);
+    let runs = (0..50).map(|_| {
+        let (h, view, keys) = (h.clone(), view.clone(), keys.clone());
+        async move { h.hydrate(&[(&view, &keys)], deadline).await }
+    });
+    let results = futures::future::join_all(runs).await;
+    assert_eq!(
+        slowed.reads.load(Relaxed),
+        1,
+        "50 concurrent misses, one read"
+    );
+    assert_eq!(redis.calls("mget"), 1);
+    let want = demo_rows("user_profile", "user_id")["u_42"]["age"]
+        .as_i64()
+        .expect("age");
+    for r in results {
+        let resolved = &r.views[0][0];
+        assert_eq!(resolved.status, Status::Present);
+        assert_eq!(resolved.found().expect("found").values[0], Value::Int(want));
+    }
+}
+
+// ------------------------------------------------------------------------------------------------------
+// Cache policies, with the gateway's clock moved instead of waiting
+
+#[tokio::test]
+async fn a_fresh_value_is_a_hit_then_served_stale_while_refreshed_then_refetched_after_ttl() {
+    let redis = RedisServer::start();
+    let app = gateway(&redis, |_| {}).await;
+    let ts = now_ms();
+    put_raw(&redis, "hy:user_profile:u_r", &user_record(40, ts));
+    let (v, s, j) = ages(&app, &["u_r"]).await;
+    assert_eq!((v, s), (vec![40], vec!["PRESENT".to_owned()]));
+    assert_eq!(j["cache"]["misses"], 1);
+
+    // Changed around hydrant: the cached value is fresh (younger than refresh_after = 2m), so it is served.
+    put_raw(&redis, "hy:user_profile:u_r", &user_record(41, ts));
+    let (v, _, j) = ages(&app, &["u_r"]).await;
+    assert_eq!(v, vec![40]);
+    assert_eq!(j["cache"]["hits"], 1);
+
+    // Past refresh_after: the old value is served at once and refreshed in the background.
+    app.clock.advance(Duration::from_secs(121));
+    let (v, s, j) = ages(&app, &["u_r"]).await;
+    assert_eq!((v, s), (vec![40], vec!["PRESENT".to_owned()]));
+    assert_eq!(j["cache"]["stale"], 1);
+    eventually(Duration::from_secs(2), "the refreshed value", || async {
+        let (v, _, j) = ages(&app, &["u_r"]).await;
+        v == vec![41] && j["cache"]["hits"] == 1
+    })
+    .await;
+    let stats = app.gateway.telemetry.view("user_profile");
+    assert_eq!(stats.refresh_ok.load(Relaxed), 1);
+
+    // Past ttl (10m) the value is fetched again before answering (a miss).
+    put_raw(&redis, "hy:user_profile:u_r", &user_record(42, ts));
+    app.clock.advance(Duration::from_secs(601));
+    let (v, s, j) = ages(&app, &["u_r"]).await;
+    assert_eq!((v, s), (vec![42], vec!["PRESENT".to_owned()]));
+    assert_eq!(j["cache"]["misses"], 1);
+}
+
+#[tokio::test]
+async fn not_found_is_cached_for_negative_ttl() {
+    let redis = RedisServer::start();
+    let app = gateway(&redis, |_| {}).await;
+    let (v, s, j) = ages(&app, &["u_new"]).await;
+    assert_eq!((v, s), (vec![30], vec!["NOT_FOUND".to_owned()]));
+    assert_eq!(j["cache"]["misses"], 1);
+    put_raw(&redis, "hy:user_profile:u_new", &user_record(55, now_ms()));
+    let (v, s, j) = ages(&app, &["u_new"]).await;
+    assert_eq!(
+        (v, s),
+        (vec![30], vec!["NOT_FOUND".to_owned()]),
+        "negative entry still fresh"
+    );
+    assert_eq!(j["cache"]["hits"], 1);
+    assert_eq!(
+        app.gateway
+            .telemetry
+            .view("user_profile")
+            .negative
+            .load(Relaxed),
+        1
+    );
+    // negative_ttl is 30s.
+    app.clock.advance(Duration::from_secs(31));
+    let (v, s, j) = ages(&app, &["u_new"]).await;
+    assert_eq!((v, s), (vec![55], vec!["PRESENT".to_owned()]));
+    assert_eq!(j["cache"]["misses"], 1);
+}
+
+#[tokio::test]
+async fn values_older_than_max_age_are_served_as_defaults() {
+    let redis = RedisServer::start();
+    let app = gateway(&redis, |_| {}).await;
+    // item_stats: max_age 30d.
+    let now = now_ms();
+    put_raw(
+        &redis,
+        "hy:item_stats:i_young",
+        &item_record(99.0, now - 29 * DAY.as_millis() as i64),
+    );
+    put_raw(
+        &redis,
+        "hy:item_stats:i_old",
+        &item_record(99.0, now - 31 * DAY.as_millis() as i64),
+    );
+    let price = |j: &Json, i: usize| {
+        (
+            j["features"]["item_stats:price"]["values"][i]
+                .as_f64()
+                .expect("price"),
+            j["features"]["item_stats:price"]["statuses"][i]
+                .as_str()
+                .expect("status")
+                .to_owned(),
+        )
+    };
+    let j = features(
+        &app,
+        "item_id",
+        &["i_young", "i_old"],
+        &["item_stats:price"],
+        None,
+    )
+    .await;
+    assert_eq!(price(&j, 0), (99.0, "PRESENT".to_owned()));
+    assert_eq!(
+        price(&j, 1),
+        (20.0, "OUTSIDE_MAX_AGE".to_owned()),
+        "the default price"
+    );
+    // Two days later the young record is 31 days old too.
+    app.clock.advance(2 * DAY);
+    let j = features(&app, "item_id", &["i_young"], &["item_stats:price"], None).await;
+    assert_eq!(price(&j, 0), (20.0, "OUTSIDE_MAX_AGE".to_owned()));
+}
+
+#[tokio::test]
+async fn with_redis_down_cached_values_are_served_stale_up_to_max_staleness_then_defaults() {
+    let mut redis = RedisServer::start();
+    seeded(&redis).await;
+    let app = gateway(&redis, |_| {}).await;
+    let want = demo_rows("user_profile", "user_id")["u_1"]["age"]
+        .as_i64()
+        .expect("age");
+    let (v, _, _) = ages(&app, &["u_1"]).await;
+    assert_eq!(v, vec![want]);
+    redis.stop();
+
+    // Past ttl (10m), within ttl + max_staleness (1h): the cached value, flagged.
+    app.clock.advance(Duration::from_secs(11 * 60));
+    let (v, s, j) = ages(&app, &["u_1", "u_2"]).await;
+    assert_eq!(v, vec![want, 30]);
+    assert_eq!(s, vec!["STALE".to_owned(), "DEFAULTED".to_owned()]);
+    assert_eq!(j["degraded"], true);
+
+    // Past ttl + max_staleness: nothing usable is cached any more.
+    app.clock.advance(Duration::from_secs(60 * 60));
+    let (v, s, j) = ages(&app, &["u_1"]).await;
+    assert_eq!((v, s), (vec![30], vec!["DEFAULTED".to_owned()]));
+    assert_eq!(j["degraded"], true);
+    let stats = app.gateway.telemetry.view("user_profile");
+    assert!(stats.degraded_error.load(Relaxed) + stats.degraded_timeout.load(Relaxed) >= 3);
+
+    // Redis back (empty: it keeps nothing on disk): the next miss reads it again, no restart needed.
+    redis.restart();
+    put_raw(&redis, "hy:user_profile:u_1", &user_record(61, now_ms()));
+    eventually(
+        Duration::from_secs(5),
+        "u_1 read from the restarted Redis",
+        || async { ages(&app, &["u_1"]).await.0 == vec![61] },
+    )
+    .await;
+}
+
+// ------------------------------------------------------------------------------------------------------
+// Faults
+
+#[tokio::test]
+async fn requests_keep_succeeding_within_their_deadline_while_redis_is_stopped_and_restarted() {
+    let mut redis = RedisServer::start();
+    seeded(&redis).await;
+    let app = Arc::new(gateway(&redis, |_| {}).await);
+    // Each request asks for one key cached before the outage and one never asked for before.
+    let keys: Vec<String> = (0..10).map(|i| format!("u_{i}")).collect();
+    let cached: Vec<&str> = keys.iter().map(String::as_str).collect();
+    ages(&app, &cached).await;
+
+    let deadline_ms = 50;
+    let traffic = {
+        let app = app.clone();
+        let keys = keys.clone();
+        tokio::spawn(async move {
+            let mut worst = Duration::ZERO;
+            let mut degraded = 0;
+            let mut n = 0;
+            let stop_at = Instant::now() + Duration::from_millis(1500);
+            while Instant::now() < stop_at {
+                let fresh = format!("u_{}", 100 + n % 900);
+                let k = [keys[n % keys.len()].as_str(), fresh.as_str()];
+                let started = Instant::now();
+                let j = features(
+                    &app,
+                    "user_id",
+                    &k,
+                    &["user_profile:age"],
+                    Some(deadline_ms),
+                )
+                .await;
+                worst = worst.max(started.elapsed());
+                degraded += usize::from(j["degraded"] == true);
+                n += 1;
+            }
+            (n, degraded, worst)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    redis.stop();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    redis.restart();
+    let (n, degraded, worst) = traffic.await.expect("traffic task");
+    assert!(n > 20, "only {n} requests");
+    assert!(
+        degraded > 0,
+        "some answers were degraded while Redis was down"
+    );
+    assert!(
+        worst < Duration::from_millis(deadline_ms + 450),
+        "a request took {worst:?} with a {deadline_ms} ms deadline"
+    );
+    // Back: a key never cached is read from Redis again (the restarted server is empty: write it).
+    put_raw(&redis, "hy:user_profile:u_back", &user_record(70, now_ms()));
+    eventually(
+        Duration::from_secs(5),
+        "a miss served from Redis after the restart",
+        || async { ages(&app, &["u_back"]).await.0 == vec![70] },
+    )
+    .await;
+    // The invalidation subscription reconnected and flushed the cache (messages may have been lost).
+    eventually(
+        Duration::from_secs(5),
+        "a flush after the subscriber reconnected",
+        || async { app.gateway.telemetry.invalidation.flushes.load(Relaxed) >= 1 },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_frozen_or_busy_redis_does_not_hold_a_request_past_its_deadline() {
+    let redis = RedisServer::start();
+    seeded(&redis).await;
+    let app = gateway(&redis, |_| {}).await;
+    let want = demo_rows("user_profile", "user_id")["u_1"]["age"]
+        .as_i64()
+        .expect("age");
+    ages(&app, &["u_1"]).await;
+    app.clock.advance(Duration::from_secs(11 * 60)); // u_1 expired, within max_staleness
+
+    redis.pause();
+    let started = Instant::now();
+    let j = features(
+        &app,
+        "user_id",
+        &["u_1", "u_2"],
+        &["user_profile:age"],
+        Some(30),
+    )
+    .await;
+    let took = started.elapsed();
+    redis.resume();
+    assert!(
+        took < Duration::from_millis(300),
+        "took {took:?} with a 30 ms deadline"
+    );
+    assert_eq!(j["degraded"], true);
+    assert_eq!(
+        j["features"]["user_profile:age"]["values"],
+        json!([want, 30])
+    );
+    assert_eq!(
+        j["features"]["user_profile:age"]["statuses"],
+        json!(["STALE", "DEFAULTED"])
+    );
+    assert!(
+        app.gateway
+            .telemetry
+            .view("user_profile")
+            .degraded_timeout
+            .load(Relaxed)
+            >= 2
+    );
+
+    // DEBUG SLEEP: the server is busy, the request still answers by its deadline.
+    redis.sleep(Duration::from_millis(400));
+    let started = Instant::now();
+    let j = features(&app, "user_id", &["u_3"], &["user_profile:age"], Some(40)).await;
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(300),
+        "took {took:?} with a 40 ms deadline"
+    );
+    assert_eq!(
+        j["features"]["user_profile:age"]["statuses"],
+        json!(["DEFAULTED"])
+    );
+
+    // Once Redis answers again, so does the gateway.
+    let want3 = demo_rows("user_profile", "user_id")["u_3"]["age"]
+        .as_i64()
+        .expect("age");
+    eventually(Duration::from_secs(3), "u_3 once Redis answers", || async {
+        ages(&app, &["u_3"]).await.0 == vec![want3]
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn unreadable_records_are_defaulted_counted_and_never_a_500() {
+    let redis = RedisServer::start();
+    seeded(&redis).await;
+    let app = gateway(&redis, |_| {}).await;
+    put_raw(
+        &redis,
+        "hy:user_profile:bad_msgpack",
+        b"\xc1\xc1 not messagepack",
+    );
+    let wrong_version = Record {
+        schema_version: 99,
+        event_ts_ms: now_ms(),
+        values: vec![Value::Int(1); 5],
+    }
+    .encode();
+    put_raw(&redis, "hy:user_profile:bad_version", &wrong_version);
+    let wrong_length = Record {
+        schema_version: 1,
+        event_ts_ms: now_ms(),
+        values: vec![Value::Int(1)],
+    }
+    .encode();
+    put_raw(&redis, "hy:user_profile:bad_length", &wrong_length);
+    let mut wrong_type = Record::decode(&user_record(1, now_ms())).expect("record");
+    wrong_type.values[0] = Value::Str("forty".into());
+    put_raw(&redis, "hy:user_profile:bad_type", &wrong_type.encode());
+    redis.cmd(&["HSET", "hy:user_profile:bad_redis_type", "f", "v"]);
+
+    let users = [
+        "bad_msgpack",
+        "bad_version",
+        "u_1",
+        "bad_length",
+        "bad_type",
+        "bad_redis_type",
+    ];
+    let (v, s, j) = ages(&app, &users).await;
+    let u1 = demo_rows("user_profile", "user_id")["u_1"]["age"]
+        .as_i64()
+        .expect("age");
+    assert_eq!(v, vec![30, 30, u1, 30, 30, 30]);
+    assert_eq!(
+        s[..5],
+        [
+            "DEFAULTED",
+            "DEFAULTED",
+            "PRESENT",
+            "DEFAULTED",
+            "DEFAULTED"
+        ]
+    );
+    // A key holding another Redis type reads as absent (MGET answers nil for it).
+    assert_eq!(s[5], "NOT_FOUND");
+    assert_eq!(
+        j["degraded"], false,
+        "the store answered: nothing is degraded"
+    );
+    let bad = &app.gateway.telemetry.view("user_profile").bad_records;
+    assert_eq!(bad.load(Relaxed), 4);
+    // Cached like "not found": the next request does not read (or log) them again.
+    let (_, _, j) = ages(&app, &users).await;
+    assert_eq!(j["cache"]["hits"], 6);
+    assert_eq!(bad.load(Relaxed), 4);
+    // The model is served too.
+    let r = app
+        .predict(
+            "ctr",
+            &json!({"entities": {"user_id": "bad_msgpack"}, "candidates": [{"item_id": "i_1"}]}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["feature_status"]["user_profile"], "DEFAULTED");
+}
+
+#[tokio::test]
+async fn start_up_fails_clearly_when_redis_is_unreachable_or_refuses_the_password() {
+    let mut redis = RedisServer::start();
+    let mut c = config_for(&redis);
+    redis.stop();
+    c.store.redis.connect_timeout = Duration::from_millis(500);
+    let started = Instant::now();
+    let e = format!("{:#}", open_store(&c).await.err().expect("must fail"));
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert!(e.contains("Redis") && e.contains("store.redis"), "{e}");
+
+    let redis = RedisServer::start_with_password("s3cret-pw");
+    let mut c = config_for(&redis);
+    let store = open_store(&c)
+        .await
+        .expect("the password in the URL is used");
+    load_demo_rows(store.as_ref(), "hy").await;
+    let app = gateway_over(c.clone(), store).await;
+    assert_eq!(ages(&app, &["u_5"]).await.1, vec!["PRESENT".to_owned()]);
+    c.store.redis.url = c.store.redis.url.replace("s3cret-pw", "wrong-pw");
+    let e = format!("{:#}", open_store(&c).await.err().expect("wrong password"));
+    assert!(
+        !e.contains("wrong-pw"),
+        "the password leaked into the message: {e}"
+    );
+    assert!(e.contains("Redis"), "{e}");
+}
+
+// ------------------------------------------------------------------------------------------------------
+// Writes, invalidation and the loader
+
+#[tokio::test]
+async fn a_write_through_one_gateway_is_served_by_another_within_the_bound() {
+    let redis = RedisServer::start();
+    seeded(&redis).await;
+    let a = gateway(&redis, |_| {}).await;
+    let b = gateway(&redis, |_| {}).await;
+    let before = demo_rows("user_profile", "user_id")["u_9"]["age"]
+        .as_i64()
+        .expect("age");
+    assert_eq!(ages(&a, &["u_9"]).await.0, vec![before]);
+    assert_eq!(ages(&b, &["u_9"]).await.0, vec![before]);
+    assert_eq!(
+        ages(&b, &["u_9"]).await.2["cache"]["hits"],
+        1,
+        "b has it cached"
+    );
+
+    let body =
+        json!({"rows": [{"user_id": "u_9", "age": 77, "country": "br", "is_premium": true}]});
+    let started = Instant::now();
+    let r = a
+        .post(
+            "/v1/views/user_profile/rows",
+            "application/json",
+            serde_json::to_vec(&body).expect("json"),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json(), json!({"written": 1, "announced": true}));
+    // The writer reads its own write at once.
+    assert_eq!(ages(&a, &["u_9"]).await.0, vec![77]);
+    // The other replica within the bound (documented: the pub/sub delivery time, milliseconds).
+    let took = eventually(Duration::from_secs(1), "b serves the new value", || async {
+        ages(&b, &["u_9"]).await.0 == vec![77]
+    })
+    .await;
+    eprintln!(
+        "invalidation seen by the second gateway after {:?} ({:?} after the write began)",
+        took,
+        started.elapsed()
+    );
+    assert!(b.gateway.telemetry.invalidation.received_keys.load(Relaxed) >= 1);
+    assert_eq!(
+        a.gateway
+            .telemetry
+            .invalidation
+            .published_keys
+            .load(Relaxed),
+        1
+    );
+    // What was written is what is read, feature by feature (left-out features are null: defaults).
+    let j = features(&b, "user_id", &["u_9"], &["user_profile"], None).await;
+    assert_eq!(j["features"]["user_profile:country"]["values"][0], "br");
+    assert_eq!(j["features"]["user_profile:is_premium"]["values"][0], true);
+    assert_eq!(
+        j["features"]["user_profile:avg_session_minutes"]["statuses"][0],
+        "NULL_VALUE"
+    );
+    // Written with the view's key_ttl (30d).
+    let Reply::Int(pttl) = redis.cmd(&["PTTL", "hy:user_profile:u_9"]) else {
+        panic!("PTTL")
+    };
+    assert!(pttl > (29 * DAY).as_millis() as i64, "{pttl}");
+}
+
+#[tokio::test]
+async fn the_rows_api_writes_all_rows_or_none() {
+    let redis = RedisServer::start();
+    let app = gateway(&redis, |_| {}).await;
+    let post = |body: Json| {
+        let app = &app;
+        async move {
+            app.post(
+                "/v1/views/user_profile/rows",
+                "application/json",
+                serde_json::to_vec(&body).expect("json"),
+            )
+            .await
+        }
+    };
+    let r = post(json!({"rows": [
+        {"user_id": "u_w1", "age": 20},
+        {"user_id": "u_w2", "age": "old"},
+        {"user_id": "u_w3", "agee": 3}
+    ]}))
+    .await;
+    assert_eq!(r.status, 400);
+    let j = r.json();
+    assert_eq!(j["error"]["field"], "rows[1]", "{j}");
+    let msg = j["error"]["message"].as_str().expect("message");
+    assert!(
+        msg.contains("age") && msg.contains("2 of 3") && msg.contains("nothing was written"),
+        "{msg}"
+    );
+    assert_eq!(
+        redis.cmd(&["EXISTS", "hy:user_profile:u_w1"]),
+        Reply::Int(0),
+        "the good row was not written"
+    );
+
+    let r = post(json!({"rows": [{"user_id": "u_w1", "age": 20, "embedding": [1, 2, 3, 4]}, {"user_id": "u_w2", "age": 21}]}))
+        .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["written"], 2);
+    let stored = redis
+        .cmd(&["GET", "hy:user_profile:u_w1"])
+        .bytes()
+        .expect("written");
+    let rec = Record::decode(&stored).expect("a record");
+    assert_eq!(rec.schema_version, 1);
+    assert_eq!(rec.values[0], Value::Int(20));
+    assert_eq!(
+        rec.values[4],
+        Value::List(vec![1.0, 2.0, 3.0, 4.0].into_boxed_slice())
+    );
+    assert_eq!(ages(&app, &["u_w1", "u_w2"]).await.0, vec![20, 21]);
+
+    let r = post(json!({"rows": []})).await;
+    assert_eq!((r.status, r.code()), (400, "invalid_field".to_owned()));
+    let r = app
+        .post(
+            "/v1/views/nope/rows",
+            "application/json",
+            b"{\"rows\": []}".to_vec(),
+        )
+        .await;
+    assert_eq!((r.status, r.code()), (404, "unknown_view".to_owned()));
+    let r = post(json!({"rows": [7]})).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["field"], "rows[0]");
+}
+
+#[tokio::test]
+async fn the_loader_reports_bad_rows_by_line_loads_the_good_ones_and_invalidates_them() {
+    let redis = RedisServer::start();
+    seeded(&redis).await;
+    let app = gateway(&redis, |_| {}).await;
+    let old = demo_rows("user_profile", "user_id")["u_4"]["age"]
+        .as_i64()
+        .expect("age");
+    assert_eq!(
+        ages(&app, &["u_4"]).await.0,
+        vec![old],
+        "cached before the load"
+    );
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("rows.jsonl");
+    let mut f = std::fs::File::create(&path).expect("create");
+    writeln!(f, r#"{{"user_id": "u_4", "age": 88, "country": "in"}}"#).expect("write");
+    writeln!(f, r#"{{"user_id": "u_l2", "age": 5"#).expect("write"); // line 2: cut short
+    writeln!(
+        f,
+        r#"{{"user_id": "u_l3", "age": 33, "event_timestamp": "2026-01-02T03:04:05Z"}}"#
+    )
+    .expect("write");
+    writeln!(f, r#"{{"user_id": "u_l4", "shoe_size": 44}}"#).expect("write"); // line 4: unknown feature
+    writeln!(f, r#"{{"user_id": "u_l5", "age": "old"}}"#).expect("write"); // line 5: wrong type
+    writeln!(f).expect("write");
+    writeln!(f, r#"{{"user_id": "u_l7", "embedding": [0.5, 0.5, 0.5]}}"#).expect("write"); // line 7: short list
+    writeln!(f, r#"{{"user_id": "u_l8", "is_premium": true}}"#).expect("write");
+    drop(f);
+
+    // As the CLI does: its own connection to Redis.
+    let c = config_for(&redis);
+    let store = open_store(&c).await.expect("store");
+    let registry =
+        hydrant::schema::Registry::load_dir(&root().join("schemas"), &root().join("models"))
+            .expect("schemas");
+    let report = hydrant::loader::load(
+        &registry.views["user_profile"],
+        "hy",
+        std::io::BufReader::new(std::fs::File::open(&path).expect("open")),
+        false,
+        &c.limits,
+        store.as_ref(),
+    )
+    .await
+    .expect("load");
+    assert_eq!(report.written, 3);
+    let lines: Vec<usize> = report.rejected.iter().map(|r| r.line).collect();
+    assert_eq!(lines, vec![2, 4, 5, 7], "{:?}", report.rejected);
+    assert!(
+        report.rejected[1].reason.contains("shoe_size"),
+        "{:?}",
+        report.rejected[1]
+    );
+    assert!(
+        report.rejected[3].reason.contains('4'),
+        "{:?}",
+        report.rejected[3]
+    );
+    assert!(report.failed.is_empty() && report.unannounced == 0);
+    for k in ["u_l2", "u_l4", "u_l5", "u_l7"] {
+        assert_eq!(
+            redis.cmd(&["EXISTS", &format!("hy:user_profile:{k}")]),
+            Reply::Int(0),
+            "{k}"
+        );
+    }
+    let rec = Record::decode(
+        &redis
+            .cmd(&["GET", "hy:user_profile:u_l3"])
+            .bytes()
+            .expect("u_l3"),
+    )
+    .expect("record");
+    assert_eq!(rec.values[0], Value::Int(33));
+    assert_eq!(rec.event_ts_ms, 1_767_323_045_000);
+    let Reply::Int(pttl) = redis.cmd(&["PTTL", "hy:user_profile:u_l8"]) else {
+        panic!("PTTL")
+    };
+    assert!(
+        pttl > (29 * DAY).as_millis() as i64,
+        "key_ttl applied: {pttl}"
+    );
+
+    // The running gateway drops u_4 on the loader's announcement.
+    eventually(
+        Duration::from_secs(1),
+        "the gateway serves the loaded value",
+        || async { ages(&app, &["u_4"]).await.0 == vec![88] },
+    )
+    .await;
+
+    // CSV: the header counts as line 1.
+    let csv = dir.path().join("rows.csv");
+    std::fs::write(
+        &csv,
+        "user_id,age,is_premium\nu_c2,41,true\nu_c3,x,false\nu_c4,43,maybe\nu_c5,45,0\n",
+    )
+    .expect("csv");
+    let report = hydrant::loader::load(
+        &registry.views["user_profile"],
+        "hy",
+        std::io::BufReader::new(std::fs::File::open(&csv).expect("open")),
+        true,
+        &c.limits,
+        store.as_ref(),
+    )
+    .await
+    .expect("load");
+    assert_eq!(report.written, 2);
+    assert_eq!(
+        report.rejected.iter().map(|r| r.line).collect::<Vec<_>>(),
+        vec![3, 4]
+    );
+    assert_eq!(ages(&app, &["u_c2", "u_c5"]).await.0, vec![41, 45]);
+}
+
+// ------------------------------------------------------------------------------------------------------
+// Prefetch and warm start
+
+#[tokio::test]
+async fn prefetch_warms_the_cache_in_the_background() {
+    let redis = RedisServer::start();
+    seeded(&redis).await;
+    let app = gateway(&redis, |_| {}).await;
+    let body = json!({"entities": {"user_id": ["u_1", "u_2"], "item_id": ["i_1", "i_2", "i_3"]}});
+    let r = app
+        .post(
+            "/v1/prefetch",
+            "application/json",
+            serde_json::to_vec(&body).expect("json"),
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json(), json!({"accepted": 5}));
+    let stats = &app.gateway.telemetry.prefetch;
+    eventually(Duration::from_secs(2), "the prefetch done", || async {
+        stats.fetched.load(Relaxed) == 5
+    })
+    .await;
+    let j = features(&app, "user_id", &["u_1", "u_2"], &["user_profile"], None).await;
+    assert_eq!(j["cache"], json!({"hits": 2, "stale": 0, "misses": 0}));
+    let j = features(
+        &app,
+        "item_id",
+        &["i_1", "i_2", "i_3"],
+        &["item_stats"],
+        None,
+    )
+    .await;
+    assert_eq!(j["cache"]["hits"], 3);
+
+    // Only the views asked for; keys already fresh are not read again.
+    let body = json!({"entities": {"user_id": ["u_1", "u_7"]}, "views": ["user_profile"]});
+    let r = app
+        .post(
+            "/v1/prefetch",
+            "application/json",
+            serde_json::to_vec(&body).expect("json"),
+        )
+        .await;
+    assert_eq!(r.json(), json!({"accepted": 2}));
+    eventually(
+        Duration::from_secs(2),
+        "the second prefetch done",
+        || async { stats.fetched.load(Relaxed) == 6 },
+    )
+    .await;
+    assert_eq!(stats.cached.load(Relaxed), 1);
+
+    for (body, status, field) in [
+        (
+            json!({"entities": {"user_id": ["u_1"]}, "views": ["item_stats"]}),
+            400,
+            "views[0]",
+        ),
+        (
+            json!({"entities": {"user_id": ["u_1"]}, "views": ["nope"]}),
+            400,
+            "views[0]",
+        ),
+        (
+            json!({"entities": {"shop_id": ["s_1"]}}),
+            400,
+            "entities.shop_id",
+        ),
+        (
+            json!({"entities": {"user_id": [""]}}),
+            400,
+            "entities.user_id[0]",
+        ),
+        (json!({"entities": {}}), 400, "entities"),
+    ] {
+        let r = app
+            .post(
+                "/v1/prefetch",
+                "application/json",
+                serde_json::to_vec(&body).expect("json"),
+            )
+            .await;
+        assert_eq!(
+            r.status,
+            status,
+            "{body}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        assert_eq!(r.json()["error"]["field"], field, "{body}");
+    }
+}
+
+#[tokio::test]
+async fn prefetches_beyond_the_bound_get_429_with_retry_after() {
+    let redis = RedisServer::start();
+    seeded(&redis).await;
+    let mut c = config_for(&redis);
+    c.prefetch.max_concurrent = 1;
+    let inner = open_store(&c).await.expect("store");
+    let app = gateway_over(
+        c,
+        Slowed::new(inner, Duration::from_millis(400), Duration::ZERO),
+    )
+    .await;
+    let body = serde_json::to_vec(&json!({"entities": {"user_id": ["u_1"]}})).expect("json");
+    let r = app
+        .post("/v1/prefetch", "application/json", body.clone())
+        .await;
+    assert_eq!(r.status, 202);
+    let r = app
+        .post("/v1/prefetch", "application/json", body.clone())
+        .await;
+    assert_eq!((r.status, r.code()), (429, "too_many_requests".to_owned()));
+    assert!(r.headers.get("retry-after").is_some());
+    let stats = &app.gateway.telemetry.prefetch;
+    assert_eq!(stats.rejected.load(Relaxed), 1);
+    // Once the first is done, the bound lets the next one in.
+    eventually(
+        Duration::from_secs(3),
+        "the first prefetch done",
+        || async { stats.fetched.load(Relaxed) == 1 },
+    )
+    .await;
+    let r = app.post("/v1/prefetch", "application/json", body).await;
+    assert_eq!(r.status, 202);
+}
+
+#[tokio::test]
+async fn a_starting_gateway_loads_the_hottest_keys_before_it_reports_ready() {
+    let redis = RedisServer::start();
+    seeded(&redis).await;
+    let a = gateway(&redis, |c| c.prefetch.hot_sample_every = 1).await;
+    // u_1 hottest, then u_2, u_3; the others once.
+    for (user, times) in [("u_1", 5), ("u_2", 4), ("u_3", 3), ("u_4", 1), ("u_5", 1)] {
+        for _ in 0..times {
+            ages(&a, &[user]).await;
+        }
+    }
+    features(
+        &a,
+        "item_id",
+        &["i_9", "i_9", "i_8"],
+        &["item_stats:price"],
+        None,
+    )
+    .await;
+    hydrant::prefetch::flush_hot(&a.gateway.hydrator, 100).await;
+    let top = redis.cmd(&["ZREVRANGE", "hy:hot:user_profile", "0", "2"]);
+    let top: Vec<String> = match top {
+        Reply::Array(items) => items.iter().map(Reply::text).collect(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(top, ["u_1", "u_2", "u_3"]);
+
+    let b = gateway(&redis, |c| c.prefetch.warm_top_k = 3).await;
+    let warm = &b.gateway.telemetry.prefetch;
+    assert_eq!(
+        warm.warm_keys.load(Relaxed),
+        5,
+        "3 users and both hot items"
+    );
+    assert_eq!(warm.warm_incomplete.load(Relaxed), 0);
+    let (_, _, j) = ages(&b, &["u_1", "u_2", "u_3"]).await;
+    assert_eq!(j["cache"]["hits"], 3, "served from the warm cache");
+    let (_, _, j) = ages(&b, &["u_4"]).await;
+    assert_eq!(j["cache"]["misses"], 1, "only the top 3 were loaded");
+}
+
+#[tokio::test]
+async fn the_warm_start_is_bounded_by_warm_timeout() {
+    let redis = RedisServer::start();
+    let mut c = config_for(&redis);
+    c.prefetch.warm_timeout = Duration::from_millis(200);
+    let inner = open_store(&c).await.expect("store");
+    let started = Instant::now();
+    let app = TestApp::spawn_with(
+        c,
+        Slowed::new(inner, Duration::ZERO, Duration::from_secs(30)),
+        None,
+    )
+    .await;
+    assert_eq!(
+        app.get("/v2/health/ready").await.status,
+        503,
+        "not ready while warming"
+    );
+    assert_eq!(app.get("/v2/health/live").await.status, 200, "but alive");
+    wait_ready(&app).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        app.gateway.telemetry.prefetch.warm_incomplete.load(Relaxed),
+        1
+    );
+}
+
+// ------------------------------------------------------------------------------------------------------
+// Redis Cluster
+
+#[tokio::test]
+async fn on_a_cluster_requests_across_hash_slots_are_served_and_invalidated() {
+    let redis = RedisServer::start_cluster();
+    assert!(redis.url().starts_with("redis-cluster://"));
+    // Demo rows across all slots (pipelined SETs: MULTI would fail with CROSSSLOT).
+    seeded(&redis).await;
+    let a = gateway(&redis, |_| {}).await;
+    let b = gateway(&redis, |_| {}).await;
+    let items = demo_rows("item_stats", "item_id");
+    let keys: Vec<String> = (0..50).map(|i| format!("i_{i}")).collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let j = features(&a, "item_id", &refs, &["item_stats:impressions_7d"], None).await;
+    assert_eq!(j["degraded"], false, "{j}");
+    for (i, k) in keys.iter().enumerate() {
+        assert_eq!(
+            j["features"]["item_stats:impressions_7d"]["values"][i], items[k]["impressions_7d"],
+            "{k}"
+        );
+    }
+    let candidates: Vec<Json> = refs.iter().map(|k| json!({"item_id": k})).collect();
+    let r = a
+        .predict(
+            "ctr",
+            &json!({"entities": {"user_id": "u_1"}, "candidates": candidates}),
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["degraded"], false);
+
+    assert_eq!(ages(&b, &["u_11"]).await.1, vec!["PRESENT".to_owned()]);
+    let body = json!({"rows": [{"user_id": "u_11", "age": 99}, {"user_id": "u_12", "age": 98}]});
+    let r = a
+        .post(
+            "/v1/views/user_profile/rows",
+            "application/json",
+            serde_json::to_vec(&body).expect("json"),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    eventually(
+        Duration::from_secs(1),
+        "b sees the write over the cluster",
+        || async { ages(&b, &["u_11", "u_12"]).await.0 == vec![99, 98] },
+    )
+    .await;
+}
+
+// ------------------------------------------------------------------------------------------------------
+// TLS
+
+#[tokio::test]
+async fn a_tls_url_connects_when_the_server_certificate_is_trusted() {
+    let redis = RedisServer::start_tls();
+    assert!(redis.url().starts_with("rediss://"));
+    let mut c = config_for(&redis);
+    // The test CA is not among the system's roots: refused.
+    let e = format!(
+        "{:#}",
+        open_store(&c).await.err().expect("untrusted certificate")
+    );
+    assert!(e.contains("Redis"), "{e}");
+    c.store.redis.tls_ca_file = redis.ca_file();
+    let store = open_store(&c).await.expect("TLS with the test CA");
+    load_demo_rows(store.as_ref(), "hy").await;
+    let app = gateway_over(c, store).await;
+    let want = demo_rows("user_profile", "user_id")["u_8"]["age"]
+        .as_i64()
+        .expect("age");
+    assert_eq!(ages(&app, &["u_8"]).await.0, vec![want]);
+    let body = json!({"rows": [{"user_id": "u_8", "age": 19}]});
+    let r = app
+        .post(
+            "/v1/views/user_profile/rows",
+            "application/json",
+            serde_json::to_vec(&body).expect("json"),
+        )
+        .await;
+    assert_eq!(r.json()["announced"], true, "pub/sub over TLS too");
+    assert_eq!(ages(&app, &["u_8"]).await.0, vec![19]);
+}
