@@ -11,7 +11,15 @@ DATA := data/hydrant.redb
 
 .PHONY: run test ort ort-gpu system-deps build demo-data lint fmt validate clean loadtest
 
-## run: build, load the demo rows into the embedded store, and serve on 127.0.0.1:8080
+# REDIS_URL=redis://HOST:PORT makes `run` (and `demo-data`) use that Redis instead of the embedded store.
+REDIS_URL ?=
+ifneq ($(REDIS_URL),)
+export HYDRANT_STORE__REDIS__URL := $(REDIS_URL)
+endif
+
+## run: build, load the demo rows into the store, and serve on 127.0.0.1:8080
+##   make run                                  # embedded store (data/hydrant.redb)
+##   make run REDIS_URL=redis://127.0.0.1:6379 # Redis: rows loaded there with the bulk loader first
 run: ort build demo-data
 	$(BIN) serve
 
@@ -36,10 +44,11 @@ $(ORT_LIB):
 ort-gpu:
 	scripts/install-ort.sh gpu $(ORT_DIR)
 
-## system-deps: tools the tests start for real (redis-server), installed from Debian when missing
+## system-deps: tools the tests start for real (redis-server; openssl makes the TLS test's certificates), installed from Debian when missing
 system-deps:
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust (https://rustup.rs) first" >&2; exit 1; }
 	@command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; }
+	@command -v openssl >/dev/null || { apt-get update -qq && apt-get install -y -qq openssl >/dev/null; }
 	@command -v python3 >/dev/null || { apt-get update -qq && apt-get install -y -qq python3 python3-pip >/dev/null; }
 	@command -v docker-compose >/dev/null || { apt-get update -qq && apt-get install -y -qq docker-compose >/dev/null; }
 
@@ -47,7 +56,7 @@ build:
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust (https://rustup.rs) first" >&2; exit 1; }
 	$(CARGO) build --release --bin hydrant
 
-## demo-data: (re)load the demo feature rows into the embedded store
+## demo-data: (re)load the demo feature rows into the store (Redis when REDIS_URL is set)
 demo-data: build
 	$(BIN) load --view user_profile demo/rows/user_profile.jsonl
 	$(BIN) load --view item_stats demo/rows/item_stats.jsonl

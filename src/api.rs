@@ -94,6 +94,8 @@ async fn observe_request(State(gw): State<Arc<Gateway>>, req: Request, next: Nex
         Some("/v2/models/{model}/ready") => "/v2/models/{model}/ready",
         Some("/metrics") => "/metrics",
         Some("/v1/stats") => "/v1/stats",
+        Some("/v1/prefetch") => "/v1/prefetch",
+        Some("/v1/views/{view}/rows") => "/v1/views/{view}/rows",
         Some(_) => "other",
         None => "unmatched",
     };
