@@ -196,3 +196,47 @@ impl FeatureCache {
         self.inner.run_pending_tasks();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::schema::Registry;
+
+    #[test]
+    fn the_cache_stays_within_its_byte_budget() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let r = Registry::load_dir(&root.join("schemas"), &root.join("models")).expect("schemas");
+        let policy = &r.views["user_profile"].policy;
+        let telemetry = Arc::new(Telemetry::default());
+        let budget = 50_000;
+        let cache = FeatureCache::new(budget, Clock::default(), telemetry.clone(), "hy".into());
+        let found = || Found {
+            event_ts_ms: 0,
+            values: vec![Value::Str("x".repeat(100).into()), Value::Int(1)].into_boxed_slice(),
+        };
+        let weight = Entry::new(0, Some(found()), policy, 20).weight();
+        for i in 0..2_000 {
+            let key = format!("hy:user_profile:u_{i:05}");
+            cache.insert(
+                "user_profile",
+                key.into(),
+                Arc::new(Entry::new(0, Some(found()), policy, 20)),
+            );
+        }
+        cache.run_pending_tasks();
+        let stats = telemetry.view("user_profile");
+        let bytes = stats.bytes.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(
+            bytes as u64 <= budget,
+            "{bytes} bytes cached, budget {budget}"
+        );
+        assert!(cache.entry_count() * u64::from(weight) <= budget);
+        assert!(cache.entry_count() > 0);
+        assert_eq!(
+            stats.entries.load(std::sync::atomic::Ordering::Relaxed) as u64,
+            cache.entry_count()
+        );
+    }
+}

@@ -614,10 +614,23 @@ async fn a_frozen_or_busy_redis_does_not_hold_a_request_past_its_deadline() {
     )
     .await;
     let took = started.elapsed();
+    // No deadline in the request: the view's store.timeout (50ms) bounds the wait, not the gateway's
+    // 2 s request timeout.
+    let started = Instant::now();
+    let k = features(&app, "user_id", &["u_5"], &["user_profile:age"], None).await;
+    let took_default = started.elapsed();
     redis.resume();
     assert!(
         took < Duration::from_millis(300),
         "took {took:?} with a 30 ms deadline"
+    );
+    assert!(
+        took_default < Duration::from_millis(400),
+        "took {took_default:?} with store.timeout = 50ms"
+    );
+    assert_eq!(
+        k["features"]["user_profile:age"]["statuses"],
+        json!(["DEFAULTED"])
     );
     assert_eq!(j["degraded"], true);
     assert_eq!(
@@ -634,7 +647,7 @@ async fn a_frozen_or_busy_redis_does_not_hold_a_request_past_its_deadline() {
             .view("user_profile")
             .degraded_timeout
             .load(Relaxed)
-            >= 2
+            >= 3
     );
 
     // DEBUG SLEEP: the server is busy, the request still answers by its deadline.
@@ -1015,6 +1028,32 @@ async fn the_loader_reports_bad_rows_by_line_loads_the_good_ones_and_invalidates
         vec![3, 4]
     );
     assert_eq!(ages(&app, &["u_c2", "u_c5"]).await.0, vec![41, 45]);
+}
+
+#[tokio::test]
+async fn the_rows_api_and_prefetch_work_on_the_embedded_store_too() {
+    let app = TestApp::spawn().await;
+    wait_ready(&app).await;
+    assert_eq!(ages(&app, &["u_3"]).await.1, vec!["PRESENT".to_owned()]);
+    let body = json!({"rows": [{"user_id": "u_3", "age": 64}]});
+    let r = app
+        .post(
+            "/v1/views/user_profile/rows",
+            "application/json",
+            serde_json::to_vec(&body).expect("json"),
+        )
+        .await;
+    assert_eq!(r.json(), json!({"written": 1, "announced": true}));
+    assert_eq!(ages(&app, &["u_3"]).await.0, vec![64]);
+    let body = json!({"entities": {"item_id": ["i_3"]}});
+    let r = app
+        .post(
+            "/v1/prefetch",
+            "application/json",
+            serde_json::to_vec(&body).expect("json"),
+        )
+        .await;
+    assert_eq!(r.status, 202);
 }
 
 // ------------------------------------------------------------------------------------------------------
