@@ -111,8 +111,10 @@ impl RedisStore {
                 anyhow::bail!("cannot connect to Redis (store.redis.url): {e}");
             }
             Err(_) => {
-                // Stop the connection attempts still running in the background.
-                let _ = pool.quit().await;
+                // Stop the connection attempts still running (best-effort: quitting may wait on them too).
+                tokio::spawn(async move {
+                    let _ = pool.quit().await;
+                });
                 anyhow::bail!(
                     "Redis (store.redis.url) did not answer within {:?} (store.redis.connect_timeout)",
                     cfg.connect_timeout
