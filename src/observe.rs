@@ -209,6 +209,138 @@ pub fn prometheus(gw: &Gateway) -> String {
     }
     header(
         &mut out,
+        "hydrant_refresh_total",
+        "counter",
+        "Background refreshes (refresh-ahead) by outcome, in keys.",
+    );
+    for (view, v) in &views {
+        for (outcome, c) in [
+            ("ok", &v.refresh_ok),
+            ("error", &v.refresh_error),
+            ("timeout", &v.refresh_timeout),
+        ] {
+            let _ = writeln!(
+                out,
+                "hydrant_refresh_total{{view=\"{}\",outcome=\"{outcome}\"}} {}",
+                esc(view),
+                c.load(Relaxed)
+            );
+        }
+    }
+    let stores = t.stores();
+    header(
+        &mut out,
+        "hydrant_store_round_trips_total",
+        "counter",
+        "Store round trips by backend, operation and outcome (one read carries all of a request's misses).",
+    );
+    for (backend, st) in &stores {
+        for (op, outcome, c) in [
+            ("read", "ok", &st.reads_ok),
+            ("read", "error", &st.reads_error),
+            ("read", "timeout", &st.reads_timeout),
+            ("write", "ok", &st.writes_ok),
+            ("write", "error", &st.writes_error),
+            ("write", "timeout", &st.writes_timeout),
+        ] {
+            let _ = writeln!(
+                out,
+                "hydrant_store_round_trips_total{{backend=\"{backend}\",op=\"{op}\",outcome=\"{outcome}\"}} {}",
+                c.load(Relaxed)
+            );
+        }
+    }
+    header(
+        &mut out,
+        "hydrant_store_keys_total",
+        "counter",
+        "Keys carried by store round trips.",
+    );
+    for (backend, st) in &stores {
+        let _ = writeln!(
+            out,
+            "hydrant_store_keys_total{{backend=\"{backend}\",op=\"read\"}} {}",
+            st.read_keys.load(Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "hydrant_store_keys_total{{backend=\"{backend}\",op=\"write\"}} {}",
+            st.written_keys.load(Relaxed)
+        );
+    }
+    header(
+        &mut out,
+        "hydrant_store_duration_seconds",
+        "histogram",
+        "Store round-trip latency by backend and operation.",
+    );
+    for (backend, st) in &stores {
+        histogram(
+            &mut out,
+            "hydrant_store_duration_seconds",
+            &format!("backend=\"{backend}\",op=\"read\""),
+            &st.read_duration,
+        );
+        histogram(
+            &mut out,
+            "hydrant_store_duration_seconds",
+            &format!("backend=\"{backend}\",op=\"write\""),
+            &st.write_duration,
+        );
+    }
+    let p = &t.prefetch;
+    header(
+        &mut out,
+        "hydrant_prefetch_total",
+        "counter",
+        "Prefetched keys (POST /v1/prefetch and warm start) by outcome.",
+    );
+    for (outcome, c) in [
+        ("accepted", &p.accepted),
+        ("rejected", &p.rejected),
+        ("fetched", &p.fetched),
+        ("cached", &p.cached),
+        ("failed", &p.failed),
+        ("warm", &p.warm_keys),
+    ] {
+        let _ = writeln!(
+            out,
+            "hydrant_prefetch_total{{outcome=\"{outcome}\"}} {}",
+            c.load(Relaxed)
+        );
+    }
+    header(
+        &mut out,
+        "hydrant_warm_start_incomplete_total",
+        "counter",
+        "Warm starts cut short by prefetch.warm_timeout or a store failure.",
+    );
+    let _ = writeln!(
+        out,
+        "hydrant_warm_start_incomplete_total {}",
+        p.warm_incomplete.load(Relaxed)
+    );
+    let inv = &t.invalidation;
+    header(
+        &mut out,
+        "hydrant_invalidations_total",
+        "counter",
+        "Cache invalidation between replicas: keys published, publish errors, keys received, whole-cache flushes.",
+    );
+    for (kind, c) in [
+        ("published_keys", &inv.published_keys),
+        ("publish_errors", &inv.publish_errors),
+        ("received_keys", &inv.received_keys),
+        ("flushes", &inv.flushes),
+    ] {
+        let _ = writeln!(
+            out,
+            "hydrant_invalidations_total{{kind=\"{kind}\"}} {}",
+            c.load(Relaxed)
+        );
+    }
+    header(
+        &mut out,
         "hydrant_bad_records_total",
         "counter",
         "Stored records that could not be decoded and were served as defaults.",
@@ -290,10 +422,40 @@ pub fn stats(gw: &Gateway) -> Json {
             }),
         );
     }
+    let mut stores = Map::new();
+    for (backend, st) in t.stores() {
+        let reads = st.reads_ok.load(Relaxed)
+            + st.reads_error.load(Relaxed)
+            + st.reads_timeout.load(Relaxed);
+        stores.insert(
+            backend.to_owned(),
+            json!({
+                "reads": reads,
+                "read_errors": st.reads_error.load(Relaxed),
+                "read_timeouts": st.reads_timeout.load(Relaxed),
+                "read_keys": st.read_keys.load(Relaxed),
+                "keys_per_read": ratio(st.read_keys.load(Relaxed), reads),
+                "writes": st.writes_ok.load(Relaxed) + st.writes_error.load(Relaxed) + st.writes_timeout.load(Relaxed),
+                "written_keys": st.written_keys.load(Relaxed),
+            }),
+        );
+    }
+    let p = &t.prefetch;
+    let inv = &t.invalidation;
     json!({
         "uptime_s": t.uptime_s(),
         "window_s": SLOT_S * SLOTS as u64,
         "store": gw.hydrator.store().backend(),
+        "stores": stores,
+        "prefetch": {
+            "accepted": p.accepted.load(Relaxed), "rejected": p.rejected.load(Relaxed),
+            "fetched": p.fetched.load(Relaxed), "cached": p.cached.load(Relaxed), "failed": p.failed.load(Relaxed),
+            "warm_keys": p.warm_keys.load(Relaxed), "warm_incomplete": p.warm_incomplete.load(Relaxed),
+        },
+        "invalidation": {
+            "published_keys": inv.published_keys.load(Relaxed), "publish_errors": inv.publish_errors.load(Relaxed),
+            "received_keys": inv.received_keys.load(Relaxed), "flushes": inv.flushes.load(Relaxed),
+        },
         "models": models,
         "views": views,
     })

@@ -97,6 +97,38 @@ async fn metrics_count_the_traffic_that_was_sent() {
         1.0
     );
     assert_eq!(sample(&m, "hydrant_batch_rows_sum{model=\"ctr\"}"), 10.0);
+    // The first request's 3 misses went to the store in one round trip.
+    assert_eq!(
+        sample(
+            &m,
+            "hydrant_store_round_trips_total{backend=\"embedded\",op=\"read\",outcome=\"ok\"}"
+        ),
+        1.0
+    );
+    assert_eq!(
+        sample(
+            &m,
+            "hydrant_store_keys_total{backend=\"embedded\",op=\"read\"}"
+        ),
+        3.0
+    );
+    assert_eq!(
+        sample(
+            &m,
+            "hydrant_store_duration_seconds_count{backend=\"embedded\",op=\"read\"}"
+        ),
+        1.0
+    );
+    for name in [
+        "hydrant_refresh_total",
+        "hydrant_prefetch_total",
+        "hydrant_invalidations_total",
+    ] {
+        assert!(
+            m.contains(&format!("# TYPE {name} counter")),
+            "{name} declared"
+        );
+    }
     assert_eq!(sample(&m, "hydrant_queue_depth{model=\"ctr\"}"), 0.0);
     assert_eq!(
         sample(
@@ -166,6 +198,10 @@ async fn stats_report_stage_percentiles_beside_hit_rates() {
     assert_eq!(s["views"]["item_stats"]["hits"], 19);
     assert_eq!(s["window_s"], 60);
     assert_eq!(s["store"], "embedded");
+    assert_eq!(
+        s["stores"]["embedded"]["reads"], 4,
+        "one round trip per request with misses: 4 users, the item riding with the first"
+    );
 }
 
 #[tokio::test]
