@@ -320,6 +320,28 @@ pub fn prometheus(gw: &Gateway) -> String {
         "hydrant_warm_start_incomplete_total {}",
         p.warm_incomplete.load(Relaxed)
     );
+    header(
+        &mut out,
+        "hydrant_hot_key_samples_total",
+        "counter",
+        "Lookups sampled into the hot-key sets (warm start).",
+    );
+    let _ = writeln!(
+        out,
+        "hydrant_hot_key_samples_total {}",
+        p.hot_samples.load(Relaxed)
+    );
+    header(
+        &mut out,
+        "hydrant_hot_key_flush_errors_total",
+        "counter",
+        "Failed writes of hot-key samples to the store.",
+    );
+    let _ = writeln!(
+        out,
+        "hydrant_hot_key_flush_errors_total {}",
+        p.hot_flush_errors.load(Relaxed)
+    );
     let inv = &t.invalidation;
     header(
         &mut out,
