@@ -497,6 +497,25 @@ fn unknown_entity(model: &Model, field: &str, name: &str) -> ApiError {
     )
 }
 
+/// Refuses a request carrying more entity keys, over all entities, than `limits.max_entities` (413).
+pub fn check_key_count(
+    entities: &HashMap<String, EntityKeys>,
+    limits: &LimitsConfig,
+) -> Result<(), ApiError> {
+    let total: usize = entities.values().map(|k| k.0.len()).sum();
+    if total > limits.max_entities {
+        return Err(ApiError::TooLarge {
+            code: "too_many_entities",
+            message: format!(
+                "entities: {total} keys, the limit is {}",
+                limits.max_entities
+            ),
+            field: Some("entities".to_owned()),
+        });
+    }
+    Ok(())
+}
+
 /// A resolved `/v1/features` request.
 #[derive(Debug)]
 pub struct FeaturesPlan {
@@ -517,17 +536,7 @@ impl FeaturesRequest {
                 "features: expected at least one `view` or `view:feature`",
             ));
         }
-        let total: usize = self.entities.values().map(|k| k.0.len()).sum();
-        if total > limits.max_entities {
-            return Err(ApiError::TooLarge {
-                code: "too_many_entities",
-                message: format!(
-                    "entities: {total} keys, the limit is {}",
-                    limits.max_entities
-                ),
-                field: Some("entities".to_owned()),
-            });
-        }
+        check_key_count(&self.entities, limits)?;
         let mut views: Vec<(std::sync::Arc<View>, Vec<String>, Vec<usize>)> = Vec::new();
         for (i, name) in self.features.iter().enumerate() {
             let field = format!("features[{i}]");

@@ -20,7 +20,7 @@ use serde::Deserialize;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::{LimitsConfig, PrefetchConfig};
-use crate::decode::{EntityKeys, key_string};
+use crate::decode::{EntityKeys, check_key_count, key_string};
 use crate::error::ApiError;
 use crate::hydrate::{Hydrator, Prefetched};
 use crate::schema::{Registry, View};
@@ -215,17 +215,7 @@ impl PrefetchRequest {
                 "entities: expected at least one entity with keys, e.g. {\"user_id\": [\"u_1\"]}",
             ));
         }
-        let total: usize = self.entities.values().map(|k| k.0.len()).sum();
-        if total > limits.max_entities {
-            return Err(ApiError::TooLarge {
-                code: "too_many_entities",
-                message: format!(
-                    "entities: {total} keys, the limit is {}",
-                    limits.max_entities
-                ),
-                field: Some("entities".to_owned()),
-            });
-        }
+        check_key_count(&self.entities, limits)?;
         let mut names: Vec<&String> = self.entities.keys().collect();
         names.sort();
         let mut keys: HashMap<&str, Vec<String>> = HashMap::new();
