@@ -15,15 +15,17 @@ esac
 if [ -f "$dest/libonnxruntime.so.$version" ] && [ -f "$dest/.flavour-$flavour" ]; then
   exit 0
 fi
-py="$(command -v python3 || true)"
-if [ -z "$py" ]; then
-  echo "python3 is needed to fetch the $pkg wheel: apt-get install -y python3 python3-pip" >&2
-  exit 1
+# pip fetches the wheel; on a fresh Debian machine (as root) python3 and pip come from apt.
+if ! command -v python3 >/dev/null 2>&1 || ! python3 -m pip --version >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing python3 and pip from apt" >&2
+    apt-get update -qq && apt-get install -y -qq python3 python3-pip >/dev/null
+  else
+    echo "python3 with pip is needed to fetch the $pkg wheel (apt-get install -y python3 python3-pip)" >&2
+    exit 1
+  fi
 fi
-if ! "$py" -m pip --version >/dev/null 2>&1; then
-  echo "installing pip (apt-get install -y python3-pip)" >&2
-  apt-get install -y -qq python3-pip >/dev/null
-fi
+py="$(command -v python3)"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 "$py" -m pip download --quiet --no-deps --only-binary=:all: --dest "$tmp" "$pkg==$version"
