@@ -433,20 +433,8 @@ async fn features_endpoint_returns_the_values_written() {
 async fn keys_with_unicode_and_separators_stay_inside_their_view() {
     let app = TestApp::spawn().await;
     // Write a user whose key looks like another view's key, and one with non-ASCII characters.
-    let registry =
-        hydrant::schema::Registry::load_dir(&root().join("schemas"), &root().join("models"))
-            .expect("schemas");
     let rows = "{\"user_id\": \"item_stats:i_1\", \"age\": 77}\n{\"user_id\": \"Zoë 🙂 ユーザー\", \"age\": 55}\n";
-    hydrant::loader::load(
-        &registry.views["user_profile"],
-        "hy",
-        rows.as_bytes(),
-        false,
-        &app.config.limits,
-        app.store.as_ref(),
-    )
-    .await
-    .expect("load");
+    common::load_rows(app.store.as_ref(), "user_profile", rows.as_bytes(), false).await;
     let feats =
         |user: &str| json!({"entities": {"user_id": user}, "features": ["user_profile:age"]});
     let age = |j: Json| j["features"]["user_profile:age"]["values"][0].clone();

@@ -946,19 +946,13 @@ async fn the_loader_reports_bad_rows_by_line_loads_the_good_ones_and_invalidates
     // As the CLI does: its own connection to Redis.
     let c = config_for(&redis);
     let store = open_store(&c).await.expect("store");
-    let registry =
-        hydrant::schema::Registry::load_dir(&root().join("schemas"), &root().join("models"))
-            .expect("schemas");
-    let report = hydrant::loader::load(
-        &registry.views["user_profile"],
-        "hy",
+    let report = common::load_rows(
+        store.as_ref(),
+        "user_profile",
         std::io::BufReader::new(std::fs::File::open(&path).expect("open")),
         false,
-        &c.limits,
-        store.as_ref(),
     )
-    .await
-    .expect("load");
+    .await;
     assert_eq!(report.written, 3);
     let lines: Vec<usize> = report.rejected.iter().map(|r| r.line).collect();
     assert_eq!(lines, vec![2, 4, 5, 7], "{:?}", report.rejected);
@@ -1012,16 +1006,13 @@ async fn the_loader_reports_bad_rows_by_line_loads_the_good_ones_and_invalidates
         "user_id,age,is_premium\nu_c2,41,true\nu_c3,x,false\nu_c4,43,maybe\nu_c5,45,0\n",
     )
     .expect("csv");
-    let report = hydrant::loader::load(
-        &registry.views["user_profile"],
-        "hy",
+    let report = common::load_rows(
+        store.as_ref(),
+        "user_profile",
         std::io::BufReader::new(std::fs::File::open(&csv).expect("open")),
         true,
-        &c.limits,
-        store.as_ref(),
     )
-    .await
-    .expect("load");
+    .await;
     assert_eq!(report.written, 2);
     assert_eq!(
         report.rejected.iter().map(|r| r.line).collect::<Vec<_>>(),

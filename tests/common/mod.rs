@@ -78,23 +78,46 @@ pub async fn demo_store() -> (Arc<dyn Store>, tempfile::TempDir) {
     (store, dir)
 }
 
+/// The repo's schemas, compiled.
+pub fn registry() -> Registry {
+    Registry::load_dir(&root().join("schemas"), &root().join("models")).expect("schemas")
+}
+
+/// Loads rows (JSON Lines, or CSV when `csv`) of `view` into `store` with the bulk loader, under prefix `hy`.
+pub async fn load_rows(
+    store: &dyn Store,
+    view: &str,
+    rows: impl std::io::BufRead,
+    csv: bool,
+) -> hydrant::loader::Report {
+    load_rows_with_prefix(store, "hy", view, rows, csv).await
+}
+
+async fn load_rows_with_prefix(
+    store: &dyn Store,
+    prefix: &str,
+    view: &str,
+    rows: impl std::io::BufRead,
+    csv: bool,
+) -> hydrant::loader::Report {
+    hydrant::loader::load(
+        &registry().views[view],
+        prefix,
+        rows,
+        csv,
+        &Config::default().limits,
+        store,
+    )
+    .await
+    .expect("load")
+}
+
 /// Loads `demo/rows/*.jsonl` into `store`.
 pub async fn load_demo_rows(store: &dyn Store, prefix: &str) {
-    let registry =
-        Registry::load_dir(&root().join("schemas"), &root().join("models")).expect("schemas");
     for view in ["user_profile", "item_stats"] {
         let path = root().join(format!("demo/rows/{view}.jsonl"));
         let f = std::io::BufReader::new(std::fs::File::open(&path).expect("rows"));
-        let report = hydrant::loader::load(
-            &registry.views[view],
-            prefix,
-            f,
-            false,
-            &Config::default().limits,
-            store,
-        )
-        .await
-        .expect("load");
+        let report = load_rows_with_prefix(store, prefix, view, f, false).await;
         assert!(report.rejected.is_empty(), "{:?}", report.rejected);
     }
 }
