@@ -213,7 +213,7 @@ async fn live() -> StatusCode {
 }
 
 async fn ready(State(gw): State<Arc<Gateway>>) -> Response {
-    if gw.ready.load(Relaxed) {
+    if gw.is_ready() {
         (StatusCode::OK, Json(json!({"ready": true}))).into_response()
     } else {
         ApiError::NotReady("the gateway is starting".to_owned()).into_response()
@@ -242,7 +242,7 @@ async fn model_metadata(State(gw): State<Arc<Gateway>>, Path(model): Path<String
 }
 
 async fn model_ready(State(gw): State<Arc<Gateway>>, Path(model): Path<String>) -> Response {
-    if gw.engines.contains_key(&model) && gw.ready.load(Relaxed) {
+    if gw.engines.contains_key(&model) && gw.is_ready() {
         (StatusCode::OK, Json(json!({"name": model, "ready": true}))).into_response()
     } else if gw.engines.contains_key(&model) {
         (

@@ -70,7 +70,7 @@ impl Gateway {
     ) -> Result<Response, ApiError> {
         let started = Instant::now();
         let engine = self.engine(model)?;
-        let stats = self.telemetry.model(model);
+        let stats = engine.stats();
         let result = self.run_predict(engine, headers, body, started).await;
         if result.is_err() {
             stats.errors.fetch_add(1, Relaxed);
@@ -182,7 +182,7 @@ impl Gateway {
         }
         let body = w.finish();
         engine.give_buffer(out.input);
-        self.telemetry.model(&model.name).record(&t, plan.rows);
+        engine.stats().record(&t, plan.rows);
         Ok(respond(answer, body, &t))
     }
 

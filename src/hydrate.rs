@@ -218,10 +218,6 @@ impl Hydrator {
         &self.store
     }
 
-    pub fn prefix(&self) -> &str {
-        &self.prefix
-    }
-
     /// Resolves `keys[i]` of `views[i]` for every `i`. Waits for the store at most until `deadline`.
     pub async fn hydrate(
         self: &Arc<Self>,

@@ -79,8 +79,6 @@ pub fn runtime(library: &Path) -> Result<&'static Environment, InferError> {
 #[derive(Debug, Clone)]
 pub struct OutputInfo {
     pub name: String,
-    /// Numbers per row (1 for `[batch]` or `[batch, 1]`), when the model says; `None` for dynamic.
-    pub width: Option<usize>,
     pub shape: Vec<i64>,
 }
 
@@ -102,10 +100,8 @@ pub struct InferOutput {
     pub outputs: Vec<(usize, Vec<f32>)>,
     /// The input buffer, for reuse.
     pub input: Vec<f32>,
-    pub queue_us: u64,
+    /// How long the model run of the batch this request rode in took.
     pub infer_us: u64,
-    /// Rows in the batch this request ran in (its own and others').
-    pub batch_rows: usize,
 }
 
 struct Job {
@@ -201,6 +197,11 @@ impl Engine {
 
     pub fn model(&self) -> &Arc<Model> {
         &self.model
+    }
+
+    /// The model's counters (resolved once, at start).
+    pub fn stats(&self) -> &Arc<ModelStats> {
+        &self.stats
     }
 
     /// Requests waiting for a session now.
@@ -389,20 +390,14 @@ fn inspect(
             ));
         }
         let dims: Vec<i64> = shape.iter().copied().collect();
-        let width = match dims.len() {
-            1 => Some(1),
-            0 => {
-                return Err(format!(
-                    "output `{name}` is a scalar; expected one row per input row"
-                ));
-            }
-            _ => dims[1..]
-                .iter()
-                .try_fold(1usize, |acc, d| (*d >= 0).then(|| acc * *d as usize)),
-        };
+        if dims.is_empty() {
+            return Err(format!(
+                "output `{name}` is a scalar; expected one row per input row"
+            ));
+        }
+        // Numbers per row are read off each run's output (dimensions may be dynamic).
         outputs.push(OutputInfo {
             name: name.clone(),
-            width,
             shape: dims,
         });
     }
@@ -529,14 +524,10 @@ impl Worker {
                         .map(|(w, data)| (*w, data[at * w..(at + j.rows) * w].to_vec()))
                         .collect();
                     at += j.rows;
-                    let queue_us =
-                        u64::try_from(started.duration_since(j.enqueued).as_micros()).unwrap_or(0);
                     let _ = j.reply.send(Ok(InferOutput {
                         outputs: own,
                         input: j.input,
-                        queue_us,
                         infer_us,
-                        batch_rows: rows,
                     }));
                 }
             }
