@@ -37,12 +37,13 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/v2/models/{model}", get(model_metadata))
         .route("/v2/models/{model}/ready", get(model_ready))
         .route("/v2/models/{model}/infer", post(v2_infer))
-        .route_layer(middleware::from_fn_with_state(gw.clone(), observe_request))
-        .fallback(not_found)
-        .layer(middleware::from_fn_with_state(
+        // Inside the observing layer, so a timed-out request is still counted, logged and given its id.
+        .route_layer(middleware::from_fn_with_state(
             limits.request_timeout,
             timeout,
         ))
+        .route_layer(middleware::from_fn_with_state(gw.clone(), observe_request))
+        .fallback(not_found)
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
         .layer(CatchPanicLayer::custom(|_| {
             ApiError::Internal("a request handler panicked".to_owned()).into_response()
@@ -51,8 +52,11 @@ pub fn router(gw: Arc<Gateway>) -> Router {
 }
 
 /// Answers 503 `deadline_exceeded` when a request outlives `limits.request_timeout`.
+///
+/// It is a backstop: the gateway's own deadlines (the same limit, counted from when the body was read)
+/// answer first with what they can (degraded features, a shed request), so this layer waits a little longer.
 async fn timeout(State(limit): State<Duration>, req: Request, next: Next) -> Response {
-    match tokio::time::timeout(limit, next.run(req)).await {
+    match tokio::time::timeout(limit + TIMEOUT_GRACE, next.run(req)).await {
         Ok(r) => r,
         Err(_) => ApiError::Timeout(format!(
             "the request took longer than the gateway's limit of {limit:?}"
@@ -60,6 +64,9 @@ async fn timeout(State(limit): State<Duration>, req: Request, next: Next) -> Res
         .into_response(),
     }
 }
+
+/// How much longer than `limits.request_timeout` the backstop waits.
+const TIMEOUT_GRACE: Duration = Duration::from_millis(250);
 
 /// Request ids: taken from `X-Request-Id` when it is sane, else generated; echoed back either way.
 static REQUEST_SEQ: AtomicU64 = AtomicU64::new(0);

@@ -343,9 +343,17 @@ impl Gateway {
             crate::value::now_ms(),
             &self.config.limits,
         )?;
-        let written = crate::loader::write_through(&self.hydrator, writes, v.policy.key_ttl)
-            .await
-            .map_err(|e| ApiError::StoreUnavailable(format!("the rows were not written: {e}")))?;
+        // The write, its local invalidation and its announcement run in their own task: a request that
+        // times out or whose client goes away must not stop them halfway (written but not announced).
+        let hydrator = self.hydrator.clone();
+        let ttl = v.policy.key_ttl;
+        let written =
+            tokio::spawn(async move { crate::loader::write_through(&hydrator, writes, ttl).await })
+                .await
+                .map_err(|e| ApiError::Internal(format!("the write task failed: {e}")))?
+                .map_err(|e| {
+                    ApiError::StoreUnavailable(format!("the rows were not written: {e}"))
+                })?;
         Ok(axum::Json(serde_json::json!({
             "written": written.rows,
             "announced": written.announced,

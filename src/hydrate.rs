@@ -329,7 +329,8 @@ impl Hydrator {
             None => Status::NotFound,
             Some(f) => match view.policy.max_age {
                 Some(max)
-                    if self.cache.clock().wall_ms() - f.event_ts_ms > max.as_millis() as i64 =>
+                    if self.cache.clock().wall_ms().saturating_sub(f.event_ts_ms)
+                        > i64::try_from(max.as_millis()).unwrap_or(i64::MAX) =>
                 {
                     Status::OutsideMaxAge
                 }

@@ -782,3 +782,27 @@ async fn model_metadata_describes_the_onnx_input_and_outputs() {
     assert_eq!(j["parameters"]["device"], "cpu");
     assert_eq!(app.get("/v2/models/nope").await.status, 404);
 }
+
+#[tokio::test]
+async fn an_extreme_event_timestamp_is_outside_max_age_not_a_crash() {
+    let app = TestApp::spawn().await;
+    let rows = format!(
+        "{{\"user_id\": \"u_ancient\", \"age\": 44, \"event_timestamp\": {}}}\n",
+        i64::MIN
+    );
+    let report =
+        common::load_rows(app.store.as_ref(), "user_profile", rows.as_bytes(), false).await;
+    assert_eq!(report.written, 1);
+    let body = json!({"entities": {"user_id": ["u_ancient"]}, "features": ["user_profile:age"]});
+    let r = app
+        .post(
+            "/v1/features",
+            "application/json",
+            serde_json::to_vec(&body).expect("j"),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let age = &r.json()["features"]["user_profile:age"];
+    assert_eq!(age["statuses"][0], "OUTSIDE_MAX_AGE");
+    assert_eq!(age["values"][0], 30, "served as the default");
+}

@@ -59,7 +59,9 @@ impl EmbeddedStore {
 
     fn write(&self, writes: &Writes, ttl: Option<Duration>) -> Result<(), StoreError> {
         let io = |e: &dyn std::fmt::Display| StoreError::Io(e.to_string());
-        let expires = ttl.map_or(0, |t| now_ms() + t.as_millis() as i64);
+        let expires = ttl.map_or(0, |t| {
+            now_ms().saturating_add(i64::try_from(t.as_millis()).unwrap_or(i64::MAX))
+        });
         let tx = self.db.begin_write().map_err(|e| io(&e))?;
         {
             let mut table = tx.open_table(RECORDS).map_err(|e| io(&e))?;
