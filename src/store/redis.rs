@@ -57,6 +57,9 @@ pub struct RedisStore {
     /// Stops the invalidation subscriber's tasks (which then close its connection); set by
     /// `subscribe_invalidations`.
     subscriber: Mutex<Option<tokio::sync::watch::Sender<bool>>>,
+    /// Every view whose hot set this replica has written, so a decay halves all of them, not just the
+    /// views sampled in the flush that happened to win the decay lock.
+    hot_views: Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl RedisStore {
@@ -133,6 +136,7 @@ impl RedisStore {
             },
             builder,
             prefix: prefix.to_owned(),
+            hot_views: Mutex::new(std::collections::BTreeSet::new()),
             channel: format!("{prefix}:invalidate"),
             flushes: AtomicU64::new(0),
             subscriber: Mutex::new(None),
@@ -310,15 +314,23 @@ impl RedisStore {
                 .map_err(store_error)?;
         }
         let _: Value = pipeline.all().await.map_err(store_error)?;
+        {
+            let mut views = self.hot_views.lock();
+            for c in counts.iter().filter(|c| !c.keys.is_empty()) {
+                if !views.contains(&c.view) {
+                    views.insert(c.view.clone());
+                }
+            }
+        }
         if self.flushes.fetch_add(1, Relaxed) % DECAY_EVERY_FLUSHES == DECAY_EVERY_FLUSHES - 1 {
-            self.decay_hot(counts).await?;
+            self.decay_hot().await?;
         }
         Ok(())
     }
 
     /// Halves the hot sets' scores, so yesterday's hot keys give way; at most once per [`DECAY_LOCK`] across
     /// all replicas (the first to set the lock key does it).
-    async fn decay_hot(&self, counts: &[HotCounts]) -> Result<(), StoreError> {
+    async fn decay_hot(&self) -> Result<(), StoreError> {
         let client = self.pool.next();
         let lock = format!("{}:hot-decay", self.prefix);
         let won: Option<String> = client
@@ -334,9 +346,10 @@ impl RedisStore {
         if won.is_none() {
             return Ok(());
         }
+        let views: Vec<String> = self.hot_views.lock().iter().cloned().collect();
         let pipeline = client.pipeline();
-        for c in counts {
-            let key = self.hot_key(&c.view);
+        for view in &views {
+            let key = self.hot_key(view);
             let _: () = pipeline
                 .zunionstore(key.as_str(), key.as_str(), 0.5, None)
                 .await
