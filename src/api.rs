@@ -106,22 +106,21 @@ async fn observe_request(State(gw): State<Arc<Gateway>>, req: Request, next: Nex
         Some(_) => "other",
         None => "unmatched",
     };
-    let model = if route.contains("{model}") {
-        req.uri().path().split('/').nth(3).unwrap_or("").to_owned()
+    // The model label is the registered name (borrowed from the gateway), or empty for unknown names.
+    let model: &str = if route.contains("{model}") {
+        let segment = req.uri().path().split('/').nth(3).unwrap_or("");
+        gw.engines
+            .get_key_value(segment)
+            .map_or("", |(name, _)| name.as_str())
     } else {
-        String::new()
+        ""
     };
     let id = request_id(req.headers());
     let span = tracing::info_span!("request", id = %id, method = %req.method(), route);
     let mut resp = next.run(req).instrument(span).await;
     let status = resp.status().as_u16();
-    let model = if gw.engines.contains_key(&model) {
-        model
-    } else {
-        String::new()
-    };
     gw.telemetry
-        .request(route, &model, status)
+        .request(route, model, status)
         .observe_us(crate::telemetry::us_since(started));
     if let Ok(v) = HeaderValue::from_str(&id) {
         resp.headers_mut().insert(REQUEST_ID, v);
@@ -129,7 +128,15 @@ async fn observe_request(State(gw): State<Arc<Gateway>>, req: Request, next: Nex
     resp
 }
 
+/// Runs the cache's pending maintenance (expiry, eviction listeners) so the entries and bytes gauges are
+/// current; on the blocking pool, since on a large cache it can take a while.
+async fn settle_cache(gw: &Gateway) {
+    let cache = gw.hydrator.cache().clone();
+    let _ = tokio::task::spawn_blocking(move || cache.run_pending_tasks()).await;
+}
+
 async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
+    settle_cache(&gw).await;
     let body = crate::observe::prometheus(&gw);
     (
         [(
@@ -142,6 +149,7 @@ async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
 }
 
 async fn stats(State(gw): State<Arc<Gateway>>) -> Json<serde_json::Value> {
+    settle_cache(&gw).await;
     Json(crate::observe::stats(&gw))
 }
 

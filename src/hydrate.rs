@@ -31,7 +31,7 @@ use crate::cache::{Entry, FeatureCache, Found, Lookup};
 use crate::prefetch::HotKeys;
 use crate::schema::View;
 use crate::store::{Invalidation, Store, StoreError, write_key};
-use crate::telemetry::{StoreOutcome, StoreStats, Telemetry, us_since};
+use crate::telemetry::{StoreOutcome, StoreStats, Telemetry, ViewStats, us_since};
 use crate::value::Record;
 
 /// How an entity's features were served (DESIGN.md's feature statuses, per entity).
@@ -232,8 +232,13 @@ impl Hydrator {
         let mut to_fetch: Vec<FetchItem> = Vec::new();
         let mut to_refresh: Vec<FetchItem> = Vec::new();
         let mut key = String::with_capacity(64);
+        // Each view's counters, looked up once per request (a lock and a hash), not once per key.
+        let view_stats: Vec<Arc<ViewStats>> = views
+            .iter()
+            .map(|(v, _)| self.telemetry.view(&v.name))
+            .collect();
         for (vi, (view, keys)) in views.iter().enumerate() {
-            let stats = self.telemetry.view(&view.name);
+            let stats = &view_stats[vi];
             let mut rows = Vec::with_capacity(keys.len());
             for (ri, k) in keys.iter().enumerate() {
                 self.hot.sample(&view.name, k);
@@ -291,7 +296,7 @@ impl Hydrator {
                 Ok(entry) => self.resolve(view, Some(entry)),
                 Err(fail) => {
                     out.degraded = true;
-                    let stats = self.telemetry.view(&view.name);
+                    let stats = &view_stats[p.view];
                     match fail {
                         Fail::Timeout => stats.degraded_timeout.fetch_add(1, Relaxed),
                         Fail::Error => stats.degraded_error.fetch_add(1, Relaxed),

@@ -159,7 +159,6 @@ pub fn prometheus(gw: &Gateway) -> String {
             );
         }
     }
-    gw.hydrator.cache().run_pending_tasks();
     header(
         &mut out,
         "hydrant_cache_entries",
@@ -422,7 +421,6 @@ pub fn stats(gw: &Gateway) -> Json {
             }),
         );
     }
-    gw.hydrator.cache().run_pending_tasks();
     let mut views = Map::new();
     for (name, v) in t.views() {
         let (h, s, mi, n) = (

@@ -477,13 +477,17 @@ pub struct InvalidationStats {
     pub flushes: AtomicU64,
 }
 
+/// Request histograms of one (route, status), by model name.
+type ByModel = HashMap<String, Arc<Histogram>>;
+
 /// All counters of one gateway.
 #[derive(Debug, Default)]
 pub struct Telemetry {
     views: RwLock<HashMap<String, Arc<ViewStats>>>,
     models: RwLock<HashMap<String, Arc<ModelStats>>>,
     /// `hydrant_request_duration_seconds` by (route, model, status).
-    requests: RwLock<HashMap<RequestKey, Arc<Histogram>>>,
+    /// By (route, status), then model: the lookup borrows the model name, so recording allocates nothing.
+    requests: RwLock<HashMap<(&'static str, u16), ByModel>>,
     started: OnceStart,
     stores: RwLock<HashMap<&'static str, Arc<StoreStats>>>,
     pub prefetch: PrefetchStats,
@@ -526,12 +530,19 @@ impl Telemetry {
 
     /// The request-duration histogram of one route, model and status.
     pub fn request(&self, route: &'static str, model: &str, status: u16) -> Arc<Histogram> {
-        if let Some(h) = self.requests.read().get(&(route, model.to_owned(), status)) {
+        if let Some(h) = self
+            .requests
+            .read()
+            .get(&(route, status))
+            .and_then(|m| m.get(model))
+        {
             return h.clone();
         }
         self.requests
             .write()
-            .entry((route, model.to_owned(), status))
+            .entry((route, status))
+            .or_default()
+            .entry(model.to_owned())
             .or_default()
             .clone()
     }
@@ -541,7 +552,11 @@ impl Telemetry {
             .requests
             .read()
             .iter()
-            .map(|(k, h)| (k.clone(), h.clone()))
+            .flat_map(|((route, status), by_model)| {
+                by_model
+                    .iter()
+                    .map(|(model, h)| ((*route, model.clone(), *status), h.clone()))
+            })
             .collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
