@@ -483,16 +483,13 @@ impl PredictRequest {
 }
 
 fn unknown_entity(model: &Model, field: &str, name: &str) -> ApiError {
-    let mut known: Vec<_> = model.views.iter().map(|v| v.entity.name.as_str()).collect();
-    known.sort_unstable();
-    known.dedup();
+    let known = crate::schema::known_names(model.views.iter().map(|v| v.entity.name.as_str()));
     ApiError::invalid(
         "unknown_entity",
         field,
         format!(
             "{field}: model `{}` uses no entity `{name}` (it uses: {})",
-            model.name,
-            known.join(", ")
+            model.name, known
         ),
     )
 }
@@ -545,14 +542,13 @@ impl FeaturesRequest {
                 None => (name.as_str(), None),
             };
             let Some(view) = registry.views.get(vname) else {
-                let mut known: Vec<_> = registry.views.keys().map(String::as_str).collect();
-                known.sort_unstable();
+                let known = crate::schema::known_names(registry.views.keys().map(String::as_str));
                 return Err(ApiError::invalid(
                     "unknown_view",
                     &field,
                     format!(
                         "{field}: no view `{vname}` is registered (views: {})",
-                        known.join(", ")
+                        known
                     ),
                 ));
             };

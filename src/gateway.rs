@@ -49,14 +49,10 @@ impl Gateway {
 
     fn engine(&self, model: &str) -> Result<&Arc<Engine>, ApiError> {
         self.engines.get(model).ok_or_else(|| {
-            let mut known: Vec<_> = self.engines.keys().map(String::as_str).collect();
-            known.sort_unstable();
+            let known = crate::schema::known_names(self.engines.keys().map(String::as_str));
             ApiError::NotFound {
                 code: "unknown_model",
-                message: format!(
-                    "no model `{model}` is registered (models: {})",
-                    known.join(", ")
-                ),
+                message: format!("no model `{model}` is registered (models: {})", known),
             }
         })
     }
@@ -324,14 +320,10 @@ impl Gateway {
         body: &[u8],
     ) -> Result<Response, ApiError> {
         let Some(v) = self.registry.views.get(view) else {
-            let mut known: Vec<_> = self.registry.views.keys().map(String::as_str).collect();
-            known.sort_unstable();
+            let known = crate::schema::known_names(self.registry.views.keys().map(String::as_str));
             return Err(ApiError::NotFound {
                 code: "unknown_view",
-                message: format!(
-                    "no view `{view}` is registered (views: {})",
-                    known.join(", ")
-                ),
+                message: format!("no view `{view}` is registered (views: {})", known),
             });
         };
         let format = Format::of_request(headers)?;

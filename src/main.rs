@@ -118,11 +118,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Load { view, files } => rt.block_on(async {
             let registry = Registry::load_dir(&config.registry.schemas, &config.registry.models)?;
             let v = registry.views.get(&view).ok_or_else(|| {
-                let mut known: Vec<_> = registry.views.keys().map(String::as_str).collect();
-                known.sort_unstable();
+                let known = hydrant::schema::known_names(registry.views.keys().map(String::as_str));
                 anyhow::anyhow!(
                     "no view `{view}` is registered (views: {})",
-                    known.join(", ")
+                    known
                 )
             })?;
             let store = open_store(&config).await?;

@@ -222,14 +222,14 @@ impl PrefetchRequest {
         for name in names {
             let field = format!("entities.{name}");
             let Some(entity) = registry.entities.get(name.as_str()) else {
-                let mut known: Vec<_> = registry.entities.keys().map(String::as_str).collect();
-                known.sort_unstable();
+                let known =
+                    crate::schema::known_names(registry.entities.keys().map(String::as_str));
                 return Err(ApiError::invalid(
                     "unknown_entity",
                     &field,
                     format!(
                         "{field}: no entity `{name}` is registered (entities: {})",
-                        known.join(", ")
+                        known
                     ),
                 ));
             };
@@ -245,14 +245,14 @@ impl PrefetchRequest {
                 for (i, vname) in names.iter().enumerate() {
                     let field = format!("views[{i}]");
                     let Some(view) = registry.views.get(vname) else {
-                        let mut known: Vec<_> = registry.views.keys().map(String::as_str).collect();
-                        known.sort_unstable();
+                        let known =
+                            crate::schema::known_names(registry.views.keys().map(String::as_str));
                         return Err(ApiError::invalid(
                             "unknown_view",
                             &field,
                             format!(
                                 "{field}: no view `{vname}` is registered (views: {})",
-                                known.join(", ")
+                                known
                             ),
                         ));
                     };

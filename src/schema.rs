@@ -19,6 +19,14 @@ use crate::value::{Dtype, Value};
 /// Reserved source name for request-time features in a model binding (`context:hour_of_day`).
 pub const CONTEXT: &str = "context";
 
+/// Names for an error message, sorted, each once: `a, b, c`.
+pub fn known_names<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
+    let mut v: Vec<&str> = names.into_iter().collect();
+    v.sort_unstable();
+    v.dedup();
+    v.join(", ")
+}
+
 /// One problem in one schema file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SchemaError {
@@ -639,15 +647,13 @@ fn compile_view(
     }
     let entity = entities.get(&d.entity).cloned();
     if entity.is_none() {
-        let mut known: Vec<_> = entities.keys().map(String::as_str).collect();
-        known.sort_unstable();
+        let known = known_names(entities.keys().map(String::as_str));
         errs.push(
             file,
             "entity",
             format!(
                 "unknown entity `{}` (declared entities: {})",
-                d.entity,
-                known.join(", ")
+                d.entity, known
             ),
         );
     }
@@ -993,9 +999,8 @@ fn compile_model(
             }
         } else {
             let Some(view) = views.get(src) else {
-                let mut known: Vec<_> = views.keys().map(String::as_str).collect();
-                known.sort_unstable();
-                errs.push(file, &format!("{at}.feature"), format!("model `{}` input {i} names view `{src}`, which is not registered (views: {})", d.name, known.join(", ")));
+                let known = known_names(views.keys().map(String::as_str));
+                errs.push(file, &format!("{at}.feature"), format!("model `{}` input {i} names view `{src}`, which is not registered (views: {})", d.name, known));
                 continue;
             };
             let Some(feature) = view.feature_index(feat) else {
