@@ -19,15 +19,27 @@ fn header(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
 
-fn histogram(out: &mut String, name: &str, labels: &str, h: &Histogram) {
-    let (counts, sum) = h.snapshot();
-    for (b, c) in BUCKETS_S.iter().zip(counts.iter()) {
+/// Writes one histogram: cumulative `counts` per upper bound (the last is +Inf), and the sum.
+fn buckets(
+    out: &mut String,
+    name: &str,
+    labels: &str,
+    bounds: &[impl std::fmt::Display],
+    counts: &[u64],
+    sum: impl std::fmt::Display,
+) {
+    for (b, c) in bounds.iter().zip(counts.iter()) {
         let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{b}\"}} {c}");
     }
-    let total = counts[counts.len() - 1];
+    let total = counts.last().copied().unwrap_or(0);
     let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {total}");
     let _ = writeln!(out, "{name}_sum{{{labels}}} {sum}");
     let _ = writeln!(out, "{name}_count{{{labels}}} {total}");
+}
+
+fn histogram(out: &mut String, name: &str, labels: &str, h: &Histogram) {
+    let (counts, sum) = h.snapshot();
+    buckets(out, name, labels, &BUCKETS_S, &counts, sum);
 }
 
 /// The Prometheus text exposition of every counter.
@@ -76,28 +88,14 @@ pub fn prometheus(gw: &Gateway) -> String {
     );
     for (model, m) in &models {
         let (counts, sum) = m.batch_rows.snapshot();
-        for (b, c) in ROW_BUCKETS.iter().zip(counts.iter()) {
-            let _ = writeln!(
-                out,
-                "hydrant_batch_rows_bucket{{model=\"{}\",le=\"{b}\"}} {c}",
-                esc(model)
-            );
-        }
-        let total = counts[counts.len() - 1];
-        let _ = writeln!(
-            out,
-            "hydrant_batch_rows_bucket{{model=\"{}\",le=\"+Inf\"}} {total}",
-            esc(model)
-        );
-        let _ = writeln!(
-            out,
-            "hydrant_batch_rows_sum{{model=\"{}\"}} {sum}",
-            esc(model)
-        );
-        let _ = writeln!(
-            out,
-            "hydrant_batch_rows_count{{model=\"{}\"}} {total}",
-            esc(model)
+        let labels = format!("model=\"{}\"", esc(model));
+        buckets(
+            &mut out,
+            "hydrant_batch_rows",
+            &labels,
+            &ROW_BUCKETS,
+            &counts,
+            sum,
         );
     }
     header(

@@ -19,8 +19,19 @@ impl Serialize for Rows<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let Rows(width, data) = *self;
         if width == 1 {
-            return data.serialize(s);
+            data.serialize(s)
+        } else {
+            Matrix(width, data).serialize(s)
         }
+    }
+}
+
+/// Row-major numbers as a list of rows of `width`.
+struct Matrix<'a>(usize, &'a [f32]);
+
+impl Serialize for Matrix<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let Matrix(width, data) = *self;
         let width = width.max(1);
         let mut seq = s.serialize_seq(Some(data.len() / width))?;
         for row in data.chunks(width) {
@@ -95,11 +106,6 @@ pub struct InputRows<'a> {
 
 impl Serialize for InputRows<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let width = self.width.max(1);
-        let mut seq = s.serialize_seq(Some(self.data.len() / width))?;
-        for row in self.data.chunks(width) {
-            seq.serialize_element(row)?;
-        }
-        seq.end()
+        Matrix(self.width, self.data).serialize(s)
     }
 }

@@ -15,6 +15,11 @@ use crate::value::now_ms;
 /// key -> (expires_at_ms or 0, record bytes)
 const RECORDS: TableDefinition<&str, (i64, &[u8])> = TableDefinition::new("records");
 
+/// A redb failure as a store error.
+fn io(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Io(e.to_string())
+}
+
 #[derive(Clone)]
 pub struct EmbeddedStore {
     db: Arc<Database>,
@@ -42,13 +47,12 @@ impl EmbeddedStore {
     }
 
     fn read(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
-        let io = |e: &dyn std::fmt::Display| StoreError::Io(e.to_string());
-        let tx = self.db.begin_read().map_err(|e| io(&e))?;
-        let table = tx.open_table(RECORDS).map_err(|e| io(&e))?;
+        let tx = self.db.begin_read().map_err(io)?;
+        let table = tx.open_table(RECORDS).map_err(io)?;
         let now = now_ms();
         let mut out = Vec::with_capacity(keys.len());
         for k in keys {
-            let v = table.get(k.as_str()).map_err(|e| io(&e))?;
+            let v = table.get(k.as_str()).map_err(io)?;
             out.push(v.and_then(|g| {
                 let (expires, bytes) = g.value();
                 (expires == 0 || expires > now).then(|| bytes.to_vec())
@@ -58,20 +62,19 @@ impl EmbeddedStore {
     }
 
     fn write(&self, writes: &Writes, ttl: Option<Duration>) -> Result<(), StoreError> {
-        let io = |e: &dyn std::fmt::Display| StoreError::Io(e.to_string());
         let expires = ttl.map_or(0, |t| {
             now_ms().saturating_add(i64::try_from(t.as_millis()).unwrap_or(i64::MAX))
         });
-        let tx = self.db.begin_write().map_err(|e| io(&e))?;
+        let tx = self.db.begin_write().map_err(io)?;
         {
-            let mut table = tx.open_table(RECORDS).map_err(|e| io(&e))?;
+            let mut table = tx.open_table(RECORDS).map_err(io)?;
             for (k, v) in writes {
                 table
                     .insert(k.as_str(), (expires, v.as_slice()))
-                    .map_err(|e| io(&e))?;
+                    .map_err(io)?;
             }
         }
-        tx.commit().map_err(|e| io(&e))
+        tx.commit().map_err(io)
     }
 }
 
