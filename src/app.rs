@@ -82,12 +82,7 @@ impl Application {
         let (registry, engines) = tokio::task::spawn_blocking(move || load_models(&cfg, &t))
             .await
             .context("model loading task failed")??;
-        let cache = FeatureCache::new(
-            config.cache.max_bytes,
-            clock,
-            telemetry.clone(),
-            config.store.prefix.clone(),
-        );
+        let cache = FeatureCache::new(config.cache.max_bytes, clock);
         let hydrator = Hydrator::new(
             store.clone(),
             cache,

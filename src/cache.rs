@@ -13,7 +13,7 @@ use moka::notification::RemovalCause;
 
 use crate::clock::Clock;
 use crate::schema::Policy;
-use crate::telemetry::Telemetry;
+use crate::telemetry::ViewStats;
 use crate::value::Value;
 
 /// A decoded record as cached.
@@ -36,10 +36,18 @@ pub struct Entry {
     /// How long moka keeps the entry: ttl + max_staleness, or negative_ttl.
     keep: Duration,
     weight: u32,
+    /// The view's counters: the entry accounts itself in them when inserted and when removed.
+    stats: Arc<ViewStats>,
 }
 
 impl Entry {
-    pub fn new(fetched_at_ms: i64, found: Option<Found>, policy: &Policy, key_len: usize) -> Self {
+    pub fn new(
+        fetched_at_ms: i64,
+        found: Option<Found>,
+        policy: &Policy,
+        key_len: usize,
+        stats: Arc<ViewStats>,
+    ) -> Self {
         let keep = if found.is_some() {
             policy.ttl + policy.max_staleness
         } else {
@@ -76,15 +84,21 @@ impl Entry {
             unreadable: false,
             keep,
             weight: u32::try_from(weight).unwrap_or(u32::MAX),
+            stats,
         }
     }
 
     /// An entry for a record that could not be decoded: cached for `negative_ttl`, so a bad hot key does not
     /// hammer the store, and served as defaults.
-    pub fn unreadable(fetched_at_ms: i64, policy: &Policy, key_len: usize) -> Self {
+    pub fn unreadable(
+        fetched_at_ms: i64,
+        policy: &Policy,
+        key_len: usize,
+        stats: Arc<ViewStats>,
+    ) -> Self {
         Self {
             unreadable: true,
-            ..Self::new(fetched_at_ms, None, policy, key_len)
+            ..Self::new(fetched_at_ms, None, policy, key_len, stats)
         }
     }
 
@@ -126,31 +140,19 @@ impl Expiry<Box<str>, Arc<Entry>> for Keep {
 pub struct FeatureCache {
     inner: moka::sync::Cache<Box<str>, Arc<Entry>>,
     clock: Clock,
-    telemetry: Arc<Telemetry>,
 }
 
 impl FeatureCache {
     /// A cache holding at most `max_bytes` (by the entries' estimated size).
-    pub fn new(max_bytes: u64, clock: Clock, telemetry: Arc<Telemetry>, prefix: String) -> Self {
-        let listener_telemetry = telemetry.clone();
+    pub fn new(max_bytes: u64, clock: Clock) -> Self {
         let inner = moka::sync::Cache::builder()
             .max_capacity(max_bytes)
             .weigher(|_k, v: &Arc<Entry>| v.weight)
             .expire_after(Keep)
-            .eviction_listener(
-                move |k: Arc<Box<str>>, v: Arc<Entry>, _cause: RemovalCause| {
-                    // Every removal (expiry, eviction, replacement, invalidation) undoes one insert.
-                    if let Some(view) = crate::store::view_of_key(&prefix, &k) {
-                        listener_telemetry.view(view).removed(v.weight);
-                    }
-                },
-            )
+            // Every removal (expiry, eviction, replacement, invalidation) undoes one insert.
+            .eviction_listener(|_k, v: Arc<Entry>, _cause: RemovalCause| v.stats.removed(v.weight))
             .build();
-        Self {
-            inner,
-            clock,
-            telemetry,
-        }
+        Self { inner, clock }
     }
 
     pub fn clock(&self) -> &Clock {
@@ -181,9 +183,9 @@ impl FeatureCache {
         }
     }
 
-    /// Stores an entry of `view` (accounted in that view's entries and bytes; the removal listener undoes it).
-    pub fn insert(&self, view: &str, key: Box<str>, entry: Arc<Entry>) {
-        self.telemetry.view(view).inserted(entry.weight);
+    /// Stores an entry (accounted in its view's entries and bytes; the removal listener undoes it).
+    pub fn insert(&self, key: Box<str>, entry: Arc<Entry>) {
+        entry.stats.inserted(entry.weight);
         self.inner.insert(key, entry);
     }
 
@@ -213,6 +215,7 @@ mod tests {
 
     use super::*;
     use crate::schema::Registry;
+    use crate::telemetry::Telemetry;
 
     #[test]
     fn the_cache_stays_within_its_byte_budget() {
@@ -221,18 +224,24 @@ mod tests {
         let policy = &r.views["user_profile"].policy;
         let telemetry = Arc::new(Telemetry::default());
         let budget = 50_000;
-        let cache = FeatureCache::new(budget, Clock::default(), telemetry.clone(), "hy".into());
+        let cache = FeatureCache::new(budget, Clock::default());
         let found = || Found {
             event_ts_ms: 0,
             values: vec![Value::Str("x".repeat(100).into()), Value::Int(1)].into_boxed_slice(),
         };
-        let weight = Entry::new(0, Some(found()), policy, 20).weight();
+        let weight =
+            Entry::new(0, Some(found()), policy, 20, telemetry.view("user_profile")).weight();
         for i in 0..2_000 {
             let key = format!("hy:user_profile:u_{i:05}");
             cache.insert(
-                "user_profile",
                 key.into(),
-                Arc::new(Entry::new(0, Some(found()), policy, 20)),
+                Arc::new(Entry::new(
+                    0,
+                    Some(found()),
+                    policy,
+                    20,
+                    telemetry.view("user_profile"),
+                )),
             );
         }
         cache.run_pending_tasks();

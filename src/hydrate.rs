@@ -485,8 +485,7 @@ impl Hydrator {
                 if let Ok(entry) = &outcome {
                     // Under the lock: an invalidation either comes before (and `current` is false) or
                     // after (and removes this entry).
-                    self.cache
-                        .insert(&item.view.name, item.key.as_str().into(), entry.clone());
+                    self.cache.insert(item.key.as_str().into(), entry.clone());
                 }
                 // After the insert: a request arriving now finds the cache filled (or, after a failure,
                 // fetches anew).
@@ -500,21 +499,19 @@ impl Hydrator {
     /// the wrong number or type of values) are served as defaults, counted, and logged once per key.
     fn decode(&self, item: &FetchItem, bytes: Option<&[u8]>, now: i64) -> Entry {
         let view = &item.view;
+        let stats = self.telemetry.view(&view.name);
         let Some(bytes) = bytes else {
-            return Entry::new(now, None, &view.policy, item.key.len());
+            return Entry::new(now, None, &view.policy, item.key.len(), stats);
         };
         match decode_record(view, bytes) {
-            Ok(found) => Entry::new(now, Some(found), &view.policy, item.key.len()),
+            Ok(found) => Entry::new(now, Some(found), &view.policy, item.key.len(), stats),
             Err(why) => {
-                self.telemetry
-                    .view(&view.name)
-                    .bad_records
-                    .fetch_add(1, Relaxed);
+                stats.bad_records.fetch_add(1, Relaxed);
                 let mut logged = self.logged_bad.lock();
                 if logged.len() < 10_000 && logged.insert(item.key.as_str().into()) {
                     tracing::warn!(key = %item.key, view = %view.name, "unreadable record served as defaults: {why}");
                 }
-                Entry::unreadable(now, &view.policy, item.key.len())
+                Entry::unreadable(now, &view.policy, item.key.len(), stats)
             }
         }
     }
@@ -645,7 +642,7 @@ mod tests {
         });
         let telemetry = Arc::new(Telemetry::default());
         let clock = Clock::default();
-        let cache = FeatureCache::new(1 << 20, clock.clone(), telemetry.clone(), "hy".into());
+        let cache = FeatureCache::new(1 << 20, clock.clone());
         let h = Hydrator::new(
             store.clone(),
             cache,

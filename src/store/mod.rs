@@ -127,9 +127,3 @@ pub fn write_key(buf: &mut String, prefix: &str, view: &str, entity_key: &str) {
     buf.push(':');
     buf.push_str(entity_key);
 }
-
-/// The view name of a store key, if it has the expected shape.
-pub fn view_of_key<'k>(prefix: &str, key: &'k str) -> Option<&'k str> {
-    let rest = key.strip_prefix(prefix)?.strip_prefix(':')?;
-    rest.split_once(':').map(|(v, _)| v)
-}
