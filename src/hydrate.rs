@@ -89,12 +89,11 @@ enum Fail {
 /// What a fetch produced for one key: the entry to cache and serve, or a failure.
 type Outcome = Result<Arc<Entry>, Fail>;
 
-/// Why a fetch runs: a request waits on it, it refreshes a value still being served, or it warms the cache
+/// Why a fetch runs: a request's misses and refreshes (of values it still serves), or warming the cache
 /// (off any request's path, so it may take until the prefetch's own deadline).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Purpose {
     Request,
-    Refresh,
     Prefetch { until: Instant },
 }
 
@@ -147,6 +146,8 @@ struct FetchItem {
     view: Arc<View>,
     id: u64,
     tx: watch::Sender<Option<Outcome>>,
+    /// A refresh of a value still being served (counted in `hydrant_refresh_total`), not a miss.
+    refresh: bool,
 }
 
 impl Hydrator {
@@ -230,7 +231,6 @@ impl Hydrator {
         };
         let mut pending: Vec<Pending> = Vec::new();
         let mut to_fetch: Vec<FetchItem> = Vec::new();
-        let mut to_refresh: Vec<FetchItem> = Vec::new();
         let mut key = String::with_capacity(64);
         // Each view's counters, looked up once per request (a lock and a hash), not once per key.
         let view_stats: Vec<Arc<ViewStats>> = views
@@ -257,8 +257,12 @@ impl Hydrator {
                     Lookup::RefreshDue(e) => {
                         stats.stale.fetch_add(1, Relaxed);
                         out.cache.stale += 1;
-                        // Joining a refresh already in flight starts nothing; the receiver is not needed.
-                        drop(self.join_or_lead(&key, view, &mut to_refresh));
+                        // Joining a fetch already in flight starts nothing; the receiver is not needed.
+                        let led = to_fetch.len();
+                        drop(self.join_or_lead(&key, view, &mut to_fetch));
+                        if let Some(item) = to_fetch.get_mut(led) {
+                            item.refresh = true;
+                        }
                         rows.push(self.resolve(view, Some(e)));
                         continue;
                     }
@@ -282,10 +286,7 @@ impl Hydrator {
             }
             out.views.push(rows);
         }
-        // All of a request's refreshes share one background round trip, like its misses.
-        if !to_refresh.is_empty() {
-            self.spawn_fetch(to_refresh, Purpose::Refresh);
-        }
+        // A request's misses and refreshes share one round trip.
         if !to_fetch.is_empty() {
             self.spawn_fetch(to_fetch, Purpose::Request);
         }
@@ -367,6 +368,7 @@ impl Hydrator {
             view: view.clone(),
             id,
             tx,
+            refresh: false,
         });
         rx
     }
@@ -441,16 +443,14 @@ impl Hydrator {
         };
         self.store_stats
             .read(outcome, keys.len(), us_since(started));
-        if purpose == Purpose::Refresh {
-            for item in &items {
-                let stats = self.telemetry.view(&item.view.name);
-                match outcome {
-                    StoreOutcome::Ok => &stats.refresh_ok,
-                    StoreOutcome::Error => &stats.refresh_error,
-                    StoreOutcome::Timeout => &stats.refresh_timeout,
-                }
-                .fetch_add(1, Relaxed);
+        for item in items.iter().filter(|i| i.refresh) {
+            let stats = self.telemetry.view(&item.view.name);
+            match outcome {
+                StoreOutcome::Ok => &stats.refresh_ok,
+                StoreOutcome::Error => &stats.refresh_error,
+                StoreOutcome::Timeout => &stats.refresh_timeout,
             }
+            .fetch_add(1, Relaxed);
         }
         let now = self.cache.clock().now_ms();
         match result {
