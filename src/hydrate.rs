@@ -251,7 +251,7 @@ impl Hydrator {
                             stats.negative.fetch_add(1, Relaxed);
                         }
                         out.cache.hits += 1;
-                        rows.push(self.resolve(view, Some(e)));
+                        rows.push(self.resolve(view, e));
                         continue;
                     }
                     Lookup::RefreshDue(e) => {
@@ -263,7 +263,7 @@ impl Hydrator {
                         if let Some(item) = to_fetch.get_mut(led) {
                             item.refresh = true;
                         }
-                        rows.push(self.resolve(view, Some(e)));
+                        rows.push(self.resolve(view, e));
                         continue;
                     }
                     Lookup::Expired(e) => Some(e),
@@ -294,7 +294,7 @@ impl Hydrator {
             let view = views[p.view].0;
             let outcome = wait(p.rx, deadline).await;
             let resolved = match outcome {
-                Ok(entry) => self.resolve(view, Some(entry)),
+                Ok(entry) => self.resolve(view, entry),
                 Err(fail) => {
                     out.degraded = true;
                     let stats = &view_stats[p.view];
@@ -304,7 +304,7 @@ impl Hydrator {
                     };
                     match p.old {
                         Some(old) if old.found.is_some() => {
-                            let mut r = self.resolve(view, Some(old));
+                            let mut r = self.resolve(view, old);
                             if r.status == Status::Present {
                                 r.status = Status::Stale;
                             }
@@ -323,13 +323,7 @@ impl Hydrator {
     }
 
     /// Applies `max_age` and turns a cache entry into a status.
-    fn resolve(&self, view: &View, entry: Option<Arc<Entry>>) -> Resolved {
-        let Some(e) = entry else {
-            return Resolved {
-                entry: None,
-                status: Status::NotFound,
-            };
-        };
+    fn resolve(&self, view: &View, e: Arc<Entry>) -> Resolved {
         let status = match &e.found {
             None if e.unreadable => Status::Defaulted,
             None => Status::NotFound,

@@ -143,11 +143,6 @@ impl RedisStore {
         })
     }
 
-    /// The pub/sub channel invalidations travel on.
-    pub fn channel(&self) -> &str {
-        &self.channel
-    }
-
     fn hot_key(&self, view: &str) -> String {
         format!("{}:hot:{view}", self.prefix)
     }
