@@ -104,7 +104,8 @@ pub struct LimitsConfig {
     pub max_entities: usize,
     /// Longest entity key, in bytes.
     pub max_key_bytes: usize,
-    /// A request still running after this is answered 503.
+    /// Each request's deadline (`options.deadline_ms` can only shorten it); a backstop answers 503 to a
+    /// request still running 250 ms past it.
     #[serde(with = "duration")]
     pub request_timeout: Duration,
 }
