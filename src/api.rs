@@ -1,9 +1,9 @@
 //! The HTTP API: routes, and handlers that decode the HTTP envelope, call one [`Gateway`] method, and answer.
 //! No cache, store or tensor logic lives here.
 
-use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -79,8 +79,19 @@ fn request_id(headers: &HeaderMap) -> String {
     {
         return id.to_owned();
     }
+    // `hy-<pid>-<sequence>` in hex. The prefix is made once: `std::process::id()` is a system call each time,
+    // and `format!` showed in hot-path profiles.
+    static PREFIX: OnceLock<String> = OnceLock::new();
+    let prefix = PREFIX.get_or_init(|| format!("hy-{:x}-", std::process::id()));
     let n = REQUEST_SEQ.fetch_add(1, Relaxed);
-    format!("hy-{:x}-{n:x}", std::process::id())
+    let mut id = String::with_capacity(prefix.len() + 16);
+    id.push_str(prefix);
+    let digits = 16 - (n.leading_zeros() as usize / 4).min(15);
+    for i in (0..digits).rev() {
+        let d = ((n >> (i * 4)) & 0xf) as u8;
+        id.push(char::from(if d < 10 { b'0' + d } else { b'a' + d - 10 }));
+    }
+    id
 }
 
 const REQUEST_ID: &str = "x-request-id";
@@ -278,5 +289,30 @@ async fn not_found(req: Request) -> ApiError {
     ApiError::NotFound {
         code: "unknown_route",
         message: format!("no route {} {}", req.method(), req.uri().path()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_request_ids_are_pid_and_sequence_in_hex_and_differ() {
+        let empty = HeaderMap::new();
+        let a = request_id(&empty);
+        let b = request_id(&empty);
+        let prefix = format!("hy-{:x}-", std::process::id());
+        for id in [&a, &b] {
+            let seq = id.strip_prefix(&prefix).unwrap_or_else(|| panic!("{id}"));
+            assert!(u64::from_str_radix(seq, 16).is_ok(), "{id}");
+            assert!(!seq.starts_with('0') || seq == "0", "{id}");
+        }
+        assert_ne!(a, b);
+
+        let mut sent = HeaderMap::new();
+        sent.insert(REQUEST_ID, HeaderValue::from_static("caller-7"));
+        assert_eq!(request_id(&sent), "caller-7");
+        sent.insert(REQUEST_ID, HeaderValue::from_static("has space"));
+        assert!(request_id(&sent).starts_with(&prefix));
     }
 }
