@@ -177,7 +177,7 @@ impl Gateway {
             w.field("timings_us", &TimingsBody::from(&t));
         }
         let body = w.finish();
-        engine.give_buffer(out.input);
+        engine.recycle(out);
         engine.stats().record(&t, plan.rows);
         Ok(respond(answer, body, &t))
     }

@@ -97,16 +97,60 @@ pub struct ModelInfo {
 #[derive(Debug)]
 pub struct InferOutput {
     /// Per requested output (in the binding's order): numbers per row, and `rows × width` numbers.
-    pub outputs: Vec<(usize, Vec<f32>)>,
+    pub outputs: OutputRows,
     /// The input buffer, for reuse.
     pub input: Vec<f32>,
     /// How long the model run of the batch this request rode in took.
     pub infer_us: u64,
 }
 
+/// The numbers of every output for some rows, all in one buffer. The buffers of a request's answer come
+/// from, and go back to, its engine's pool, so steady traffic allocates none on the session threads.
+#[derive(Debug, Default)]
+pub struct OutputRows {
+    /// Per output: numbers per row, and where its numbers start in `data`.
+    spans: Vec<(usize, usize)>,
+    data: Vec<f32>,
+}
+
+impl OutputRows {
+    fn clear(&mut self) {
+        self.spans.clear();
+        self.data.clear();
+    }
+
+    /// Appends an output: `width` numbers per row.
+    fn push(&mut self, width: usize, numbers: &[f32]) {
+        self.spans.push((width, self.data.len()));
+        self.data.extend_from_slice(numbers);
+    }
+
+    /// How many outputs.
+    pub fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+
+    /// Output `i`: numbers per row, and all rows' numbers.
+    pub fn get(&self, i: usize) -> (usize, &[f32]) {
+        let (width, start) = self.spans[i];
+        let end = self.spans.get(i + 1).map_or(self.data.len(), |s| s.1);
+        (width, &self.data[start..end])
+    }
+
+    /// Every output in order, as [`OutputRows::get`] gives them.
+    pub fn iter(&self) -> impl Iterator<Item = (usize, &[f32])> {
+        (0..self.len()).map(|i| self.get(i))
+    }
+}
+
 struct Job {
     rows: usize,
     input: Vec<f32>,
+    output: OutputRows,
     enqueued: Instant,
     deadline: Instant,
     reply: oneshot::Sender<Result<InferOutput, InferError>>,
@@ -120,6 +164,7 @@ pub struct Engine {
     workers: Vec<JoinHandle<()>>,
     depth: Arc<AtomicUsize>,
     buffers: ArrayQueue<Vec<f32>>,
+    out_buffers: Arc<ArrayQueue<OutputRows>>,
     stats: Arc<ModelStats>,
 }
 
@@ -167,6 +212,7 @@ impl Engine {
                 workers: n,
                 session,
                 batch: Vec::new(),
+                scratch: OutputRows::default(),
                 stats: stats.clone(),
                 queue_timeout: cfg.queue_timeout,
                 batching: cfg.batching,
@@ -187,6 +233,7 @@ impl Engine {
             workers,
             depth,
             buffers: ArrayQueue::new(256),
+            out_buffers: Arc::new(ArrayQueue::new(256)),
             stats,
         })
     }
@@ -219,6 +266,12 @@ impl Engine {
         let _ = self.buffers.push(buf);
     }
 
+    /// Returns an answer's buffers to the pools once the response is written.
+    pub fn recycle(&self, out: InferOutput) {
+        self.give_buffer(out.input);
+        let _ = self.out_buffers.push(out.outputs);
+    }
+
     /// Queues `rows` rows (`input` is `rows × width`, row-major) and waits for their outputs. A request whose
     /// `deadline` passes while queued is not run.
     pub async fn infer(
@@ -235,6 +288,7 @@ impl Engine {
         let job = Job {
             rows,
             input,
+            output: self.out_buffers.pop().unwrap_or_default(),
             enqueued: Instant::now(),
             deadline,
             reply,
@@ -418,6 +472,8 @@ struct Worker {
     session: Session,
     /// Reused buffer for the concatenated rows of a multi-request batch.
     batch: Vec<f32>,
+    /// Reused buffer for the outputs of a whole batch.
+    scratch: OutputRows,
     stats: Arc<ModelStats>,
     queue_timeout: Duration,
     batching: bool,
@@ -505,27 +561,35 @@ impl Worker {
         self.stats.batch_rows.observe(rows as u64);
         let width = self.model.width;
         let started = Instant::now();
-        let result = if jobs.len() == 1 {
-            run_session(&mut self.session, &self.info, &jobs[0].input, rows, width)
+        let input: &[f32] = if jobs.len() == 1 {
+            &jobs[0].input
         } else {
             self.batch.clear();
             for j in jobs.iter() {
                 self.batch.extend_from_slice(&j.input);
             }
-            run_session(&mut self.session, &self.info, &self.batch, rows, width)
+            &self.batch
         };
+        let result = run_session(
+            &mut self.session,
+            &self.info,
+            input,
+            rows,
+            width,
+            &mut self.scratch,
+        );
         let infer_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
         match result {
-            Ok(outputs) => {
+            Ok(()) => {
                 let mut at = 0;
-                for j in jobs.drain(..) {
-                    let own = outputs
-                        .iter()
-                        .map(|(w, data)| (*w, data[at * w..(at + j.rows) * w].to_vec()))
-                        .collect();
+                for mut j in jobs.drain(..) {
+                    j.output.clear();
+                    for (w, data) in self.scratch.iter() {
+                        j.output.push(w, &data[at * w..(at + j.rows) * w]);
+                    }
                     at += j.rows;
                     let _ = j.reply.send(Ok(InferOutput {
-                        outputs: own,
+                        outputs: j.output,
                         input: j.input,
                         infer_us,
                     }));
@@ -544,19 +608,20 @@ impl Worker {
     }
 }
 
-/// Runs one forward pass; returns, per requested output, its width and all rows' numbers.
+/// Runs one forward pass; puts, per requested output, its width and all rows' numbers in `out`.
 fn run_session(
     session: &mut Session,
     info: &ModelInfo,
     input: &[f32],
     rows: usize,
     width: usize,
-) -> Result<Vec<(usize, Vec<f32>)>, String> {
+    out: &mut OutputRows,
+) -> Result<(), String> {
     let tensor = TensorRef::from_array_view(([rows, width], input)).map_err(|e| e.to_string())?;
     let outputs = session
         .run(ort::inputs![info.input_name.as_str() => tensor])
         .map_err(|e| e.to_string())?;
-    let mut out = Vec::with_capacity(info.outputs.len());
+    out.clear();
     for o in &info.outputs {
         let value = outputs
             .get(&o.name)
@@ -571,7 +636,7 @@ fn run_session(
                 o.name
             ));
         }
-        out.push((per_row, data.to_vec()));
+        out.push(per_row, data);
     }
-    Ok(out)
+    Ok(())
 }

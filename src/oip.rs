@@ -219,11 +219,11 @@ pub async fn infer(gw: &Gateway, model: &str, body: &[u8]) -> Result<Response, O
     let outputs = wanted
         .iter()
         .map(|&i| {
-            let (w, data) = &out.outputs[i];
+            let (w, data) = out.outputs.get(i);
             OutputTensor {
                 name: &info.outputs[i].name,
                 datatype: "FP32",
-                shape: [rows, *w],
+                shape: [rows, w],
                 data,
             }
         })
@@ -235,6 +235,7 @@ pub async fn infer(gw: &Gateway, model: &str, body: &[u8]) -> Result<Response, O
         outputs,
     };
     let body = Json(&resp).into_response();
-    engine.give_buffer(out.input);
+    drop(resp);
+    engine.recycle(out);
     Ok(body)
 }

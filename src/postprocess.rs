@@ -4,13 +4,14 @@
 use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 
 use crate::hydrate::{Resolved, Status};
+use crate::infer::OutputRows;
 use crate::schema::Model;
 
 /// `outputs`: per output name, one number per row (width 1) or one list per row.
 pub struct Outputs<'a> {
     pub model: &'a Model,
     /// Per binding output: numbers per row, and all rows' numbers.
-    pub values: &'a [(usize, Vec<f32>)],
+    pub values: &'a OutputRows,
 }
 
 struct Rows<'a>(usize, &'a [f32]);
@@ -44,8 +45,8 @@ impl Serialize for Matrix<'_> {
 impl Serialize for Outputs<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut map = s.serialize_map(Some(self.values.len()))?;
-        for (name, (width, data)) in self.model.outputs.iter().zip(self.values) {
-            map.serialize_entry(name, &Rows(*width, data))?;
+        for (name, (width, data)) in self.model.outputs.iter().zip(self.values.iter()) {
+            map.serialize_entry(name, &Rows(width, data))?;
         }
         map.end()
     }
