@@ -159,12 +159,13 @@ impl FeatureCache {
         &self.clock
     }
 
-    /// Classifies the entry at `key` against `policy`.
-    pub fn lookup(&self, key: &str, policy: &Policy) -> Lookup {
+    /// Classifies the entry at `key` against `policy` at `now_ms` (on [`Clock::now_ms`], read once per request
+    /// rather than per key).
+    pub fn lookup(&self, key: &str, policy: &Policy, now_ms: i64) -> Lookup {
         let Some(e) = self.inner.get(key) else {
             return Lookup::Absent;
         };
-        let age = Duration::from_millis((self.clock.now_ms() - e.fetched_at_ms).max(0) as u64);
+        let age = Duration::from_millis(now_ms.saturating_sub(e.fetched_at_ms).max(0) as u64);
         if e.found.is_none() {
             return if age < policy.negative_ttl {
                 Lookup::Fresh(e)

@@ -20,7 +20,7 @@ use crate::hydrate::{Hydrator, Status};
 use crate::infer::Engine;
 use crate::postprocess::{FeatureStatus, InputRows, Outputs, defaulted};
 use crate::schema::{Model, Registry};
-use crate::telemetry::{Stage, Telemetry, Timings, us_since};
+use crate::telemetry::{Laps, Stage, Telemetry, Timings};
 use crate::value::Value;
 
 /// Everything a request needs, shared by all requests.
@@ -83,6 +83,7 @@ impl Gateway {
     ) -> Result<Response, ApiError> {
         let model: &Arc<Model> = engine.model();
         let mut t = Timings::default();
+        let mut laps = Laps::from(started);
 
         // decode
         let format = Format::of_request(headers)?;
@@ -90,10 +91,9 @@ impl Gateway {
         let req: PredictRequest = parse_body(format, body)?;
         let plan = req.plan(model, &self.config.limits)?;
         let deadline = self.deadline(started, req.options.deadline_ms);
-        t.set(Stage::Decode, us_since(started));
+        t.set(Stage::Decode, laps.lap());
 
         // hydrate
-        let s = Instant::now();
         let lookups: Vec<_> = model
             .views
             .iter()
@@ -105,10 +105,9 @@ impl Gateway {
             .hydrate(&lookups, deadline)
             .instrument(tracing::debug_span!("hydrate"))
             .await;
-        t.set(Stage::Hydrate, us_since(s));
+        t.set(Stage::Hydrate, laps.lap());
 
         // assemble
-        let s = Instant::now();
         let mut buf = engine.take_buffer();
         let mut flags = Vec::new();
         assemble(
@@ -119,21 +118,19 @@ impl Gateway {
             &mut buf,
             &mut flags,
         );
-        t.set(Stage::Assemble, us_since(s));
+        t.set(Stage::Assemble, laps.lap());
 
         // queue + infer: `infer` is the model run of the batch this request rode in; `queue` is everything
         // else spent waiting for it (for a session, for batch company, and for the executor to resume this
         // task after the reply), so the stages add up to the total.
-        let s = Instant::now();
         let out = engine
             .infer(plan.rows, buf, deadline)
             .instrument(tracing::debug_span!("infer", rows = plan.rows))
             .await?;
-        t.set(Stage::Queue, us_since(s).saturating_sub(out.infer_us));
+        t.set(Stage::Queue, laps.lap().saturating_sub(out.infer_us));
         t.set(Stage::Infer, out.infer_us);
 
         // postprocess
-        let s = Instant::now();
         let outputs = Outputs {
             model,
             values: &out.outputs,
@@ -144,10 +141,9 @@ impl Gateway {
             per_row: &plan.per_row,
         };
         let defaulted = defaulted(model, &flags);
-        t.set(Stage::Postprocess, us_since(s));
+        t.set(Stage::Postprocess, laps.lap());
 
         // encode
-        let s = Instant::now();
         let fields = 6
             + u32::from(!defaulted.is_empty())
             + u32::from(req.options.return_features)
@@ -171,8 +167,8 @@ impl Gateway {
                 },
             );
         }
-        t.set(Stage::Encode, us_since(s));
-        t.total_us = us_since(started);
+        t.set(Stage::Encode, laps.lap());
+        t.total_us = laps.total();
         if req.options.timings {
             w.field("timings_us", &TimingsBody::from(&t));
         }
@@ -187,14 +183,14 @@ impl Gateway {
     pub async fn features(&self, headers: &HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
         let started = Instant::now();
         let mut t = Timings::default();
+        let mut laps = Laps::from(started);
         let format = Format::of_request(headers)?;
         let answer = Format::of_response(headers, format);
         let req: FeaturesRequest = parse_body(format, body)?;
         let plan = req.plan(&self.registry, &self.config.limits)?;
         let deadline = self.deadline(started, req.options.deadline_ms);
-        t.set(Stage::Decode, us_since(started));
+        t.set(Stage::Decode, laps.lap());
 
-        let s = Instant::now();
         let lookups: Vec<_> = plan
             .views
             .iter()
@@ -205,9 +201,8 @@ impl Gateway {
             .hydrate(&lookups, deadline)
             .instrument(tracing::debug_span!("hydrate"))
             .await;
-        t.set(Stage::Hydrate, us_since(s));
+        t.set(Stage::Hydrate, laps.lap());
 
-        let s = Instant::now();
         let mut columns: Vec<(String, Column)> = Vec::new();
         for ((view, _, wanted), resolved) in plan.views.iter().zip(&hydrated.views) {
             for &fi in wanted {
@@ -230,15 +225,14 @@ impl Gateway {
                 columns.push((format!("{}:{}", view.name, feature.name), col));
             }
         }
-        t.set(Stage::Postprocess, us_since(s));
+        t.set(Stage::Postprocess, laps.lap());
 
-        let s = Instant::now();
         let mut w = BodyWriter::new(answer, 3 + u32::from(req.options.timings), 256);
         w.field("features", &ColumnsBody(&columns));
         w.field("degraded", &hydrated.degraded);
         w.field("cache", &hydrated.cache);
-        t.set(Stage::Encode, us_since(s));
-        t.total_us = us_since(started);
+        t.set(Stage::Encode, laps.lap());
+        t.total_us = laps.total();
         if req.options.timings {
             w.field("timings_us", &TimingsBody::from(&t));
         }

@@ -232,6 +232,7 @@ impl Hydrator {
         let mut pending: Vec<Pending> = Vec::new();
         let mut to_fetch: Vec<FetchItem> = Vec::new();
         let mut key = String::with_capacity(64);
+        let now = self.cache.clock().now_ms();
         // Each view's counters, looked up once per request (a lock and a hash), not once per key.
         let view_stats: Vec<Arc<ViewStats>> = views
             .iter()
@@ -243,7 +244,7 @@ impl Hydrator {
             for (ri, k) in keys.iter().enumerate() {
                 self.hot.sample(&view.name, k);
                 write_key(&mut key, &self.prefix, &view.name, k);
-                let old = match self.cache.lookup(&key, &view.policy) {
+                let old = match self.cache.lookup(&key, &view.policy, now) {
                     Lookup::Fresh(e) => {
                         if e.found.is_some() {
                             stats.hits.fetch_add(1, Relaxed);
@@ -379,10 +380,11 @@ impl Hydrator {
         let mut to_fetch = Vec::new();
         let mut waits = Vec::new();
         let mut key = String::with_capacity(64);
+        let now = self.cache.clock().now_ms();
         for (view, keys) in views {
             for k in keys.iter() {
                 write_key(&mut key, &self.prefix, &view.name, k);
-                match self.cache.lookup(&key, &view.policy) {
+                match self.cache.lookup(&key, &view.policy, now) {
                     Lookup::Fresh(_) => out.cached += 1,
                     Lookup::RefreshDue(_) | Lookup::Expired(_) | Lookup::Absent => {
                         waits.push(self.join_or_lead(&key, view, &mut to_fetch));
@@ -686,7 +688,8 @@ mod tests {
             "its waiter still gets it"
         );
         assert!(matches!(
-            h.cache().lookup("hy:user_profile:u_1", &v.policy),
+            h.cache()
+                .lookup("hy:user_profile:u_1", &v.policy, h.cache().clock().now_ms()),
             Lookup::Absent
         ));
         gate.add_permits(1);

@@ -106,6 +106,40 @@ fn push_u64(s: &mut String, mut n: u64) {
     }
 }
 
+/// Stage times by laps: each stage boundary reads the clock once, ending one stage and starting the next
+/// (a clock read is tens of nanoseconds on a virtual machine, and a request has a dozen boundaries).
+#[derive(Debug, Clone, Copy)]
+pub struct Laps {
+    started: Instant,
+    last: Instant,
+}
+
+impl Laps {
+    pub fn from(started: Instant) -> Self {
+        Self {
+            started,
+            last: started,
+        }
+    }
+
+    /// Microseconds since the previous lap (or the start); the next lap counts from now.
+    pub fn lap(&mut self) -> u64 {
+        let now = Instant::now();
+        let us = micros(now.saturating_duration_since(self.last));
+        self.last = now;
+        us
+    }
+
+    /// Microseconds from the start to the latest lap.
+    pub fn total(&self) -> u64 {
+        micros(self.last.saturating_duration_since(self.started))
+    }
+}
+
+fn micros(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
 /// Microseconds since `t`, saturating.
 pub fn us_since(t: Instant) -> u64 {
     u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX)
