@@ -55,8 +55,10 @@ impl Entry {
         };
         // What the entry really costs in memory: every heap allocation as the allocator hands it out
         // (rounded up to 16 bytes, plus a 16-byte header), plus moka's per-entry bookkeeping (its entry
-        // node, access-order and write-order deque nodes, timer-wheel node and key hash). Checked against
-        // resident memory with 1,000,000 cached demo users (scripts/bench-memory.sh).
+        // node, access-order and write-order deque nodes, timer-wheel node and key hash). Calibrated
+        // against resident memory with 1,000,000 cached demo users (scripts/bench-memory.sh) under glibc's
+        // allocator; under mimalloc, which has no per-allocation header, it is an upper bound (610 MiB
+        // estimated, 589 MiB measured), so `cache.max_bytes` errs on the safe side.
         let alloc = |bytes: usize| {
             if bytes == 0 {
                 0
