@@ -1,6 +1,7 @@
 //! The HTTP API: routes, and handlers that decode the HTTP envelope, call one [`Gateway`] method, and answer.
 //! No cache, store or tensor logic lives here.
 
+use std::fmt::Write as _;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, OnceLock};
@@ -79,18 +80,13 @@ fn request_id(headers: &HeaderMap) -> String {
     {
         return id.to_owned();
     }
-    // `hy-<pid>-<sequence>` in hex. The prefix is made once: `std::process::id()` is a system call each time,
-    // and `format!` showed in hot-path profiles.
+    // `hy-<pid>-<sequence>` in hex. The prefix is made once: `std::process::id()` is a system call each time.
     static PREFIX: OnceLock<String> = OnceLock::new();
     let prefix = PREFIX.get_or_init(|| format!("hy-{:x}-", std::process::id()));
     let n = REQUEST_SEQ.fetch_add(1, Relaxed);
     let mut id = String::with_capacity(prefix.len() + 16);
     id.push_str(prefix);
-    let digits = 16 - (n.leading_zeros() as usize / 4).min(15);
-    for i in (0..digits).rev() {
-        let d = ((n >> (i * 4)) & 0xf) as u8;
-        id.push(char::from(if d < 10 { b'0' + d } else { b'a' + d - 10 }));
-    }
+    let _ = write!(id, "{n:x}");
     id
 }
 

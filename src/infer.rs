@@ -23,7 +23,7 @@ use tokio::sync::oneshot;
 
 use crate::config::InferenceConfig;
 use crate::schema::{DeviceKind, Model};
-use crate::telemetry::ModelStats;
+use crate::telemetry::{ModelStats, us_since};
 
 /// Why inference could not answer.
 #[derive(Debug, thiserror::Error)]
@@ -164,7 +164,7 @@ pub struct Engine {
     workers: Vec<JoinHandle<()>>,
     depth: Arc<AtomicUsize>,
     buffers: ArrayQueue<Vec<f32>>,
-    out_buffers: Arc<ArrayQueue<OutputRows>>,
+    out_buffers: ArrayQueue<OutputRows>,
     stats: Arc<ModelStats>,
 }
 
@@ -233,7 +233,7 @@ impl Engine {
             workers,
             depth,
             buffers: ArrayQueue::new(256),
-            out_buffers: Arc::new(ArrayQueue::new(256)),
+            out_buffers: ArrayQueue::new(256),
             stats,
         })
     }
@@ -579,7 +579,7 @@ impl Worker {
             width,
             &mut self.scratch,
         );
-        let infer_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let infer_us = us_since(started);
         match result {
             Ok(()) => {
                 let mut at = 0;

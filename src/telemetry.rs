@@ -142,7 +142,7 @@ fn micros(d: std::time::Duration) -> u64 {
 
 /// Microseconds since `t`, saturating.
 pub fn us_since(t: Instant) -> u64 {
-    u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX)
+    micros(t.elapsed())
 }
 
 /// Cache and store counters of one view.
