@@ -48,6 +48,7 @@ pub mod gateway;
 pub mod hydrate;
 pub mod infer;
 pub mod loader;
+pub mod middleware;
 pub mod observe;
 pub mod oip;
 pub mod postprocess;
