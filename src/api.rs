@@ -1,15 +1,17 @@
 //! The HTTP API: routes, and handlers that decode the HTTP envelope, call one [`Gateway`] method, and answer.
 //! No cache, store or tensor logic lives here.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::extract::{DefaultBodyLimit, FromRequest as _, Path, Request, State};
+use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use percent_encoding::percent_decode_str;
 use serde_json::json;
 
 use crate::error::ApiError;
@@ -85,23 +87,39 @@ fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes
     })
 }
 
-async fn predict(
-    State(gw): State<Arc<Gateway>>,
-    Path(model): Path<String>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let body = body_bytes(body, gw.config.limits.max_body_bytes)?;
-    gw.predict(&model, &headers, &body).await
+async fn predict(State(gw): State<Arc<Gateway>>, req: Request) -> Result<Response, ApiError> {
+    let (headers, uri, body) = split(req, gw.config.limits.max_body_bytes).await?;
+    gw.predict(&path_segment(&uri, 3), &headers, &body).await
 }
 
-async fn features(
-    State(gw): State<Arc<Gateway>>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let body = body_bytes(body, gw.config.limits.max_body_bytes)?;
+async fn features(State(gw): State<Arc<Gateway>>, req: Request) -> Result<Response, ApiError> {
+    let (headers, _, body) = split(req, gw.config.limits.max_body_bytes).await?;
     gw.features(&headers, &body).await
+}
+
+/// A request's headers, URI and body (read within `limit`), owned, for the hot handlers to borrow from.
+/// The `HeaderMap` and `Path<String>` extractors would copy the headers and the path segment on every
+/// request.
+async fn split(req: Request, limit: usize) -> Result<(HeaderMap, Uri, Bytes), ApiError> {
+    let (mut parts, body) = req.into_parts();
+    let headers = std::mem::take(&mut parts.headers);
+    let uri = std::mem::take(&mut parts.uri);
+    let body = Bytes::from_request(Request::from_parts(parts, body), &()).await;
+    Ok((headers, uri, body_bytes(body, limit)?))
+}
+
+/// Segment `i` of the URI's path (`/v1/models/ctr/predict`: 3 is `ctr`), percent-decoded as axum's
+/// `Path` would. The router has matched the route, so the segment exists; an undecodable one is left as
+/// sent (it names no model, so the caller gets a 404 naming it).
+fn path_segment(uri: &Uri, i: usize) -> Cow<'_, str> {
+    let raw = uri.path().split('/').nth(i).unwrap_or("");
+    if raw.contains('%') {
+        percent_decode_str(raw)
+            .decode_utf8()
+            .unwrap_or(Cow::Borrowed(raw))
+    } else {
+        Cow::Borrowed(raw)
+    }
 }
 
 async fn v2_infer(
@@ -192,5 +210,21 @@ async fn not_found(req: Request) -> ApiError {
     ApiError::NotFound {
         code: "unknown_route",
         message: format!("no route {} {}", req.method(), req.uri().path()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_segments_are_percent_decoded_like_axum_paths() {
+        let uri = |s: &str| s.parse::<Uri>().unwrap_or_default();
+        assert_eq!(path_segment(&uri("/v1/models/ctr/predict"), 3), "ctr");
+        assert_eq!(path_segment(&uri("/v1/models/%63tr/predict"), 3), "ctr");
+        assert_eq!(path_segment(&uri("/v1/models/a%20b/predict"), 3), "a b");
+        // Not UTF-8 once decoded: left as sent, so the 404 names what was sent.
+        assert_eq!(path_segment(&uri("/v1/models/%ff/predict"), 3), "%ff");
+        assert_eq!(path_segment(&uri("/v1/models"), 3), "");
     }
 }

@@ -287,7 +287,7 @@ pub struct Plan {
 pub fn key_string(
     entity: &Entity,
     key: &EntityKey,
-    field: &str,
+    field: &dyn fmt::Display,
     limits: &LimitsConfig,
 ) -> Result<String, ApiError> {
     let s = match (entity.dtype, key) {
@@ -295,7 +295,7 @@ pub fn key_string(
         (Dtype::Int64, EntityKey::Str(_)) => {
             return Err(ApiError::invalid(
                 "invalid_entity_key",
-                field,
+                field.to_string(),
                 format!(
                     "{field}: entity `{}` takes int64 keys, got a string",
                     entity.name
@@ -305,7 +305,7 @@ pub fn key_string(
         (_, EntityKey::Int(_)) => {
             return Err(ApiError::invalid(
                 "invalid_entity_key",
-                field,
+                field.to_string(),
                 format!(
                     "{field}: entity `{}` takes string keys, got an integer",
                     entity.name
@@ -317,14 +317,14 @@ pub fn key_string(
     if s.is_empty() {
         return Err(ApiError::invalid(
             "invalid_entity_key",
-            field,
+            field.to_string(),
             format!("{field}: the key is empty"),
         ));
     }
     if s.len() > limits.max_key_bytes {
         return Err(ApiError::invalid(
             "invalid_entity_key",
-            field,
+            field.to_string(),
             format!(
                 "{field}: the key is {} bytes, the limit is {}",
                 s.len(),
@@ -335,7 +335,7 @@ pub fn key_string(
     if s.chars().any(char::is_control) {
         return Err(ApiError::invalid(
             "invalid_entity_key",
-            field,
+            field.to_string(),
             format!("{field}: the key holds control characters"),
         ));
     }
@@ -367,12 +367,9 @@ impl PredictRequest {
             }
         }
         let used = |name: &str| model.views.iter().any(|v| v.entity.name == name);
-        let mut names: Vec<&String> = self.entities.keys().collect();
-        names.sort();
-        for name in names {
-            if !used(name) {
-                return Err(unknown_entity(model, &format!("entities.{name}"), name));
-            }
+        // Of several unknown names the first in order is reported, the same each time.
+        if let Some(name) = self.entities.keys().filter(|n| !used(n)).min() {
+            return Err(unknown_entity(model, &format!("entities.{name}"), name));
         }
         if let Some(c) = candidates {
             for (i, cand) in c.iter().enumerate() {
@@ -396,26 +393,29 @@ impl PredictRequest {
             per_row.push(p);
         }
         let mut context = vec![None; model.context.len()];
-        let mut names: Vec<&String> = self.context.keys().collect();
-        names.sort();
-        for name in names {
-            let field = format!("context.{name}");
+        // In name order, so of several bad fields the same one is reported each time.
+        let mut fields: Vec<(&String, &Value)> = self.context.iter().collect();
+        fields.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        for (name, value) in fields {
             let Some(i) = model.context_index(name) else {
                 let known: Vec<_> = model.context.iter().map(|f| f.name.as_str()).collect();
                 return Err(ApiError::invalid(
                     "unknown_context_field",
-                    &field,
+                    format!("context.{name}"),
                     format!(
-                        "{field}: model `{}` takes no context field `{name}` (it takes: {})",
+                        "context.{name}: model `{}` takes no context field `{name}` (it takes: {})",
                         model.name,
                         known.join(", ")
                     ),
                 ));
             };
-            let v = model.context[i]
-                .dtype
-                .coerce(self.context[name].clone())
-                .map_err(|e| ApiError::invalid("invalid_field", &field, format!("{field}: {e}")))?;
+            let v = model.context[i].dtype.coerce(value.clone()).map_err(|e| {
+                ApiError::invalid(
+                    "invalid_field",
+                    format!("context.{name}"),
+                    format!("context.{name}: {e}"),
+                )
+            })?;
             context[i] = Some(v);
         }
         Ok(Plan {
@@ -451,7 +451,7 @@ impl PredictRequest {
                 vec![key_string(
                     entity,
                     k,
-                    &format!("entities.{}", entity.name),
+                    &format_args!("entities.{}", entity.name),
                     limits,
                 )?],
                 false,
@@ -461,11 +461,24 @@ impl PredictRequest {
             Some(c) if in_candidates => {
                 let mut out = Vec::with_capacity(c.len());
                 for (i, cand) in c.iter().enumerate() {
-                    let field = format!("candidates[{i}].{}", entity.name);
-                    let k = cand.get(&entity.name).ok_or_else(|| {
-                        ApiError::invalid("missing_entity", &field, format!("{field}: every candidate needs a `{}` key (view `{}` is keyed by it)", entity.name, view.name))
-                    })?;
-                    out.push(key_string(entity, k, &field, limits)?);
+                    // Field names are formatted only for an error: a ranking request has hundreds of keys.
+                    let Some(k) = cand.get(&entity.name) else {
+                        let field = format!("candidates[{i}].{}", entity.name);
+                        return Err(ApiError::invalid(
+                            "missing_entity",
+                            &field,
+                            format!(
+                                "{field}: every candidate needs a `{}` key (view `{}` is keyed by it)",
+                                entity.name, view.name
+                            ),
+                        ));
+                    };
+                    out.push(key_string(
+                        entity,
+                        k,
+                        &format_args!("candidates[{i}].{}", entity.name),
+                        limits,
+                    )?);
                 }
                 *rows = c.len();
                 Ok((out, true))
@@ -578,7 +591,7 @@ impl FeaturesRequest {
                         ks.push(key_string(
                             entity,
                             k,
-                            &format!("entities.{}[{j}]", entity.name),
+                            &format_args!("entities.{}[{j}]", entity.name),
                             limits,
                         )?);
                     }

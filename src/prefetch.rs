@@ -235,7 +235,12 @@ impl PrefetchRequest {
             };
             let mut ks = Vec::with_capacity(self.entities[name].0.len());
             for (j, k) in self.entities[name].0.iter().enumerate() {
-                ks.push(key_string(entity, k, &format!("{field}[{j}]"), limits)?);
+                ks.push(key_string(
+                    entity,
+                    k,
+                    &format_args!("{field}[{j}]"),
+                    limits,
+                )?);
             }
             keys.insert(name.as_str(), ks);
         }
