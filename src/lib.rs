@@ -21,6 +21,7 @@
 //! Around them:
 //!
 //! - [`gateway`]: runs the stages in order for one request; [`api`]: HTTP routes and thin handlers;
+//!   [`middleware`]: the layer around every request (request id, span, timing, timeout backstop, panics);
 //!   [`error`]: the one error type and its status mapping.
 //! - [`cache`]: the moka feature cache and its per-view policies; [`clock`]: the time it measures ages by.
 //! - [`prefetch`]: warming the cache ahead of requests: the prefetch API, hot-key sampling, warm start.
