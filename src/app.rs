@@ -88,7 +88,12 @@ impl Application {
             cache,
             config.store.prefix.clone(),
             telemetry.clone(),
-            HotKeys::new(config.prefetch.hot_sample_every),
+            // A store without hot-key sets gets no sampling: it would cost every lookup for nothing.
+            if store.keeps_hot_keys() {
+                HotKeys::new(config.prefetch.hot_sample_every)
+            } else {
+                HotKeys::disabled()
+            },
         );
         // Subscribed before anything is cached, so no write made from here on can be missed.
         let weak = Arc::downgrade(&hydrator);
@@ -100,11 +105,13 @@ impl Application {
             }))
             .await
             .context("cannot subscribe to the store's invalidation channel")?;
-        prefetch::spawn_hot_flusher(
-            Arc::downgrade(&hydrator),
-            config.prefetch.hot_flush_interval,
-            config.prefetch.hot_keep,
-        );
+        if store.keeps_hot_keys() {
+            prefetch::spawn_hot_flusher(
+                Arc::downgrade(&hydrator),
+                config.prefetch.hot_flush_interval,
+                config.prefetch.hot_keep,
+            );
+        }
         let prefetcher = Prefetcher::new(config.prefetch.max_concurrent);
         let listener = TcpListener::bind(config.server.bind)
             .await

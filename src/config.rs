@@ -384,12 +384,6 @@ impl Config {
         positive("inference.intra_threads", self.inference.intra_threads)?;
         positive("inference.max_queue", self.inference.max_queue)?;
         positive("store.redis.pool_size", self.store.redis.pool_size)?;
-        if self.inference.queue_timeout.is_zero() {
-            return Err((
-                "inference.queue_timeout",
-                "must be longer than 0".to_owned(),
-            ));
-        }
         positive(
             "store.redis.max_command_buffer",
             self.store.redis.max_command_buffer,
@@ -397,6 +391,8 @@ impl Config {
         positive("prefetch.max_concurrent", self.prefetch.max_concurrent)?;
         positive("prefetch.hot_keep", self.prefetch.hot_keep)?;
         for (key, d) in [
+            ("inference.queue_timeout", self.inference.queue_timeout),
+            ("limits.request_timeout", self.limits.request_timeout),
             (
                 "store.redis.connect_timeout",
                 self.store.redis.connect_timeout,
@@ -427,9 +423,6 @@ impl Config {
         }
         if self.cache.max_bytes == 0 {
             return Err(("cache.max_bytes", "must be greater than 0".to_owned()));
-        }
-        if self.limits.request_timeout.is_zero() {
-            return Err(("limits.request_timeout", "must be longer than 0".to_owned()));
         }
         if self.store.prefix.is_empty() || self.store.prefix.contains(char::is_whitespace) {
             return Err((

@@ -507,6 +507,36 @@ fn unknown_entity(model: &Model, field: &str, name: &str) -> ApiError {
     )
 }
 
+/// 400 `unknown_view` for `field`, listing the registered views.
+pub fn unknown_view(registry: &Registry, field: &str, name: &str) -> ApiError {
+    let known = crate::schema::known_names(registry.views.keys().map(String::as_str));
+    ApiError::invalid(
+        "unknown_view",
+        field,
+        format!("{field}: no view `{name}` is registered (views: {known})"),
+    )
+}
+
+/// Checks each of an entity's keys (`entities.<entity>[j]` in errors), returning them as strings.
+pub fn entity_keys(
+    entity: &Entity,
+    keys: &EntityKeys,
+    limits: &LimitsConfig,
+) -> Result<Vec<String>, ApiError> {
+    keys.0
+        .iter()
+        .enumerate()
+        .map(|(j, k)| {
+            key_string(
+                entity,
+                k,
+                &format_args!("entities.{}[{j}]", entity.name),
+                limits,
+            )
+        })
+        .collect()
+}
+
 /// Refuses a request carrying more entity keys, over all entities, than `limits.max_entities` (413).
 pub fn check_key_count(
     entities: &HashMap<String, EntityKeys>,
@@ -555,15 +585,7 @@ impl FeaturesRequest {
                 None => (name.as_str(), None),
             };
             let Some(view) = registry.views.get(vname) else {
-                let known = crate::schema::known_names(registry.views.keys().map(String::as_str));
-                return Err(ApiError::invalid(
-                    "unknown_view",
-                    &field,
-                    format!(
-                        "{field}: no view `{vname}` is registered (views: {})",
-                        known
-                    ),
-                ));
+                return Err(unknown_view(registry, &field, vname));
             };
             let idx = match views.iter().position(|(v, _, _)| v.name == vname) {
                 Some(idx) => idx,
@@ -586,15 +608,7 @@ impl FeaturesRequest {
                             format!("entities.{}: expected at least one key", entity.name),
                         ));
                     }
-                    let mut ks = Vec::with_capacity(keys.0.len());
-                    for (j, k) in keys.0.iter().enumerate() {
-                        ks.push(key_string(
-                            entity,
-                            k,
-                            &format_args!("entities.{}[{j}]", entity.name),
-                            limits,
-                        )?);
-                    }
+                    let ks = entity_keys(entity, keys, limits)?;
                     views.push((view.clone(), ks, Vec::new()));
                     views.len() - 1
                 }

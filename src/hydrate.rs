@@ -148,6 +148,8 @@ struct FetchItem {
     tx: watch::Sender<Option<Outcome>>,
     /// A refresh of a value still being served (counted in `hydrant_refresh_total`), not a miss.
     refresh: bool,
+    /// The view's counters, looked up once per request or prefetch, not once per fetched key.
+    stats: Arc<ViewStats>,
 }
 
 impl Hydrator {
@@ -173,6 +175,11 @@ impl Hydrator {
 
     pub fn hot_keys(&self) -> &HotKeys {
         &self.hot
+    }
+
+    /// The store backend's round-trip counters.
+    pub fn store_stats(&self) -> &Arc<StoreStats> {
+        &self.store_stats
     }
 
     pub fn telemetry(&self) -> &Arc<Telemetry> {
@@ -259,11 +266,7 @@ impl Hydrator {
                         stats.stale.fetch_add(1, Relaxed);
                         out.cache.stale += 1;
                         // Joining a fetch already in flight starts nothing; the receiver is not needed.
-                        let led = to_fetch.len();
-                        drop(self.join_or_lead(&key, view, &mut to_fetch));
-                        if let Some(item) = to_fetch.get_mut(led) {
-                            item.refresh = true;
-                        }
+                        drop(self.join_or_lead(&key, view, stats, true, &mut to_fetch));
                         rows.push(self.resolve(view, e));
                         continue;
                     }
@@ -272,7 +275,7 @@ impl Hydrator {
                 };
                 stats.misses.fetch_add(1, Relaxed);
                 out.cache.misses += 1;
-                let rx = self.join_or_lead(&key, view, &mut to_fetch);
+                let rx = self.join_or_lead(&key, view, stats, false, &mut to_fetch);
                 pending.push(Pending {
                     view: vi,
                     row: ri,
@@ -349,6 +352,8 @@ impl Hydrator {
         &self,
         key: &str,
         view: &Arc<View>,
+        stats: &Arc<ViewStats>,
+        refresh: bool,
         to_fetch: &mut Vec<FetchItem>,
     ) -> watch::Receiver<Option<Outcome>> {
         let mut inflight = self.inflight.lock();
@@ -363,7 +368,8 @@ impl Hydrator {
             view: view.clone(),
             id,
             tx,
-            refresh: false,
+            refresh,
+            stats: stats.clone(),
         });
         rx
     }
@@ -382,12 +388,13 @@ impl Hydrator {
         let mut key = String::with_capacity(64);
         let now = self.cache.clock().now_ms();
         for (view, keys) in views {
+            let stats = self.telemetry.view(&view.name);
             for k in keys.iter() {
                 write_key(&mut key, &self.prefix, &view.name, k);
                 match self.cache.lookup(&key, &view.policy, now) {
                     Lookup::Fresh(_) => out.cached += 1,
                     Lookup::RefreshDue(_) | Lookup::Expired(_) | Lookup::Absent => {
-                        waits.push(self.join_or_lead(&key, view, &mut to_fetch));
+                        waits.push(self.join_or_lead(&key, view, &stats, false, &mut to_fetch));
                     }
                 }
             }
@@ -438,15 +445,10 @@ impl Hydrator {
             Err((Fail::Error, _)) => StoreOutcome::Error,
         };
         self.store_stats
-            .read(outcome, keys.len(), us_since(started));
+            .reads
+            .record(outcome, keys.len(), us_since(started));
         for item in items.iter().filter(|i| i.refresh) {
-            let stats = self.telemetry.view(&item.view.name);
-            match outcome {
-                StoreOutcome::Ok => &stats.refresh_ok,
-                StoreOutcome::Error => &stats.refresh_error,
-                StoreOutcome::Timeout => &stats.refresh_timeout,
-            }
-            .fetch_add(1, Relaxed);
+            item.stats.refresh.add(outcome);
         }
         let now = self.cache.clock().now_ms();
         match result {
@@ -495,7 +497,7 @@ impl Hydrator {
     /// the wrong number or type of values) are served as defaults, counted, and logged once per key.
     fn decode(&self, item: &FetchItem, bytes: Option<&[u8]>, now: i64) -> Entry {
         let view = &item.view;
-        let stats = self.telemetry.view(&view.name);
+        let stats = item.stats.clone();
         let Some(bytes) = bytes else {
             return Entry::new(now, None, &view.policy, item.key.len(), stats);
         };
@@ -759,7 +761,7 @@ mod tests {
             "served while refreshing"
         );
         let stats = h.telemetry().view("user_profile");
-        while stats.refresh_ok.load(Relaxed) < 5 {
+        while stats.refresh.ok.load(Relaxed) < 5 {
             tokio::task::yield_now().await;
         }
         assert_eq!(store.reads.load(Relaxed), 2, "five refreshes, one read");

@@ -490,12 +490,10 @@ impl Worker {
         loop {
             let first = match carry.take() {
                 Some(j) => j,
-                None => {
-                    match self.rx.recv() {
-                        Ok(j) => j,
-                        Err(_) => return, // queue closed and drained
-                    }
-                }
+                None => match self.rx.recv() {
+                    Ok(j) => j,
+                    Err(_) => return, // queue closed and drained
+                },
             };
             self.depth.fetch_sub(1, Relaxed);
             let mut rows = first.rows;

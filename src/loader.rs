@@ -322,7 +322,7 @@ pub async fn write_through(
     ttl: Option<Duration>,
 ) -> Result<Written, StoreError> {
     let store = h.store();
-    let stats = h.telemetry().store(store.backend());
+    let stats = h.store_stats();
     let keys: Vec<String> = writes.iter().map(|(k, _)| k.clone()).collect();
     let started = Instant::now();
     let result = store.put_many(writes, ttl).await;
@@ -331,7 +331,7 @@ pub async fn write_through(
         Err(StoreError::Timeout) => StoreOutcome::Timeout,
         Err(_) => StoreOutcome::Error,
     };
-    stats.write(outcome, keys.len(), us_since(started));
+    stats.writes.record(outcome, keys.len(), us_since(started));
     result?;
     h.invalidate(&keys);
     let inv = &h.telemetry().invalidation;

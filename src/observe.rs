@@ -212,9 +212,9 @@ pub fn prometheus(gw: &Gateway) -> String {
     );
     for (view, v) in &views {
         for (outcome, c) in [
-            ("ok", &v.refresh_ok),
-            ("error", &v.refresh_error),
-            ("timeout", &v.refresh_timeout),
+            ("ok", &v.refresh.ok),
+            ("error", &v.refresh.error),
+            ("timeout", &v.refresh.timeout),
         ] {
             let _ = writeln!(
                 out,
@@ -232,19 +232,15 @@ pub fn prometheus(gw: &Gateway) -> String {
         "Store round trips by backend, operation and outcome (one read carries all of a request's misses).",
     );
     for (backend, st) in &stores {
-        for (op, outcome, c) in [
-            ("read", "ok", &st.reads_ok),
-            ("read", "error", &st.reads_error),
-            ("read", "timeout", &st.reads_timeout),
-            ("write", "ok", &st.writes_ok),
-            ("write", "error", &st.writes_error),
-            ("write", "timeout", &st.writes_timeout),
-        ] {
-            let _ = writeln!(
-                out,
-                "hydrant_store_round_trips_total{{backend=\"{backend}\",op=\"{op}\",outcome=\"{outcome}\"}} {}",
-                c.load(Relaxed)
-            );
+        for (op, trips) in [("read", &st.reads), ("write", &st.writes)] {
+            let o = &trips.outcomes;
+            for (outcome, c) in [("ok", &o.ok), ("error", &o.error), ("timeout", &o.timeout)] {
+                let _ = writeln!(
+                    out,
+                    "hydrant_store_round_trips_total{{backend=\"{backend}\",op=\"{op}\",outcome=\"{outcome}\"}} {}",
+                    c.load(Relaxed)
+                );
+            }
         }
     }
     header(
@@ -254,16 +250,13 @@ pub fn prometheus(gw: &Gateway) -> String {
         "Keys carried by store round trips.",
     );
     for (backend, st) in &stores {
-        let _ = writeln!(
-            out,
-            "hydrant_store_keys_total{{backend=\"{backend}\",op=\"read\"}} {}",
-            st.read_keys.load(Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "hydrant_store_keys_total{{backend=\"{backend}\",op=\"write\"}} {}",
-            st.written_keys.load(Relaxed)
-        );
+        for (op, trips) in [("read", &st.reads), ("write", &st.writes)] {
+            let _ = writeln!(
+                out,
+                "hydrant_store_keys_total{{backend=\"{backend}\",op=\"{op}\"}} {}",
+                trips.keys.load(Relaxed)
+            );
+        }
     }
     header(
         &mut out,
@@ -272,18 +265,14 @@ pub fn prometheus(gw: &Gateway) -> String {
         "Store round-trip latency by backend and operation.",
     );
     for (backend, st) in &stores {
-        histogram(
-            &mut out,
-            "hydrant_store_duration_seconds",
-            &format!("backend=\"{backend}\",op=\"read\""),
-            &st.read_duration,
-        );
-        histogram(
-            &mut out,
-            "hydrant_store_duration_seconds",
-            &format!("backend=\"{backend}\",op=\"write\""),
-            &st.write_duration,
-        );
+        for (op, trips) in [("read", &st.reads), ("write", &st.writes)] {
+            histogram(
+                &mut out,
+                "hydrant_store_duration_seconds",
+                &format!("backend=\"{backend}\",op=\"{op}\""),
+                &trips.duration,
+            );
+        }
     }
     let p = &t.prefetch;
     header(
@@ -442,19 +431,19 @@ pub fn stats(gw: &Gateway) -> Json {
     }
     let mut stores = Map::new();
     for (backend, st) in t.stores() {
-        let reads = st.reads_ok.load(Relaxed)
-            + st.reads_error.load(Relaxed)
-            + st.reads_timeout.load(Relaxed);
+        let (r, w) = (&st.reads, &st.writes);
+        let reads = r.outcomes.total();
+        let read_keys = r.keys.load(Relaxed);
         stores.insert(
             backend.to_owned(),
             json!({
                 "reads": reads,
-                "read_errors": st.reads_error.load(Relaxed),
-                "read_timeouts": st.reads_timeout.load(Relaxed),
-                "read_keys": st.read_keys.load(Relaxed),
-                "keys_per_read": ratio(st.read_keys.load(Relaxed), reads),
-                "writes": st.writes_ok.load(Relaxed) + st.writes_error.load(Relaxed) + st.writes_timeout.load(Relaxed),
-                "written_keys": st.written_keys.load(Relaxed),
+                "read_errors": r.outcomes.error.load(Relaxed),
+                "read_timeouts": r.outcomes.timeout.load(Relaxed),
+                "read_keys": read_keys,
+                "keys_per_read": ratio(read_keys, reads),
+                "writes": w.outcomes.total(),
+                "written_keys": w.keys.load(Relaxed),
             }),
         );
     }

@@ -20,7 +20,7 @@ use serde::Deserialize;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::{LimitsConfig, PrefetchConfig};
-use crate::decode::{EntityKeys, check_key_count, key_string};
+use crate::decode::{EntityKeys, check_key_count, entity_keys, unknown_view};
 use crate::error::ApiError;
 use crate::hydrate::{Hydrator, Prefetched};
 use crate::schema::{Registry, View};
@@ -216,33 +216,23 @@ impl PrefetchRequest {
             ));
         }
         check_key_count(&self.entities, limits)?;
-        let mut names: Vec<&String> = self.entities.keys().collect();
-        names.sort();
+        // In name order, so of several bad entities the same one is reported each time.
+        let mut entities: Vec<(&String, &EntityKeys)> = self.entities.iter().collect();
+        entities.sort_unstable_by(|a, b| a.0.cmp(b.0));
         let mut keys: HashMap<&str, Vec<String>> = HashMap::new();
-        for name in names {
-            let field = format!("entities.{name}");
+        for (name, sent) in entities {
             let Some(entity) = registry.entities.get(name.as_str()) else {
                 let known =
                     crate::schema::known_names(registry.entities.keys().map(String::as_str));
                 return Err(ApiError::invalid(
                     "unknown_entity",
-                    &field,
+                    format!("entities.{name}"),
                     format!(
-                        "{field}: no entity `{name}` is registered (entities: {})",
-                        known
+                        "entities.{name}: no entity `{name}` is registered (entities: {known})"
                     ),
                 ));
             };
-            let mut ks = Vec::with_capacity(self.entities[name].0.len());
-            for (j, k) in self.entities[name].0.iter().enumerate() {
-                ks.push(key_string(
-                    entity,
-                    k,
-                    &format_args!("{field}[{j}]"),
-                    limits,
-                )?);
-            }
-            keys.insert(name.as_str(), ks);
+            keys.insert(name.as_str(), entity_keys(entity, sent, limits)?);
         }
         let views: Vec<Arc<View>> = match &self.views {
             Some(names) => {
@@ -250,16 +240,7 @@ impl PrefetchRequest {
                 for (i, vname) in names.iter().enumerate() {
                     let field = format!("views[{i}]");
                     let Some(view) = registry.views.get(vname) else {
-                        let known =
-                            crate::schema::known_names(registry.views.keys().map(String::as_str));
-                        return Err(ApiError::invalid(
-                            "unknown_view",
-                            &field,
-                            format!(
-                                "{field}: no view `{vname}` is registered (views: {})",
-                                known
-                            ),
-                        ));
+                        return Err(unknown_view(registry, &field, vname));
                     };
                     if !keys.contains_key(view.entity.name.as_str()) {
                         return Err(ApiError::invalid(

@@ -160,9 +160,7 @@ pub struct ViewStats {
     pub degraded_error: AtomicU64,
     /// Background refreshes (refresh-ahead) by outcome: `hydrant_refresh_total{view,outcome}`. A key counts
     /// once per refresh round trip it was part of.
-    pub refresh_ok: AtomicU64,
-    pub refresh_error: AtomicU64,
-    pub refresh_timeout: AtomicU64,
+    pub refresh: Outcomes,
 }
 
 impl ViewStats {
@@ -456,47 +454,54 @@ pub enum StoreOutcome {
     Timeout,
 }
 
-/// Round trips to one store backend (`embedded`, `redis`), reads and writes apart:
-/// `hydrant_store_round_trips_total{backend,op,outcome}` and `hydrant_store_duration_seconds{backend,op}`.
-/// One read round trip carries all the misses of a request (or a refresh, prefetch or warm-start batch);
-/// `read_keys` counts the keys they carried.
+/// Store calls counted by how they ended.
 #[derive(Debug, Default)]
-pub struct StoreStats {
-    pub reads_ok: AtomicU64,
-    pub reads_error: AtomicU64,
-    pub reads_timeout: AtomicU64,
-    pub read_keys: AtomicU64,
-    pub read_duration: Histogram,
-    pub writes_ok: AtomicU64,
-    pub writes_error: AtomicU64,
-    pub writes_timeout: AtomicU64,
-    pub written_keys: AtomicU64,
-    pub write_duration: Histogram,
+pub struct Outcomes {
+    pub ok: AtomicU64,
+    pub error: AtomicU64,
+    pub timeout: AtomicU64,
 }
 
-impl StoreStats {
-    /// Records one read round trip of `keys` keys that took `us` (timeouts are recorded at the timeout).
-    pub fn read(&self, outcome: StoreOutcome, keys: usize, us: u64) {
+impl Outcomes {
+    pub fn add(&self, outcome: StoreOutcome) {
         match outcome {
-            StoreOutcome::Ok => &self.reads_ok,
-            StoreOutcome::Error => &self.reads_error,
-            StoreOutcome::Timeout => &self.reads_timeout,
+            StoreOutcome::Ok => &self.ok,
+            StoreOutcome::Error => &self.error,
+            StoreOutcome::Timeout => &self.timeout,
         }
         .fetch_add(1, Relaxed);
-        self.read_keys.fetch_add(keys as u64, Relaxed);
-        self.read_duration.observe_us(us);
     }
 
-    pub fn write(&self, outcome: StoreOutcome, keys: usize, us: u64) {
-        match outcome {
-            StoreOutcome::Ok => &self.writes_ok,
-            StoreOutcome::Error => &self.writes_error,
-            StoreOutcome::Timeout => &self.writes_timeout,
-        }
-        .fetch_add(1, Relaxed);
-        self.written_keys.fetch_add(keys as u64, Relaxed);
-        self.write_duration.observe_us(us);
+    pub fn total(&self) -> u64 {
+        self.ok.load(Relaxed) + self.error.load(Relaxed) + self.timeout.load(Relaxed)
     }
+}
+
+/// Round trips of one kind (reads or writes) to one store backend.
+#[derive(Debug, Default)]
+pub struct RoundTrips {
+    pub outcomes: Outcomes,
+    /// Keys the round trips carried.
+    pub keys: AtomicU64,
+    pub duration: Histogram,
+}
+
+impl RoundTrips {
+    /// Records one round trip of `keys` keys that took `us` (timeouts are recorded at the timeout).
+    pub fn record(&self, outcome: StoreOutcome, keys: usize, us: u64) {
+        self.outcomes.add(outcome);
+        self.keys.fetch_add(keys as u64, Relaxed);
+        self.duration.observe_us(us);
+    }
+}
+
+/// Round trips to one store backend (`embedded`, `redis`), reads and writes apart:
+/// `hydrant_store_round_trips_total{backend,op,outcome}` and `hydrant_store_duration_seconds{backend,op}`.
+/// One read round trip carries all the misses of a request (or a refresh, prefetch or warm-start batch).
+#[derive(Debug, Default)]
+pub struct StoreStats {
+    pub reads: RoundTrips,
+    pub writes: RoundTrips,
 }
 
 /// Prefetching (`POST /v1/prefetch`), warm start and hot-key sampling: `hydrant_prefetch_total{outcome}`,

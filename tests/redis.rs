@@ -190,6 +190,9 @@ impl Store for Slowed {
     fn backend(&self) -> &'static str {
         self.inner.backend()
     }
+    fn keeps_hot_keys(&self) -> bool {
+        self.inner.keeps_hot_keys()
+    }
     fn get_many<'a>(
         &'a self,
         keys: &'a [String],
@@ -327,8 +330,8 @@ async fn all_misses_of_a_request_cost_one_round_trip() {
     assert_eq!(j["cache"], json!({"hits": 201, "stale": 0, "misses": 0}));
     assert_eq!(redis.calls("mget"), 1);
     let stats = app.gateway.telemetry.store("redis");
-    assert_eq!(stats.reads_ok.load(Relaxed), 1);
-    assert_eq!(stats.read_keys.load(Relaxed), 201);
+    assert_eq!(stats.reads.outcomes.ok.load(Relaxed), 1);
+    assert_eq!(stats.reads.keys.load(Relaxed), 201);
 }
 
 #[tokio::test]
@@ -395,7 +398,7 @@ async fn a_fresh_value_is_a_hit_then_served_stale_while_refreshed_then_refetched
     })
     .await;
     let stats = app.gateway.telemetry.view("user_profile");
-    assert_eq!(stats.refresh_ok.load(Relaxed), 1);
+    assert_eq!(stats.refresh.ok.load(Relaxed), 1);
 
     // Past ttl (10m) the value is fetched again before answering (a miss).
     put_raw(&redis, "hy:user_profile:u_r", &user_record(42, ts));

@@ -72,6 +72,12 @@ pub trait Store: Send + Sync + 'static {
         Box::pin(async { Ok(()) })
     }
 
+    /// Whether the store keeps hot-key sets ([`Store::record_hot`], [`Store::hottest`]). When it does not,
+    /// the gateway samples no lookups and runs no flusher.
+    fn keeps_hot_keys(&self) -> bool {
+        false
+    }
+
     /// Adds sampled lookup counts to the views' hot sets, keeping the `keep` hottest keys of each.
     fn record_hot<'a>(
         &'a self,

@@ -441,6 +441,10 @@ impl Store for RedisStore {
         "redis"
     }
 
+    fn keeps_hot_keys(&self) -> bool {
+        true
+    }
+
     fn get_many<'a>(
         &'a self,
         keys: &'a [String],
