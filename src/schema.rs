@@ -19,6 +19,10 @@ use crate::value::{Dtype, Value};
 /// Reserved source name for request-time features in a model binding (`context:hour_of_day`).
 pub const CONTEXT: &str = "context";
 
+/// Reserved view name: the Redis store keeps each view's hot-key set at the key of entity `<view>` in this
+/// view (`hy:hot:user_profile`), so a real view of this name would overwrite those sets.
+pub const HOT_VIEW: &str = "hot";
+
 /// Names for an error message, sorted, each once: `a, b, c`.
 pub fn known_names<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
     let mut v: Vec<&str> = names.into_iter().collect();
@@ -642,6 +646,13 @@ fn compile_view(
             "`context` is reserved for request-time features".into(),
         );
     }
+    if d.name == HOT_VIEW {
+        errs.push(
+            file,
+            "name",
+            "`hot` is reserved: the store keeps each view's hot keys under it".into(),
+        );
+    }
     if d.version == 0 {
         errs.push(file, "version", "versions start at 1".into());
     }
@@ -1234,6 +1245,23 @@ features:
             e.to_string().contains("max_age") && e.to_string().contains("not a valid duration"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn reserved_view_names_are_refused() {
+        for name in [CONTEXT, HOT_VIEW] {
+            let v = VIEW.replace("name: user_profile", &format!("name: {name}"));
+            let e = Registry::compile(
+                &[
+                    (PathBuf::from("e.yaml"), ENTITIES.into()),
+                    (PathBuf::from("v.yaml"), v),
+                ],
+                Path::new("."),
+            )
+            .expect_err("reserved");
+            assert_eq!(e.0[0].path, "name", "{e}");
+            assert!(e.to_string().contains("reserved"), "{e}");
+        }
     }
 
     #[test]

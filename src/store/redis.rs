@@ -143,8 +143,9 @@ impl RedisStore {
         })
     }
 
+    /// The hot-key set of a view: the key of entity `view` in the reserved view `hot`.
     fn hot_key(&self, view: &str) -> String {
-        format!("{}:hot:{view}", self.prefix)
+        super::key(&self.prefix, crate::schema::HOT_VIEW, view)
     }
 
     async fn read(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
