@@ -8,11 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-2}"
 model="${2:-ctr}"
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-work="$(mktemp -d)"
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT INT TERM
+source scripts/lib.sh
 
 cargo build --release --bin hydrant && cargo build --release -p loadtest
 bin=target/release
@@ -36,7 +32,7 @@ start() { # name batching -> sets $port (not in a subshell, so the trap can stop
   HYDRANT_SERVER__BIND="127.0.0.1:$port" HYDRANT_INFERENCE__BATCHING="$2" HYDRANT_TELEMETRY__LOG_LEVEL=warn \
     "$bin/hydrant" serve >"$work/$1.log" 2>&1 &
   pids+=($!)
-  for _ in $(seq 1 200); do curl -sf "http://127.0.0.1:$port/v2/health/ready" >/dev/null 2>&1 && break; sleep 0.05; done
+  wait_ready "$port" "$work/$1.log"
 }
 start on true
 on="$port"

@@ -8,20 +8,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-5}" conns="${2:-64}" secs="${3:-4}"
 command -v wrk >/dev/null || { echo "bench-cpu.sh needs wrk (apt-get install -y wrk)" >&2; exit 2; }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-work="$(mktemp -d)"
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT INT TERM
+source scripts/lib.sh
 
 cargo build --release --bin hydrant && cargo build --release -p loadtest
 bin=target/release
 
-redis_port="$(free_port)"
-redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" >"$work/redis.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 1 100); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break; sleep 0.05; done
-export HYDRANT_STORE__REDIS__URL="redis://127.0.0.1:$redis_port"
+start_redis
 "$bin/hydrant" load --view user_profile demo/rows/user_profile.jsonl >/dev/null
 "$bin/hydrant" load --view item_stats demo/rows/item_stats.jsonl >/dev/null
 
@@ -33,10 +25,8 @@ fport="$(free_port)"
 "$bin/loadtest" floor --bind "127.0.0.1:$fport" --for-s 86400 >"$work/floor.log" 2>&1 &
 fpid=$!
 pids+=($fpid)
-for port in "$hport" "$fport"; do
-  for _ in $(seq 1 200); do curl -sf "http://127.0.0.1:$port/v2/health/ready" >/dev/null 2>&1 && break; sleep 0.05; done
-  curl -sf "http://127.0.0.1:$port/v2/health/ready" >/dev/null || { cat "$work"/*.log >&2; exit 1; }
-done
+wait_ready "$hport" "$work/hydrant.log"
+wait_ready "$fport" "$work/floor.log"
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 run() { # NAME PID PORT -> appends "rps us_per_request" to $work/NAME

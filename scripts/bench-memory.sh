@@ -5,20 +5,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n="${1:-1000000}"
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-work="$(mktemp -d)"
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT INT TERM
+source scripts/lib.sh
 
 cargo build --release --bin hydrant
 bin=target/release/hydrant
 
-redis_port="$(free_port)"
-redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" >"$work/redis.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 1 100); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break; sleep 0.05; done
-export HYDRANT_STORE__REDIS__URL="redis://127.0.0.1:$redis_port"
+start_redis
 
 python3 - "$n" "$work/users.jsonl" <<'PY'
 import json, random, sys
@@ -39,7 +31,7 @@ HYDRANT_SERVER__BIND="127.0.0.1:$port" HYDRANT_CACHE__MAX_BYTES=$((8 << 30)) HYD
   HYDRANT_STORE__REDIS__COMMAND_TIMEOUT=2s "$bin" serve >"$work/hydrant.log" 2>&1 &
 hpid=$!
 pids+=($hpid)
-for _ in $(seq 1 200); do curl -sf "http://127.0.0.1:$port/v2/health/ready" >/dev/null 2>&1 && break; sleep 0.05; done
+wait_ready "$port" "$work/hydrant.log"
 
 python3 - "$n" "$port" "$hpid" "$payload" <<'PY'
 import http.client, json, sys, os

@@ -2,23 +2,12 @@
 
 mod common;
 
-use std::collections::HashMap;
-
-use common::{TestApp, root};
+use common::{TestApp, demo_rows, root};
 use serde_json::{Value as Json, json};
 
 // ------------------------------------------------------------------------------------------------------
 // An independent computation of the demo model: the input layout of models/README.md and a plain MLP
 // forward pass over models/ctr.weights.json. Nothing here calls hydrant's code.
-
-fn rows(view: &str, key: &str) -> HashMap<String, Json> {
-    let text =
-        std::fs::read_to_string(root().join(format!("demo/rows/{view}.jsonl"))).expect("rows");
-    text.lines()
-        .map(|l| serde_json::from_str::<Json>(l).expect("json"))
-        .map(|r| (r[key].as_str().expect("key").to_owned(), r))
-        .collect()
-}
 
 fn fnv(s: &str) -> u64 {
     let mut h: u64 = 0xcbf29ce484222325;
@@ -176,8 +165,8 @@ fn scores(reply: &Json) -> Vec<f64> {
 #[tokio::test]
 async fn predict_scores_equal_the_model_run_on_an_independently_assembled_vector() {
     let app = TestApp::spawn().await;
-    let users = rows("user_profile", "user_id");
-    let items = rows("item_stats", "item_id");
+    let users = demo_rows("user_profile", "user_id");
+    let items = demo_rows("item_stats", "item_id");
     let mlp = Mlp::load();
     // Users with a null field and out-of-vocabulary countries, items with null ctr, one unknown item,
     // one unknown user, and a request without context.
@@ -382,15 +371,9 @@ async fn timings_cover_every_stage_in_the_body_and_the_server_timing_header() {
 #[tokio::test]
 async fn features_endpoint_returns_the_values_written() {
     let app = TestApp::spawn().await;
-    let users = rows("user_profile", "user_id");
+    let users = demo_rows("user_profile", "user_id");
     let body = json!({"entities": {"user_id": ["u_5", "u_missing", "u_6"]}, "features": ["user_profile:age", "user_profile:embedding", "user_profile:avg_session_minutes"]});
-    let r = app
-        .post(
-            "/v1/features",
-            "application/json",
-            serde_json::to_vec(&body).expect("json"),
-        )
-        .await;
+    let r = app.post_json("/v1/features", &body).await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     let j = r.json();
     let ages = &j["features"]["user_profile:age"];
@@ -411,14 +394,7 @@ async fn features_endpoint_returns_the_values_written() {
         .find(|(_, r)| r["avg_session_minutes"].is_null())
         .expect("a null row");
     let body = json!({"entities": {"user_id": null_user}, "features": ["user_profile:avg_session_minutes"]});
-    let j = app
-        .post(
-            "/v1/features",
-            "application/json",
-            serde_json::to_vec(&body).expect("json"),
-        )
-        .await
-        .json();
+    let j = app.post_json("/v1/features", &body).await.json();
     assert_eq!(
         j["features"]["user_profile:avg_session_minutes"]["statuses"][0],
         "NULL_VALUE"

@@ -5,16 +5,14 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::io::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use common::redis::{RedisServer, Reply};
-use common::{TestApp, load_demo_rows, root, test_config};
+use common::redis::{RedisServer, Reply, config_for, gateway, gateway_over, seeded};
+use common::{TestApp, demo_rows, load_demo_rows};
 use hydrant::app::open_store;
-use hydrant::config::Config;
 use hydrant::hydrate::Status;
 use hydrant::store::{BoxFuture, HotCounts, InvalidationSink, Store, StoreError, Writes};
 use hydrant::value::{Record, Value, now_ms};
@@ -22,50 +20,6 @@ use serde_json::{Value as Json, json};
 
 // ------------------------------------------------------------------------------------------------------
 // Helpers
-
-fn config_for(redis: &RedisServer) -> Config {
-    let mut c = test_config();
-    c.store.redis.url = redis.url();
-    c
-}
-
-/// A store on `redis` with the demo rows loaded through the bulk loader.
-async fn seeded(redis: &RedisServer) -> Arc<dyn Store> {
-    let store = open_store(&config_for(redis)).await.expect("redis store");
-    load_demo_rows(store.as_ref(), "hy").await;
-    store
-}
-
-/// A gateway on `redis` (its own connections), with `edit` applied to the config.
-async fn gateway(redis: &RedisServer, edit: impl FnOnce(&mut Config)) -> TestApp {
-    let mut c = config_for(redis);
-    edit(&mut c);
-    let store = open_store(&c).await.expect("redis store");
-    gateway_over(c, store).await
-}
-
-async fn gateway_over(c: Config, store: Arc<dyn Store>) -> TestApp {
-    let app = TestApp::spawn_with(c, store, None).await;
-    wait_ready(&app).await;
-    app
-}
-
-async fn wait_ready(app: &TestApp) {
-    let until = Instant::now() + Duration::from_secs(10);
-    while app.get("/v2/health/ready").await.status != 200 {
-        assert!(Instant::now() < until, "the gateway never turned ready");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-fn demo_rows(view: &str, key: &str) -> HashMap<String, Json> {
-    let text =
-        std::fs::read_to_string(root().join(format!("demo/rows/{view}.jsonl"))).expect("rows");
-    text.lines()
-        .map(|l| serde_json::from_str::<Json>(l).expect("json"))
-        .map(|r| (r[key].as_str().expect("key").to_owned(), r))
-        .collect()
-}
 
 /// `POST /v1/features` for `keys` of the view keyed by `entity`.
 async fn features(
@@ -79,13 +33,7 @@ async fn features(
     if let Some(ms) = deadline_ms {
         body["options"] = json!({"deadline_ms": ms});
     }
-    let r = app
-        .post(
-            "/v1/features",
-            "application/json",
-            serde_json::to_vec(&body).expect("json"),
-        )
-        .await;
+    let r = app.post_json("/v1/features", &body).await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     r.json()
 }
@@ -768,7 +716,7 @@ async fn start_up_fails_clearly_when_redis_is_unreachable_or_refuses_the_passwor
     let store = open_store(&c)
         .await
         .expect("the password in the URL is used");
-    load_demo_rows(store.as_ref(), "hy").await;
+    load_demo_rows(store.as_ref()).await;
     let app = gateway_over(c.clone(), store).await;
     assert_eq!(ages(&app, &["u_5"]).await.1, vec!["PRESENT".to_owned()]);
     c.store.redis.url = c.store.redis.url.replace("s3cret-pw", "wrong-pw");
@@ -803,13 +751,7 @@ async fn a_write_through_one_gateway_is_served_by_another_within_the_bound() {
     let body =
         json!({"rows": [{"user_id": "u_9", "age": 77, "country": "br", "is_premium": true}]});
     let started = Instant::now();
-    let r = a
-        .post(
-            "/v1/views/user_profile/rows",
-            "application/json",
-            serde_json::to_vec(&body).expect("json"),
-        )
-        .await;
+    let r = a.post_json("/v1/views/user_profile/rows", &body).await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     assert_eq!(r.json(), json!({"written": 1, "announced": true}));
     // The writer reads its own write at once.
@@ -854,14 +796,7 @@ async fn the_rows_api_writes_all_rows_or_none() {
     let app = gateway(&redis, |_| {}).await;
     let post = |body: Json| {
         let app = &app;
-        async move {
-            app.post(
-                "/v1/views/user_profile/rows",
-                "application/json",
-                serde_json::to_vec(&body).expect("json"),
-            )
-            .await
-        }
+        async move { app.post_json("/v1/views/user_profile/rows", &body).await }
     };
     let r = post(json!({"rows": [
         {"user_id": "u_w1", "age": 20},
@@ -1027,26 +962,14 @@ async fn the_loader_reports_bad_rows_by_line_loads_the_good_ones_and_invalidates
 #[tokio::test]
 async fn the_rows_api_and_prefetch_work_on_the_embedded_store_too() {
     let app = TestApp::spawn().await;
-    wait_ready(&app).await;
+    app.wait_ready().await;
     assert_eq!(ages(&app, &["u_3"]).await.1, vec!["PRESENT".to_owned()]);
     let body = json!({"rows": [{"user_id": "u_3", "age": 64}]});
-    let r = app
-        .post(
-            "/v1/views/user_profile/rows",
-            "application/json",
-            serde_json::to_vec(&body).expect("json"),
-        )
-        .await;
+    let r = app.post_json("/v1/views/user_profile/rows", &body).await;
     assert_eq!(r.json(), json!({"written": 1, "announced": true}));
     assert_eq!(ages(&app, &["u_3"]).await.0, vec![64]);
     let body = json!({"entities": {"item_id": ["i_3"]}});
-    let r = app
-        .post(
-            "/v1/prefetch",
-            "application/json",
-            serde_json::to_vec(&body).expect("json"),
-        )
-        .await;
+    let r = app.post_json("/v1/prefetch", &body).await;
     assert_eq!(r.status, 202);
 }
 
@@ -1059,13 +982,7 @@ async fn prefetch_warms_the_cache_in_the_background() {
     seeded(&redis).await;
     let app = gateway(&redis, |_| {}).await;
     let body = json!({"entities": {"user_id": ["u_1", "u_2"], "item_id": ["i_1", "i_2", "i_3"]}});
-    let r = app
-        .post(
-            "/v1/prefetch",
-            "application/json",
-            serde_json::to_vec(&body).expect("json"),
-        )
-        .await;
+    let r = app.post_json("/v1/prefetch", &body).await;
     assert_eq!(r.status, 202, "{}", String::from_utf8_lossy(&r.body));
     assert_eq!(r.json(), json!({"accepted": 5}));
     let stats = &app.gateway.telemetry.prefetch;
@@ -1087,13 +1004,7 @@ async fn prefetch_warms_the_cache_in_the_background() {
 
     // Only the views asked for; keys already fresh are not read again.
     let body = json!({"entities": {"user_id": ["u_1", "u_7"]}, "views": ["user_profile"]});
-    let r = app
-        .post(
-            "/v1/prefetch",
-            "application/json",
-            serde_json::to_vec(&body).expect("json"),
-        )
-        .await;
+    let r = app.post_json("/v1/prefetch", &body).await;
     assert_eq!(r.json(), json!({"accepted": 2}));
     eventually(
         Duration::from_secs(2),
@@ -1126,13 +1037,7 @@ async fn prefetch_warms_the_cache_in_the_background() {
         ),
         (json!({"entities": {}}), 400, "entities"),
     ] {
-        let r = app
-            .post(
-                "/v1/prefetch",
-                "application/json",
-                serde_json::to_vec(&body).expect("json"),
-            )
-            .await;
+        let r = app.post_json("/v1/prefetch", &body).await;
         assert_eq!(
             r.status,
             status,
@@ -1238,7 +1143,7 @@ async fn the_warm_start_is_bounded_by_warm_timeout() {
         "not ready while warming"
     );
     assert_eq!(app.get("/v2/health/live").await.status, 200, "but alive");
-    wait_ready(&app).await;
+    app.wait_ready().await;
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "{:?}",
@@ -1284,13 +1189,7 @@ async fn on_a_cluster_requests_across_hash_slots_are_served_and_invalidated() {
 
     assert_eq!(ages(&b, &["u_11"]).await.1, vec!["PRESENT".to_owned()]);
     let body = json!({"rows": [{"user_id": "u_11", "age": 99}, {"user_id": "u_12", "age": 98}]});
-    let r = a
-        .post(
-            "/v1/views/user_profile/rows",
-            "application/json",
-            serde_json::to_vec(&body).expect("json"),
-        )
-        .await;
+    let r = a.post_json("/v1/views/user_profile/rows", &body).await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     eventually(
         Duration::from_secs(1),
@@ -1316,20 +1215,14 @@ async fn a_tls_url_connects_when_the_server_certificate_is_trusted() {
     assert!(e.contains("Redis"), "{e}");
     c.store.redis.tls_ca_file = redis.ca_file();
     let store = open_store(&c).await.expect("TLS with the test CA");
-    load_demo_rows(store.as_ref(), "hy").await;
+    load_demo_rows(store.as_ref()).await;
     let app = gateway_over(c, store).await;
     let want = demo_rows("user_profile", "user_id")["u_8"]["age"]
         .as_i64()
         .expect("age");
     assert_eq!(ages(&app, &["u_8"]).await.0, vec![want]);
     let body = json!({"rows": [{"user_id": "u_8", "age": 19}]});
-    let r = app
-        .post(
-            "/v1/views/user_profile/rows",
-            "application/json",
-            serde_json::to_vec(&body).expect("json"),
-        )
-        .await;
+    let r = app.post_json("/v1/views/user_profile/rows", &body).await;
     assert_eq!(r.json()["announced"], true, "pub/sub over TLS too");
     assert_eq!(ages(&app, &["u_8"]).await.0, vec![19]);
 }

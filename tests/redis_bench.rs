@@ -13,10 +13,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::redis::RedisServer;
-use common::{TestApp, load_demo_rows, test_config};
+use common::TestApp;
+use common::redis::{RedisServer, gateway, seeded};
 use fred::prelude::{Builder, ClientLike, Config as FredConfig, KeysInterface, Value};
-use hydrant::app::open_store;
 use serde_json::{Value as Json, json};
 
 const N: usize = 2000;
@@ -52,25 +51,11 @@ where
 }
 
 async fn spawn(redis: &RedisServer) -> TestApp {
-    let mut c = test_config();
-    c.store.redis.url = redis.url();
-    c.telemetry.log_level = "error".into();
-    let store = open_store(&c).await.expect("store");
-    let app = TestApp::spawn_with(c, store, None).await;
-    while app.get("/v2/health/ready").await.status != 200 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    app
+    gateway(redis, |c| c.telemetry.log_level = "error".into()).await
 }
 
 async fn post(app: &TestApp, path: &str, body: &Json) -> Json {
-    let r = app
-        .post(
-            path,
-            "application/json",
-            serde_json::to_vec(body).expect("json"),
-        )
-        .await;
+    let r = app.post_json(path, body).await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     r.json()
 }
@@ -79,10 +64,7 @@ async fn post(app: &TestApp, path: &str, body: &Json) -> Json {
 #[ignore = "a measurement: run by hand with --release --ignored --nocapture"]
 async fn redis_tier_latency() {
     let redis = RedisServer::start();
-    let mut c = test_config();
-    c.store.redis.url = redis.url();
-    let store = open_store(&c).await.expect("store");
-    load_demo_rows(store.as_ref(), "hy").await;
+    seeded(&redis).await;
     let a = spawn(&redis).await;
     let b = spawn(&redis).await;
     let mut report = Vec::new();

@@ -3,7 +3,8 @@
 
 pub mod redis;
 
-use std::path::{Path, PathBuf};
+use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use hydrant::app::Application;
@@ -28,6 +29,16 @@ pub fn test_config() -> Config {
     c.inference.default_sessions = 2;
     c.telemetry.log_level = "warn".to_owned();
     c
+}
+
+/// The demo rows of `view` (`demo/rows/<view>.jsonl`) by their `key` field, read as plain JSON.
+pub fn demo_rows(view: &str, key: &str) -> HashMap<String, Json> {
+    let text =
+        std::fs::read_to_string(root().join(format!("demo/rows/{view}.jsonl"))).expect("rows");
+    text.lines()
+        .map(|l| serde_json::from_str::<Json>(l).expect("json"))
+        .map(|r| (r[key].as_str().expect("key").to_owned(), r))
+        .collect()
 }
 
 /// A running gateway.
@@ -74,7 +85,7 @@ pub async fn demo_store() -> (Arc<dyn Store>, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let store: Arc<dyn Store> =
         Arc::new(EmbeddedStore::open(&dir.path().join("t.redb")).expect("store"));
-    load_demo_rows(store.as_ref(), "hy").await;
+    load_demo_rows(store.as_ref()).await;
     (store, dir)
 }
 
@@ -90,19 +101,9 @@ pub async fn load_rows(
     rows: impl std::io::BufRead,
     csv: bool,
 ) -> hydrant::loader::Report {
-    load_rows_with_prefix(store, "hy", view, rows, csv).await
-}
-
-async fn load_rows_with_prefix(
-    store: &dyn Store,
-    prefix: &str,
-    view: &str,
-    rows: impl std::io::BufRead,
-    csv: bool,
-) -> hydrant::loader::Report {
     hydrant::loader::load(
         &registry().views[view],
-        prefix,
+        "hy",
         rows,
         csv,
         &Config::default().limits,
@@ -112,12 +113,12 @@ async fn load_rows_with_prefix(
     .expect("load")
 }
 
-/// Loads `demo/rows/*.jsonl` into `store`.
-pub async fn load_demo_rows(store: &dyn Store, prefix: &str) {
+/// Loads `demo/rows/*.jsonl` into `store`, under prefix `hy`.
+pub async fn load_demo_rows(store: &dyn Store) {
     for view in ["user_profile", "item_stats"] {
         let path = root().join(format!("demo/rows/{view}.jsonl"));
         let f = std::io::BufReader::new(std::fs::File::open(&path).expect("rows"));
-        let report = load_rows_with_prefix(store, prefix, view, f, false).await;
+        let report = load_rows(store, view, f, false).await;
         assert!(report.rejected.is_empty(), "{:?}", report.rejected);
     }
 }
@@ -189,14 +190,32 @@ impl TestApp {
         }
     }
 
-    /// `POST /v1/models/{model}/predict` with a JSON body.
-    pub async fn predict(&self, model: &str, body: &Json) -> Reply {
+    /// `POST path` with a JSON body.
+    pub async fn post_json(&self, path: &str, body: &Json) -> Reply {
         self.post(
-            &format!("/v1/models/{model}/predict"),
+            path,
             "application/json",
             serde_json::to_vec(body).expect("json"),
         )
         .await
+    }
+
+    /// `POST /v1/models/{model}/predict` with a JSON body.
+    pub async fn predict(&self, model: &str, body: &Json) -> Reply {
+        self.post_json(&format!("/v1/models/{model}/predict"), body)
+            .await
+    }
+
+    /// Waits (at most 10 s) for `/v2/health/ready` to answer 200.
+    pub async fn wait_ready(&self) {
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while self.get("/v2/health/ready").await.status != 200 {
+            assert!(
+                std::time::Instant::now() < until,
+                "the gateway never turned ready"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
     }
 
     /// Stops the server and waits for it to drain.
@@ -216,8 +235,4 @@ impl Drop for TestApp {
             let _ = tx.send(());
         }
     }
-}
-
-pub fn path_exists(p: &Path) -> bool {
-    p.exists()
 }

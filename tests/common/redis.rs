@@ -7,7 +7,14 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use hydrant::app::open_store;
+use hydrant::config::Config;
+use hydrant::store::Store;
+
+use super::{TestApp, load_demo_rows, test_config};
 
 /// A RESP reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -186,10 +193,6 @@ impl RedisServer {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-    }
-
-    pub fn port(&self) -> u16 {
-        self.port
     }
 
     /// The URL hydrant connects with.
@@ -451,4 +454,33 @@ impl Conn {
             _ => return Err(format!("unexpected reply line {line:?}")),
         })
     }
+}
+
+/// The test config with the store on `redis`.
+pub fn config_for(redis: &RedisServer) -> Config {
+    let mut c = test_config();
+    c.store.redis.url = redis.url();
+    c
+}
+
+/// A store on `redis` with the demo rows loaded through the bulk loader.
+pub async fn seeded(redis: &RedisServer) -> Arc<dyn Store> {
+    let store = open_store(&config_for(redis)).await.expect("redis store");
+    load_demo_rows(store.as_ref()).await;
+    store
+}
+
+/// A ready gateway on `redis` (its own connections), with `edit` applied to the config.
+pub async fn gateway(redis: &RedisServer, edit: impl FnOnce(&mut Config)) -> TestApp {
+    let mut c = config_for(redis);
+    edit(&mut c);
+    let store = open_store(&c).await.expect("redis store");
+    gateway_over(c, store).await
+}
+
+/// A ready gateway over `store`.
+pub async fn gateway_over(c: Config, store: Arc<dyn Store>) -> TestApp {
+    let app = TestApp::spawn_with(c, store, None).await;
+    app.wait_ready().await;
+    app
 }

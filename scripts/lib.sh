@@ -1,0 +1,34 @@
+# Shared by the benchmark and load-test scripts (sourced after `cd` to the repository root):
+# a scratch folder and background processes that are cleaned up on exit, a free port, a throwaway
+# redis-server, and waiting for a gateway to turn ready.
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+work="$(mktemp -d)"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT INT TERM
+
+# Starts redis-server on a free port (no persistence), sets $redis_port and points the gateway at it.
+start_redis() {
+  redis_port="$(free_port)"
+  redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" >"$work/redis.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 1 100); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break; sleep 0.05; done
+  export HYDRANT_STORE__REDIS__URL="redis://127.0.0.1:$redis_port"
+}
+
+# wait_ready PORT LOG: waits up to 10 s for /v2/health/ready on PORT; on failure prints LOG and exits.
+wait_ready() {
+  for _ in $(seq 1 200); do
+    curl -sf "http://127.0.0.1:$1/v2/health/ready" >/dev/null 2>&1 && return 0
+    sleep 0.05
+  done
+  echo "the server on port $1 never turned ready; its log:" >&2
+  cat "$2" >&2
+  exit 1
+}
