@@ -248,8 +248,8 @@ impl Hydrator {
         for (vi, (view, keys)) in views.iter().enumerate() {
             let stats = &view_stats[vi];
             let mut rows = Vec::with_capacity(keys.len());
+            self.hot.sample(&view.name, keys);
             for (ri, k) in keys.iter().enumerate() {
-                self.hot.sample(&view.name, k);
                 write_key(&mut key, &self.prefix, &view.name, k);
                 let old = match self.cache.lookup(&key, &view.policy, now) {
                     Lookup::Fresh(e) => {

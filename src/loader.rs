@@ -8,8 +8,9 @@
 //!
 //! The loader rejects a bad row with its line number and the reason, and still loads the good rows; each
 //! batch of [`BATCH`] rows is one atomic write (Redis: one `MULTI`/`EXEC` round trip), so no row is ever
-//! half-written, and [`IN_FLIGHT`] batches are written at once. The rows API is all-or-nothing per request:
-//! one bad row refuses the request and nothing is written.
+//! half-written, and up to [`IN_FLIGHT`] batches are in flight at once. It streams: a file is read while
+//! earlier batches are being written, and memory stays bounded by the batches in flight whatever the file's
+//! size. The rows API is all-or-nothing per request: one bad row refuses the request and nothing is written.
 
 use std::io::BufRead;
 use std::path::Path;
@@ -30,8 +31,11 @@ use crate::value::{Record, Value};
 /// Rows per store write.
 pub const BATCH: usize = 1000;
 
-/// Batches the loader writes at once.
+/// Batches the loader has in flight at once.
 pub const IN_FLIGHT: usize = 4;
+
+/// Rejected rows a [`Report`] lists by line; past this many it only counts them.
+pub const MAX_LISTED_REJECTS: usize = 1000;
 
 /// A line number and the row parsed from it (or why it could not be).
 type ParsedLine = (
@@ -51,7 +55,10 @@ pub struct Rejected {
 #[derive(Debug, Default)]
 pub struct Report {
     pub written: usize,
+    /// The first [`MAX_LISTED_REJECTS`] rejected rows, in file order.
     pub rejected: Vec<Rejected>,
+    /// All rejected rows, listed or not.
+    pub rejected_rows: usize,
     /// Batches whose write failed, with the lines they held and why; none of their rows were written.
     pub failed: Vec<FailedBatch>,
     /// Batches written but not announced to the other replicas (they see the rows within `cache.ttl`).
@@ -150,7 +157,12 @@ fn feature_names(view: &View) -> String {
 }
 
 /// Reads rows from `reader`: JSON Lines, or CSV when `csv` is set, and writes the valid ones to `store` in
-/// batches, announcing each written batch's keys to the replicas.
+/// batches, announcing each written batch's keys to the replicas. The reading overlaps the writing; at most
+/// [`IN_FLIGHT`] batches are held in memory.
+///
+/// A row that cannot be read as UTF-8, JSON or CSV is rejected like any other bad row. An I/O error
+/// (the file cannot be read further) stops the load: the rows read before it are still written, and the
+/// error says how far it got.
 pub async fn load<R: BufRead>(
     view: &View,
     prefix: &str,
@@ -159,28 +171,27 @@ pub async fn load<R: BufRead>(
     limits: &LimitsConfig,
     store: &dyn Store,
 ) -> anyhow::Result<Report> {
+    use futures::StreamExt;
+
     let now = crate::value::now_ms();
     let mut report = Report::default();
-    let mut rows: Vec<ParsedLine> = Vec::new();
-    if csv {
-        read_csv(view, reader, &mut rows)?;
+    let rows: Box<dyn Iterator<Item = std::io::Result<ParsedLine>> + '_> = if csv {
+        Box::new(csv_rows(view, reader)?)
     } else {
-        for (i, line) in reader.lines().enumerate() {
-            let line = line?;
-            if line.trim().is_empty() {
-                continue;
-            }
-            let parsed = match serde_json::from_str::<serde_json::Value>(&line) {
-                Ok(serde_json::Value::Object(m)) => Ok(m),
-                Ok(_) => Err("expected a JSON object".to_owned()),
-                Err(e) => Err(format!("not valid JSON: {e}")),
-            };
-            rows.push((i + 1, parsed));
-        }
-    }
-    let mut batches: Vec<Batch> = Vec::new();
+        Box::new(json_rows(reader))
+    };
+    let ttl = view.policy.key_ttl;
+    let mut in_flight = futures::stream::FuturesUnordered::new();
     let mut batch = Batch::default();
-    for (line, parsed) in rows {
+    let mut stopped = None;
+    for row in rows {
+        let (line, parsed) = match row {
+            Ok(r) => r,
+            Err(e) => {
+                stopped = Some((batch.last_line, e));
+                break;
+            }
+        };
         match parsed.and_then(|m| parse_row(view, prefix, &m, now, limits)) {
             Ok((k, record)) => {
                 if batch.writes.is_empty() {
@@ -189,35 +200,81 @@ pub async fn load<R: BufRead>(
                 batch.last_line = line;
                 batch.writes.push((k, record.encode()));
             }
-            Err(reason) => report.rejected.push(Rejected { line, reason }),
+            Err(reason) => report.reject(line, reason),
         }
         if batch.writes.len() >= BATCH {
-            batches.push(std::mem::take(&mut batch));
+            if in_flight.len() >= IN_FLIGHT
+                && let Some(r) = in_flight.next().await
+            {
+                report.tally(r);
+            }
+            in_flight.push(write_batch(store, std::mem::take(&mut batch), ttl));
         }
     }
     if !batch.writes.is_empty() {
-        batches.push(batch);
+        in_flight.push(write_batch(store, batch, ttl));
     }
-    let ttl = view.policy.key_ttl;
-    let mut batches = batches.into_iter();
-    loop {
-        let window: Vec<Batch> = batches.by_ref().take(IN_FLIGHT).collect();
-        if window.is_empty() {
-            break;
-        }
-        let results =
-            futures::future::join_all(window.into_iter().map(|b| write_batch(store, b, ttl))).await;
-        for r in results {
-            match r {
-                Ok((rows, announced)) => {
-                    report.written += rows;
-                    report.unannounced += usize::from(!announced);
-                }
-                Err(failed) => report.failed.push(failed),
-            }
-        }
+    while let Some(r) = in_flight.next().await {
+        report.tally(r);
+    }
+    if let Some((last_line, e)) = stopped {
+        anyhow::bail!(
+            "cannot read past line {last_line}: {e} ({} rows before it were written, {} rejected)",
+            report.written,
+            report.rejected_rows
+        );
     }
     Ok(report)
+}
+
+impl Report {
+    fn reject(&mut self, line: usize, reason: String) {
+        self.rejected_rows += 1;
+        if self.rejected.len() < MAX_LISTED_REJECTS {
+            self.rejected.push(Rejected { line, reason });
+        }
+    }
+
+    fn tally(&mut self, r: Result<(usize, bool), FailedBatch>) {
+        match r {
+            Ok((rows, announced)) => {
+                self.written += rows;
+                self.unannounced += usize::from(!announced);
+            }
+            Err(failed) => self.failed.push(failed),
+        }
+    }
+}
+
+/// JSON Lines: one object per line; blank lines are skipped. A line that is not UTF-8 is a bad row, not
+/// the end of the file.
+fn json_rows<R: BufRead>(mut reader: R) -> impl Iterator<Item = std::io::Result<ParsedLine>> {
+    let mut buf = Vec::new();
+    let mut line = 0;
+    std::iter::from_fn(move || {
+        loop {
+            buf.clear();
+            match reader.read_until(b'\n', &mut buf) {
+                Ok(0) => return None,
+                Ok(_) => {}
+                Err(e) => return Some(Err(e)),
+            }
+            line += 1;
+            let text = match std::str::from_utf8(&buf) {
+                Ok(t) => t,
+                Err(e) => return Some(Ok((line, Err(format!("not UTF-8: {e}"))))),
+            };
+            if text.trim().is_empty() {
+                continue;
+            }
+            let parsed = match serde_json::from_str::<serde_json::Value>(text) {
+                Ok(serde_json::Value::Object(m)) => Ok(m),
+                Ok(_) => Err("expected a JSON object".to_owned()),
+                Err(e) => Err(format!("not valid JSON: {e}")),
+            };
+            return Some(Ok((line, parsed)));
+        }
+    })
 }
 
 #[derive(Default)]
@@ -356,69 +413,71 @@ pub async fn write_through(
 }
 
 /// Parses CSV into JSON objects typed by the view: empty cells are null, `float32[N]` cells hold a JSON list.
-fn read_csv<R: BufRead>(view: &View, reader: R, out: &mut Vec<ParsedLine>) -> anyhow::Result<()> {
-    use crate::value::Dtype;
+/// CSV with a header row naming the entity key, `event_timestamp` and features. Cells are typed by the
+/// column's feature; an empty cell is a missing value.
+fn csv_rows<'a, R: BufRead + 'a>(
+    view: &'a View,
+    reader: R,
+) -> anyhow::Result<impl Iterator<Item = std::io::Result<ParsedLine>> + 'a> {
     let mut rdr = csv::ReaderBuilder::new().flexible(true).from_reader(reader);
     let headers = rdr.headers()?.clone();
-    for (i, rec) in rdr.records().enumerate() {
-        let line = i + 2;
+    Ok(rdr.into_records().map(move |rec| {
         let rec = match rec {
             Ok(r) => r,
             Err(e) => {
-                out.push((line, Err(format!("not valid CSV: {e}"))));
-                continue;
+                let line = e.position().map_or(0, |p| p.line() as usize);
+                let reason = format!("not valid CSV: {e}");
+                return match e.into_kind() {
+                    csv::ErrorKind::Io(io) => Err(io),
+                    _ => Ok((line, Err(reason))),
+                };
             }
         };
-        if rec.len() != headers.len() {
-            out.push((
-                line,
-                Err(format!(
-                    "{} cells, the header has {}",
-                    rec.len(),
-                    headers.len()
-                )),
-            ));
+        let line = rec.position().map_or(0, |p| p.line() as usize);
+        Ok((line, csv_row(view, &headers, &rec)))
+    }))
+}
+
+fn csv_row(
+    view: &View,
+    headers: &csv::StringRecord,
+    rec: &csv::StringRecord,
+) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    use crate::value::Dtype;
+    if rec.len() != headers.len() {
+        return Err(format!(
+            "{} cells, the header has {}",
+            rec.len(),
+            headers.len()
+        ));
+    }
+    let mut m = serde_json::Map::new();
+    for (h, cell) in headers.iter().zip(rec.iter()) {
+        if cell.is_empty() {
             continue;
         }
-        let mut m = serde_json::Map::new();
-        let mut bad = None;
-        for (h, cell) in headers.iter().zip(rec.iter()) {
-            if cell.is_empty() {
-                continue;
-            }
-            let dtype = if h == view.entity.name {
-                Some(view.entity.dtype)
-            } else {
-                view.features.iter().find(|f| f.name == h).map(|f| f.dtype)
-            };
-            let v = match dtype {
-                Some(Dtype::String) => serde_json::Value::String(cell.to_owned()),
-                Some(Dtype::Bool) => match cell.to_ascii_lowercase().as_str() {
-                    "true" | "1" => serde_json::Value::Bool(true),
-                    "false" | "0" => serde_json::Value::Bool(false),
-                    _ => {
-                        bad = Some(format!("`{h}`: `{cell}` is not a boolean"));
-                        break;
-                    }
-                },
-                Some(_) => match serde_json::from_str(cell) {
-                    Ok(v) => v,
-                    Err(_) => {
-                        bad = Some(format!(
-                            "`{h}`: `{cell}` is not a number (lists are written as [0.1, 0.2])"
-                        ));
-                        break;
-                    }
-                },
-                // event_timestamp or an unknown column: parse_row reports unknown names.
-                None => serde_json::from_str(cell)
-                    .unwrap_or_else(|_| serde_json::Value::String(cell.to_owned())),
-            };
-            m.insert(h.to_owned(), v);
-        }
-        out.push((line, bad.map_or(Ok(m), Err)));
+        let dtype = if h == view.entity.name {
+            Some(view.entity.dtype)
+        } else {
+            view.features.iter().find(|f| f.name == h).map(|f| f.dtype)
+        };
+        let v = match dtype {
+            Some(Dtype::String) => serde_json::Value::String(cell.to_owned()),
+            Some(Dtype::Bool) => match cell.to_ascii_lowercase().as_str() {
+                "true" | "1" => serde_json::Value::Bool(true),
+                "false" | "0" => serde_json::Value::Bool(false),
+                _ => return Err(format!("`{h}`: `{cell}` is not a boolean")),
+            },
+            Some(_) => serde_json::from_str(cell).map_err(|_| {
+                format!("`{h}`: `{cell}` is not a number (lists are written as [0.1, 0.2])")
+            })?,
+            // event_timestamp or an unknown column: parse_row reports unknown names.
+            None => serde_json::from_str(cell)
+                .unwrap_or_else(|_| serde_json::Value::String(cell.to_owned())),
+        };
+        m.insert(h.to_owned(), v);
     }
-    Ok(())
+    Ok(m)
 }
 
 /// Whether `path` is read as CSV (by its extension).
@@ -443,6 +502,151 @@ mod tests {
 
     fn rows(v: serde_json::Value) -> Vec<serde_json::Map<String, serde_json::Value>> {
         serde_json::from_value(v).expect("rows")
+    }
+
+    /// A real embedded store in a temporary directory.
+    fn store() -> (tempfile::TempDir, crate::store::embedded::EmbeddedStore) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store =
+            crate::store::embedded::EmbeddedStore::open(&dir.path().join("s.redb")).expect("open");
+        (dir, store)
+    }
+
+    async fn age_of(store: &dyn Store, user: &str) -> Option<Value> {
+        let got = store
+            .get_many(&[format!("hy:user_profile:{user}")])
+            .await
+            .expect("read");
+        let bytes = got.into_iter().next().flatten()?;
+        Some(Record::decode(&bytes).expect("record").values[0].clone())
+    }
+
+    #[tokio::test]
+    async fn a_file_larger_than_the_batches_in_flight_loads_every_good_row_and_lists_the_bad_by_line()
+     {
+        let (_dir, store) = store();
+        let v = view();
+        // More rows than IN_FLIGHT full batches, a bad row every 1000 lines, a line that is not UTF-8 and
+        // more bad rows than the report lists.
+        let n = BATCH * (IN_FLIGHT + 2) + 17;
+        let mut file: Vec<u8> = Vec::new();
+        let mut good = 0;
+        for i in 0..n {
+            if i % 1000 == 999 {
+                file.extend_from_slice(
+                    format!("{{\"user_id\": \"u{i}\", \"age\": \"x\"}}\n").as_bytes(),
+                );
+            } else if i == 2500 {
+                file.extend_from_slice(b"{\"user_id\": \"\xff\xfe\"}\n");
+            } else {
+                file.extend_from_slice(
+                    format!("{{\"user_id\": \"u{i}\", \"age\": {i}}}\n").as_bytes(),
+                );
+                good += 1;
+            }
+        }
+        for _ in 0..MAX_LISTED_REJECTS {
+            file.extend_from_slice(b"[]\n");
+        }
+        let limits = LimitsConfig::default();
+        let report = load(&v, "hy", &file[..], false, &limits, &store)
+            .await
+            .expect("load");
+        assert_eq!(report.written, good);
+        assert!(report.failed.is_empty());
+        let bad_lines = n / 1000 + 1 + MAX_LISTED_REJECTS;
+        assert_eq!(report.rejected_rows, bad_lines);
+        assert_eq!(report.rejected.len(), MAX_LISTED_REJECTS);
+        assert_eq!(report.rejected[0].line, 1000);
+        assert_eq!(report.rejected[2].line, 2501);
+        assert!(
+            report.rejected[2].reason.contains("not UTF-8"),
+            "{:?}",
+            report.rejected[2]
+        );
+        assert_eq!(age_of(&store, "u0").await, Some(Value::Int(0)));
+        assert_eq!(
+            age_of(&store, &format!("u{}", n - 1)).await,
+            Some(Value::Int(n as i64 - 1))
+        );
+        assert_eq!(age_of(&store, "u999").await, None);
+    }
+
+    /// Serves `data`, then fails as a broken disk or a cut pipe would.
+    struct FailsAfter<'a> {
+        data: &'a [u8],
+    }
+
+    impl std::io::Read for FailsAfter<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            if self.data.is_empty() {
+                return Err(std::io::Error::other("device error"));
+            }
+            let n = buf.len().min(self.data.len());
+            buf[..n].copy_from_slice(&self.data[..n]);
+            self.data = &self.data[n..];
+            Ok(n)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_read_error_stops_the_load_after_writing_the_rows_read_before_it() {
+        let (_dir, store) = store();
+        let v = view();
+        let data = b"{\"user_id\": \"a\", \"age\": 1}\n{\"user_id\": \"b\", \"age\": 2}\n";
+        let reader = std::io::BufReader::new(FailsAfter { data });
+        let e = load(&v, "hy", reader, false, &LimitsConfig::default(), &store)
+            .await
+            .expect_err("a read error");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("cannot read past line 2")
+                && msg.contains("device error")
+                && msg.contains("2 rows"),
+            "{msg}"
+        );
+        assert_eq!(age_of(&store, "b").await, Some(Value::Int(2)));
+
+        let csv = b"user_id,age\na,5\n";
+        let reader = std::io::BufReader::new(FailsAfter { data: csv });
+        let e = load(&v, "hy", reader, true, &LimitsConfig::default(), &store)
+            .await
+            .expect_err("a read error");
+        assert!(e.to_string().contains("device error"), "{e}");
+        assert_eq!(age_of(&store, "a").await, Some(Value::Int(5)));
+    }
+
+    #[tokio::test]
+    async fn csv_rows_are_numbered_by_the_line_they_start_on() {
+        let (_dir, store) = store();
+        let v = view();
+        let csv = "user_id,age,country\na,1,\"two\nlines\"\nb,x,de\nc,3\nd,4,fr\n";
+        let report = load(
+            &v,
+            "hy",
+            csv.as_bytes(),
+            true,
+            &LimitsConfig::default(),
+            &store,
+        )
+        .await
+        .expect("load");
+        assert_eq!(report.written, 2);
+        let lines: Vec<(usize, &str)> = report
+            .rejected
+            .iter()
+            .map(|r| (r.line, r.reason.as_str()))
+            .collect();
+        assert_eq!(
+            lines,
+            vec![
+                (
+                    4,
+                    "`age`: `x` is not a number (lists are written as [0.1, 0.2])"
+                ),
+                (5, "2 cells, the header has 3"),
+            ]
+        );
     }
 
     #[test]

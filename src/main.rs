@@ -147,6 +147,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 for r in &report.rejected {
                     eprintln!("{}:{}: rejected: {}", file.display(), r.line, r.reason);
                 }
+                if report.rejected_rows > report.rejected.len() {
+                    eprintln!(
+                        "{}: ... and {} more rejected rows (only the first {} are listed)",
+                        file.display(),
+                        report.rejected_rows - report.rejected.len(),
+                        report.rejected.len()
+                    );
+                }
                 for b in &report.failed {
                     eprintln!(
                         "{}:{}-{}: not written ({} rows): {}",
@@ -168,10 +176,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     "{}: {} rows written to view `{view}`, {} rejected, {} not written",
                     file.display(),
                     report.written,
-                    report.rejected.len(),
+                    report.rejected_rows,
                     report.failed.iter().map(|b| b.rows).sum::<usize>()
                 );
-                failed |= !report.rejected.is_empty() || !report.failed.is_empty();
+                failed |= report.rejected_rows > 0 || !report.failed.is_empty();
             }
             Ok(if failed {
                 ExitCode::from(2)

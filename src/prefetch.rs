@@ -47,6 +47,23 @@ struct Pending {
     keys: usize,
 }
 
+impl Pending {
+    fn count(&mut self, view: &str, entity_key: &str) {
+        if let Some(n) = self.views.get_mut(view).and_then(|k| k.get_mut(entity_key)) {
+            *n = n.saturating_add(1);
+            return;
+        }
+        if self.keys >= MAX_PENDING_KEYS {
+            return;
+        }
+        self.keys += 1;
+        self.views
+            .entry(view.into())
+            .or_default()
+            .insert(entity_key.into(), 1);
+    }
+}
+
 impl HotKeys {
     /// Samples one lookup in `every` (0: never).
     pub fn new(every: u64) -> Self {
@@ -61,30 +78,28 @@ impl HotKeys {
         Self::new(0)
     }
 
-    /// Counts a lookup of `entity_key` in `view`, one time in N.
-    #[inline]
-    pub fn sample(&self, view: &str, entity_key: &str) {
-        if self.every == 0
-            || !self
-                .counter
-                .fetch_add(1, Relaxed)
-                .is_multiple_of(self.every)
-        {
+    /// Counts lookups of `entity_keys` in `view`, one lookup in N over all calls. One atomic add per call,
+    /// not per key, so a ranking request's hundred items do not bounce the counter's cache line a hundred
+    /// times between the async workers; the lock is taken only when a key in the slice is sampled.
+    pub fn sample<K: AsRef<str>>(&self, view: &str, entity_keys: &[K]) {
+        if self.every == 0 || entity_keys.is_empty() {
+            return;
+        }
+        let start = self.counter.fetch_add(entity_keys.len() as u64, Relaxed);
+        // The lookups numbered start, start + 1, ...: the sampled ones are the multiples of `every`.
+        let first = (self.every - start % self.every) % self.every;
+        let Ok(mut i) = usize::try_from(first) else {
+            return;
+        };
+        let step = usize::try_from(self.every).unwrap_or(usize::MAX);
+        if i >= entity_keys.len() {
             return;
         }
         let mut p = self.pending.lock();
-        if let Some(n) = p.views.get_mut(view).and_then(|k| k.get_mut(entity_key)) {
-            *n = n.saturating_add(1);
-            return;
+        while i < entity_keys.len() {
+            p.count(view, entity_keys[i].as_ref());
+            i = i.saturating_add(step);
         }
-        if p.keys >= MAX_PENDING_KEYS {
-            return;
-        }
-        p.keys += 1;
-        p.views
-            .entry(view.into())
-            .or_default()
-            .insert(entity_key.into(), 1);
     }
 
     /// The counts sampled since the last call.
@@ -142,37 +157,39 @@ pub struct Warmed {
 
 /// Reads the hottest keys of every view into the cache, within `cfg.warm_timeout`.
 pub async fn warm_start(h: &Arc<Hydrator>, registry: &Registry, cfg: &PrefetchConfig) -> Warmed {
-    let mut out = Warmed::default();
     if cfg.warm_top_k == 0 {
-        return out;
+        return Warmed::default();
     }
     let deadline = Instant::now() + cfg.warm_timeout;
-    let mut views: Vec<&Arc<View>> = registry.views.values().collect();
-    views.sort_by(|a, b| a.name.cmp(&b.name));
-    let work = async {
-        for view in views {
+    // Views are warmed side by side (their round trips overlap); the counts live behind a lock so that
+    // what finished before the time bound is still counted when the bound cuts the rest short.
+    let tally = parking_lot::Mutex::new(Warmed::default());
+    let tally_ref = &tally;
+    let work = futures::future::join_all(registry.views.values().map(|view| {
+        let tally = tally_ref;
+        async move {
             let keys = match h.store().hottest(&view.name, cfg.warm_top_k).await {
                 Ok(keys) => keys,
                 Err(e) => {
                     tracing::warn!(view = %view.name, "warm start: cannot read the hot keys: {e}");
-                    out.incomplete = true;
-                    continue;
+                    tally.lock().incomplete = true;
+                    return;
                 }
             };
             for chunk in keys.chunks(WARM_BATCH) {
                 let p = h.prefetch(&[(view, chunk)], deadline).await;
-                out.keys.fetched += p.fetched;
-                out.keys.cached += p.cached;
-                out.keys.failed += p.failed;
+                let mut t = tally.lock();
+                t.keys.fetched += p.fetched;
+                t.keys.cached += p.cached;
+                t.keys.failed += p.failed;
             }
         }
-    };
-    if tokio::time::timeout_at(deadline.into(), work)
+    }));
+    let timed_out = tokio::time::timeout_at(deadline.into(), work)
         .await
-        .is_err()
-    {
-        out.incomplete = true;
-    }
+        .is_err();
+    let mut out = tally.into_inner();
+    out.incomplete |= timed_out;
     out.incomplete |= out.keys.failed > 0;
     let stats = &h.telemetry().prefetch;
     let total = out.keys.fetched + out.keys.cached + out.keys.failed;
@@ -338,11 +355,10 @@ mod tests {
     fn sampling_counts_one_lookup_in_n() {
         let h = HotKeys::new(4);
         for _ in 0..40 {
-            h.sample("user_profile", "u_1");
+            h.sample("user_profile", &["u_1"]);
         }
         // The 41st lookup is sampled (0, 4, ... 40), the 42nd is not.
-        h.sample("item_stats", "i_1");
-        h.sample("item_stats", "i_2");
+        h.sample("item_stats", &["i_1", "i_2"]);
         let counts = h.take();
         assert_eq!(
             counts,
@@ -359,15 +375,30 @@ mod tests {
         );
         assert!(h.take().is_empty(), "take empties the samples");
         let off = HotKeys::disabled();
-        off.sample("user_profile", "u_1");
+        off.sample("user_profile", &["u_1"]);
         assert!(off.take().is_empty());
+    }
+
+    #[test]
+    fn a_slice_is_sampled_like_the_same_lookups_one_at_a_time() {
+        // Slices of uneven lengths, against a counter that does not start at a multiple of N.
+        let keys: Vec<String> = (0..100).map(|i| format!("k{i}")).collect();
+        let h = HotKeys::new(7);
+        h.sample("v", &keys[..3]);
+        h.sample("v", &keys[3..4]);
+        h.sample("v", &keys[4..50]);
+        h.sample("v", &keys[50..]);
+        let mut got: Vec<String> = h.take()[0].keys.iter().map(|(k, _)| k.clone()).collect();
+        got.sort_by_key(|k| k[1..].parse::<u32>().unwrap_or(0));
+        let want: Vec<String> = (0..100).step_by(7).map(|i| format!("k{i}")).collect();
+        assert_eq!(got, want);
     }
 
     #[test]
     fn pending_samples_are_bounded() {
         let h = HotKeys::new(1);
         for i in 0..(MAX_PENDING_KEYS + 10) {
-            h.sample("v", &format!("k{i}"));
+            h.sample("v", &[format!("k{i}")]);
         }
         let n: usize = h.take().iter().map(|c| c.keys.len()).sum();
         assert_eq!(n, MAX_PENDING_KEYS);
