@@ -184,24 +184,14 @@ impl RedisStore {
         let expire = ttl.map(|t| Expiration::PX(i64::try_from(t.as_millis()).unwrap_or(i64::MAX)));
         if self.clustered {
             let pipeline = self.pool.next().pipeline();
-            for (k, v) in writes {
-                let _: () = pipeline
-                    .set(k, Value::Bytes(Bytes::from(v)), expire.clone(), None, false)
-                    .await
-                    .map_err(store_error)?;
-            }
+            queue_sets(&pipeline, writes, expire).await?;
             for r in pipeline.try_all::<Value>().await {
                 r.map_err(store_error)?;
             }
             return Ok(());
         }
         let tx = self.pool.next().multi();
-        for (k, v) in writes {
-            let _: () = tx
-                .set(k, Value::Bytes(Bytes::from(v)), expire.clone(), None, false)
-                .await
-                .map_err(store_error)?;
-        }
+        queue_sets(&tx, writes, expire).await?;
         let _: Value = tx.exec(true).await.map_err(store_error)?;
         Ok(())
     }
@@ -500,6 +490,21 @@ impl Store for RedisStore {
     ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
         Box::pin(self.top(view, k))
     }
+}
+
+/// Queues one `SET key value [PX ttl]` per write on a pipeline or a transaction (both queue, not send).
+async fn queue_sets<C: KeysInterface + Sync>(
+    c: &C,
+    writes: Writes,
+    expire: Option<Expiration>,
+) -> Result<(), StoreError> {
+    for (k, v) in writes {
+        let _: () = c
+            .set(k, Value::Bytes(Bytes::from(v)), expire.clone(), None, false)
+            .await
+            .map_err(store_error)?;
+    }
+    Ok(())
 }
 
 /// The store as a shared trait object (what [`crate::app::open_store`] hands out).
