@@ -2,7 +2,12 @@
 //!
 //! Every key has a default, unknown keys are rejected, and a bad value stops start-up with the file, the key
 //! and the reason. Environment overrides are parsed as TOML values when they look like one (`8`, `true`,
-//! `[1, 2]`) and as strings otherwise, so `HYDRANT_SERVER__BIND=0.0.0.0:9000` needs no quoting.
+//! `[1, 2]`) and as strings otherwise, so `HYDRANT_SERVER__BIND=0.0.0.0:9000` needs no quoting; a key that
+//! takes a string gets the variable's text as written (`HYDRANT_STORE__PREFIX=2024` is the prefix `2024`).
+//!
+//! Sizes, counts and durations have upper bounds as well as lower ones: far above what a deployment needs,
+//! and low enough that a typo (a few extra zeros) is refused at start-up instead of exhausting memory or
+//! threads, or overflowing a clock, later.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -12,6 +17,23 @@ use serde::Deserialize;
 
 /// The environment variable prefix for overrides, e.g. `HYDRANT_STORE__REDIS__URL`.
 pub const ENV_PREFIX: &str = "HYDRANT_";
+
+/// Most sessions in one model's pool (`inference.default_sessions`, a model's `sessions`).
+pub const MAX_SESSIONS: usize = 256;
+/// Most ONNX Runtime intra-op threads per session (`inference.intra_threads`).
+pub const MAX_INTRA_THREADS: usize = 256;
+/// Most threads one model's pool may run: sessions × intra-op threads. Each session is a thread of its own,
+/// and ONNX Runtime starts `intra_threads - 1` more for it.
+pub const MAX_MODEL_THREADS: usize = 1024;
+/// Most queued requests per model (`inference.max_queue`). The queue's slots are allocated when the model
+/// loads, about 130 bytes each.
+pub const MAX_QUEUE: usize = 100_000;
+/// Longest config duration (timeouts, delays, intervals): longer ones are a mistake, not a setting.
+pub const MAX_CONFIG_DURATION: Duration = Duration::from_secs(86_400);
+/// The `store.redis.url` schemes the Redis client is built for.
+pub const REDIS_SCHEMES: [&str; 4] = ["redis", "rediss", "redis-cluster", "rediss-cluster"];
+/// The level names `telemetry.log_level` accepts, alone or as `target=level`.
+pub const LOG_LEVELS: [&str; 6] = ["error", "warn", "info", "debug", "trace", "off"];
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -281,13 +303,20 @@ impl Default for TelemetryConfig {
 /// A configuration that cannot be used, with where and why.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
+    /// `cause` is in the message and deliberately not a `#[source]`: a report that prints the cause chain
+    /// would print it twice.
+    #[error("cannot read config file {}: {cause}", path.display())]
     Read {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
-    #[error("config file {path} is not valid TOML: {message}")]
-    Syntax { path: PathBuf, message: String },
+    #[error("config file {} is not valid TOML: line {line}, column {column}: {message}", path.display())]
+    Syntax {
+        path: PathBuf,
+        line: usize,
+        column: usize,
+        message: String,
+    },
     #[error("environment variable {var}: {reason}")]
     Env { var: String, reason: String },
     #[error("{origin}: key `{key}`: {reason}")]
@@ -306,19 +335,23 @@ impl Config {
     ) -> Result<Self, ConfigError> {
         let mut table = match path {
             Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                let text = std::fs::read_to_string(path).map_err(|cause| ConfigError::Read {
                     path: path.to_owned(),
-                    source,
+                    cause,
                 })?;
-                text.parse::<toml::Table>()
-                    .map_err(|e| ConfigError::Syntax {
+                text.parse::<toml::Table>().map_err(|e| {
+                    let (line, column) = line_and_column(&text, e.span().map_or(0, |s| s.start));
+                    ConfigError::Syntax {
                         path: path.to_owned(),
-                        message: e.message().to_owned(),
-                    })?
+                        line,
+                        column,
+                        message: e.message().trim_end().to_owned(),
+                    }
+                })?
             }
             None => toml::Table::new(),
         };
-        let mut overridden = Vec::new();
+        let mut overrides: Vec<EnvOverride> = Vec::new();
         for (var, value) in env {
             let Some(rest) = var.strip_prefix(ENV_PREFIX) else {
                 continue;
@@ -332,97 +365,216 @@ impl Config {
                             .to_owned(),
                 });
             }
-            set_path(&mut table, &keys, parse_env_value(&value)).map_err(|reason| {
-                ConfigError::Env {
-                    var: var.clone(),
-                    reason,
-                }
+            let parsed = parse_env_value(&value);
+            let typed = !parsed.is_str();
+            set_path(&mut table, &keys, parsed).map_err(|reason| ConfigError::Env {
+                var: var.clone(),
+                reason,
             })?;
-            overridden.push(keys.join("."));
+            overrides.push(EnvOverride {
+                key: keys.join("."),
+                keys,
+                var,
+                raw: value,
+                typed,
+            });
         }
         let origin = match path {
-            Some(p) if overridden.is_empty() => p.display().to_string(),
+            Some(p) if overrides.is_empty() => p.display().to_string(),
             Some(p) => format!(
                 "{} (with env overrides of {})",
                 p.display(),
-                overridden.join(", ")
+                known_keys(&overrides)
             ),
-            None if overridden.is_empty() => "defaults".to_owned(),
-            None => format!("env overrides of {}", overridden.join(", ")),
+            None if overrides.is_empty() => "defaults".to_owned(),
+            None => format!("env overrides of {}", known_keys(&overrides)),
         };
-        let config: Config =
-            serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
-                ConfigError::Invalid {
-                    origin: origin.clone(),
-                    key: e.path().to_string(),
-                    reason: e.inner().message().to_owned(),
-                }
-            })?;
+        let invalid = |overrides: &[EnvOverride], key: String, reason: String| match blame(
+            overrides, &key, &reason,
+        ) {
+            Some(var) => ConfigError::Env {
+                var: var.to_owned(),
+                reason: format!("key `{key}`: {reason}"),
+            },
+            None => ConfigError::Invalid {
+                origin: origin.clone(),
+                key,
+                reason,
+            },
+        };
+        // A value the environment gave as a number, a boolean or an array where the key takes a string
+        // (`HYDRANT_STORE__PREFIX=2024`) is read again as the text it was written as. Each override is
+        // retried at most once, so this ends. When the text fails too, the reason is the text's (`5` is not
+        // a valid duration), unless the key takes no string at all (`1.5` for a count): then the first.
+        let mut retried: Option<(String, String)> = None;
+        let config: Config = loop {
+            let e = match serde_path_to_error::deserialize(toml::Value::Table(table.clone())) {
+                Ok(config) => break config,
+                Err(e) => e,
+            };
+            let key = e.path().to_string();
+            let reason = e.inner().message().to_owned();
+            if let Some((_, first)) = retried.take().filter(|(k, _)| *k == key) {
+                let takes_strings = !reason.starts_with("invalid type: string");
+                return Err(invalid(
+                    &overrides,
+                    key,
+                    if takes_strings { reason } else { first },
+                ));
+            }
+            let Some(o) = overrides
+                .iter_mut()
+                .rev()
+                .find(|o| o.key == key)
+                .filter(|o| o.typed)
+            else {
+                return Err(invalid(&overrides, key, reason));
+            };
+            o.typed = false;
+            set_path(&mut table, &o.keys, toml::Value::String(o.raw.clone())).map_err(
+                |reason| ConfigError::Env {
+                    var: o.var.clone(),
+                    reason,
+                },
+            )?;
+            retried = Some((key, reason));
+        };
         config
             .check()
-            .map_err(|(key, reason)| ConfigError::Invalid {
-                origin,
-                key: key.to_owned(),
-                reason,
-            })?;
+            .map_err(|(key, reason)| invalid(&overrides, key.to_owned(), reason))?;
         Ok(config)
     }
 
     /// Range checks serde cannot express.
     fn check(&self) -> Result<(), (&'static str, String)> {
-        let positive = |key: &'static str, v: usize| {
-            if v == 0 {
-                Err((key, "must be greater than 0".to_owned()))
-            } else {
-                Ok(())
-            }
-        };
-        positive("limits.max_body_bytes", self.limits.max_body_bytes)?;
-        positive("limits.max_candidates", self.limits.max_candidates)?;
-        positive("limits.max_entities", self.limits.max_entities)?;
-        positive("limits.max_key_bytes", self.limits.max_key_bytes)?;
-        positive("inference.intra_threads", self.inference.intra_threads)?;
-        positive("inference.max_queue", self.inference.max_queue)?;
-        positive("store.redis.pool_size", self.store.redis.pool_size)?;
-        positive(
-            "store.redis.max_command_buffer",
-            self.store.redis.max_command_buffer,
-        )?;
-        positive("prefetch.max_concurrent", self.prefetch.max_concurrent)?;
-        positive("prefetch.hot_keep", self.prefetch.hot_keep)?;
-        for (key, d) in [
-            ("inference.queue_timeout", self.inference.queue_timeout),
-            ("limits.request_timeout", self.limits.request_timeout),
+        let count = |v: usize| u64::try_from(v).unwrap_or(u64::MAX);
+        let (limits, redis, prefetch, inference) = (
+            &self.limits,
+            &self.store.redis,
+            &self.prefetch,
+            &self.inference,
+        );
+        for (key, v, min, max) in [
             (
-                "store.redis.connect_timeout",
-                self.store.redis.connect_timeout,
+                "limits.max_body_bytes",
+                count(limits.max_body_bytes),
+                1,
+                1 << 30,
             ),
             (
-                "store.redis.command_timeout",
-                self.store.redis.command_timeout,
-            ),
-            ("store.redis.write_timeout", self.store.redis.write_timeout),
-            (
-                "store.redis.reconnect_min_delay",
-                self.store.redis.reconnect_min_delay,
+                "limits.max_candidates",
+                count(limits.max_candidates),
+                1,
+                100_000,
             ),
             (
-                "prefetch.hot_flush_interval",
-                self.prefetch.hot_flush_interval,
+                "limits.max_entities",
+                count(limits.max_entities),
+                1,
+                100_000,
             ),
+            (
+                "limits.max_key_bytes",
+                count(limits.max_key_bytes),
+                1,
+                65_536,
+            ),
+            ("cache.max_bytes", self.cache.max_bytes, 1, 1 << 40),
+            (
+                "inference.intra_threads",
+                count(inference.intra_threads),
+                1,
+                count(MAX_INTRA_THREADS),
+            ),
+            (
+                "inference.default_sessions",
+                count(inference.default_sessions),
+                0,
+                count(MAX_SESSIONS),
+            ),
+            (
+                "inference.max_queue",
+                count(inference.max_queue),
+                1,
+                count(MAX_QUEUE),
+            ),
+            ("store.redis.pool_size", count(redis.pool_size), 1, 256),
+            (
+                "store.redis.max_command_buffer",
+                count(redis.max_command_buffer),
+                1,
+                1_000_000,
+            ),
+            (
+                "prefetch.max_concurrent",
+                count(prefetch.max_concurrent),
+                1,
+                10_000,
+            ),
+            (
+                "prefetch.warm_top_k",
+                count(prefetch.warm_top_k),
+                0,
+                1_000_000,
+            ),
+            (
+                "prefetch.hot_sample_every",
+                prefetch.hot_sample_every,
+                0,
+                1_000_000,
+            ),
+            ("prefetch.hot_keep", count(prefetch.hot_keep), 1, 1_000_000),
         ] {
-            if d.is_zero() {
-                return Err((key, "must be longer than 0".to_owned()));
+            if !(min..=max).contains(&v) {
+                return Err((
+                    key,
+                    format!("{v} is out of range: must be between {min} and {max}"),
+                ));
             }
         }
-        if self.store.redis.reconnect_max_delay < self.store.redis.reconnect_min_delay {
+        // (key, value, whether 0 means something)
+        for (key, d, zero_ok) in [
+            ("server.shutdown_grace", self.server.shutdown_grace, true),
+            ("limits.request_timeout", limits.request_timeout, false),
+            ("inference.queue_timeout", inference.queue_timeout, false),
+            ("store.redis.connect_timeout", redis.connect_timeout, false),
+            ("store.redis.command_timeout", redis.command_timeout, false),
+            ("store.redis.write_timeout", redis.write_timeout, false),
+            (
+                "store.redis.reconnect_min_delay",
+                redis.reconnect_min_delay,
+                false,
+            ),
+            (
+                "store.redis.reconnect_max_delay",
+                redis.reconnect_max_delay,
+                true,
+            ),
+            ("prefetch.warm_timeout", prefetch.warm_timeout, true),
+            (
+                "prefetch.hot_flush_interval",
+                prefetch.hot_flush_interval,
+                false,
+            ),
+        ] {
+            if d.is_zero() && !zero_ok {
+                return Err((key, "must be longer than 0".to_owned()));
+            }
+            if d > MAX_CONFIG_DURATION {
+                return Err((
+                    key,
+                    format!(
+                        "`{}` is too long: must be at most 1d",
+                        humantime::format_duration(d)
+                    ),
+                ));
+            }
+        }
+        if redis.reconnect_max_delay < redis.reconnect_min_delay {
             return Err((
                 "store.redis.reconnect_max_delay",
                 "must not be shorter than store.redis.reconnect_min_delay".to_owned(),
             ));
-        }
-        if self.cache.max_bytes == 0 {
-            return Err(("cache.max_bytes", "must be greater than 0".to_owned()));
         }
         if self.store.prefix.is_empty() || self.store.prefix.contains(char::is_whitespace) {
             return Err((
@@ -430,15 +582,9 @@ impl Config {
                 "expected a non-empty prefix without whitespace".to_owned(),
             ));
         }
-        if tracing_subscriber::EnvFilter::try_new(&self.telemetry.log_level).is_err() {
-            return Err((
-                "telemetry.log_level",
-                format!(
-                    "`{}` is not a valid filter (try `info` or `hydrant=debug,info`)",
-                    self.telemetry.log_level
-                ),
-            ));
-        }
+        check_redis_url(&redis.url).map_err(|reason| ("store.redis.url", reason))?;
+        check_log_level(&self.telemetry.log_level)
+            .map_err(|reason| ("telemetry.log_level", reason))?;
         Ok(())
     }
 
@@ -449,6 +595,92 @@ impl Config {
             _ => self.inference.onnxruntime_library.clone(),
         }
     }
+}
+
+/// One key set from the environment.
+struct EnvOverride {
+    /// `store.redis.url`
+    key: String,
+    keys: Vec<String>,
+    /// `HYDRANT_STORE__REDIS__URL`
+    var: String,
+    /// The variable's text.
+    raw: String,
+    /// The text was read as a TOML number, boolean, array or table, not as a string.
+    typed: bool,
+}
+
+fn known_keys(overrides: &[EnvOverride]) -> String {
+    let keys: Vec<&str> = overrides.iter().map(|o| o.key.as_str()).collect();
+    keys.join(", ")
+}
+
+/// The variable to blame for an error at `key`: the one that set it, or, for an unknown key, the one that
+/// named it (serde reports an unknown field at its parent's path).
+fn blame<'a>(overrides: &'a [EnvOverride], key: &str, reason: &str) -> Option<&'a str> {
+    let parent = if key == "." { "" } else { key };
+    overrides
+        .iter()
+        .rev()
+        .find(|o| {
+            o.key == key
+                || o.keys.iter().enumerate().any(|(i, k)| {
+                    o.keys[..i].join(".") == parent && reason.contains(&format!("`{k}`"))
+                })
+        })
+        .map(|o| o.var.as_str())
+}
+
+/// 1-based line and column (in characters) of byte `offset` of `text`.
+fn line_and_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = text.get(..offset).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, column)
+}
+
+/// Refuses URLs the Redis client would misread: only the documented schemes. The URL itself is never echoed,
+/// since it may hold a password.
+fn check_redis_url(url: &str) -> Result<(), String> {
+    if url.is_empty() {
+        return Ok(()); // the embedded store
+    }
+    let expected = "expected redis://, rediss:// (TLS), redis-cluster:// or rediss-cluster:// (the URL is not shown: it may hold a password)";
+    match url.split_once("://") {
+        Some((scheme, _)) if REDIS_SCHEMES.iter().any(|s| s.eq_ignore_ascii_case(scheme)) => Ok(()),
+        Some((scheme, _))
+            if !scheme.is_empty()
+                && scheme.len() <= 32
+                && scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')) =>
+        {
+            Err(format!(
+                "the scheme `{scheme}://` is not supported: {expected}"
+            ))
+        }
+        _ => Err(format!("not a URL with a scheme: {expected}")),
+    }
+}
+
+/// A `tracing` filter whose bare directives are level names. `EnvFilter` reads a bare word as a target
+/// (`warnig` = "everything from module `warnig`"), which turns every other log off.
+fn check_log_level(filter: &str) -> Result<(), String> {
+    let expected = format!(
+        "expected a level ({}), `target=level` directives, or both separated by commas (e.g. `info,hydrant=debug`)",
+        LOG_LEVELS.join(", ")
+    );
+    if filter.trim().is_empty() {
+        return Err(format!("is empty: {expected}"));
+    }
+    for d in filter.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        if !d.contains(['=', '[']) && !LOG_LEVELS.iter().any(|l| l.eq_ignore_ascii_case(d)) {
+            return Err(format!("`{d}` is not a level: {expected}"));
+        }
+    }
+    tracing_subscriber::EnvFilter::try_new(filter)
+        .map(drop)
+        .map_err(|e| format!("`{filter}` is not a valid filter ({e}): {expected}"))
 }
 
 fn parse_env_value(raw: &str) -> toml::Value {
@@ -563,7 +795,7 @@ mod tests {
             .expect_err("must fail")
             .to_string();
         assert!(
-            e.contains("limits.max_candidates") && e.contains("greater than 0"),
+            e.contains("limits.max_candidates") && e.contains("between 1 and"),
             "{e}"
         );
         let e = Config::load(None, env(&[("HYDRANT_TELEMETRY__LOG_FORMAT", "xml")]))
@@ -598,6 +830,271 @@ mod tests {
             .expect_err("zero")
             .to_string();
         assert!(e.contains("prefetch.max_concurrent"), "{e}");
+    }
+
+    fn load_err(pairs: &[(&str, &str)]) -> String {
+        match Config::load(None, env(pairs)) {
+            Ok(_) => panic!("{pairs:?} must be refused"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn sizes_and_counts_are_bounded_above() {
+        for (var, value, key, max) in [
+            (
+                "HYDRANT_INFERENCE__MAX_QUEUE",
+                "100000000000000",
+                "inference.max_queue",
+                "100000",
+            ),
+            (
+                "HYDRANT_INFERENCE__MAX_QUEUE",
+                "9223372036854775807",
+                "inference.max_queue",
+                "100000",
+            ),
+            (
+                "HYDRANT_PREFETCH__MAX_CONCURRENT",
+                "9223372036854775807",
+                "prefetch.max_concurrent",
+                "10000",
+            ),
+            (
+                "HYDRANT_INFERENCE__INTRA_THREADS",
+                "100000",
+                "inference.intra_threads",
+                "256",
+            ),
+            (
+                "HYDRANT_INFERENCE__DEFAULT_SESSIONS",
+                "1000000",
+                "inference.default_sessions",
+                "256",
+            ),
+            (
+                "HYDRANT_STORE__REDIS__POOL_SIZE",
+                "100000",
+                "store.redis.pool_size",
+                "256",
+            ),
+            (
+                "HYDRANT_STORE__REDIS__MAX_COMMAND_BUFFER",
+                "1000000000",
+                "store.redis.max_command_buffer",
+                "1000000",
+            ),
+            (
+                "HYDRANT_PREFETCH__HOT_KEEP",
+                "1000000000",
+                "prefetch.hot_keep",
+                "1000000",
+            ),
+            (
+                "HYDRANT_PREFETCH__WARM_TOP_K",
+                "1000000000",
+                "prefetch.warm_top_k",
+                "1000000",
+            ),
+            (
+                "HYDRANT_PREFETCH__HOT_SAMPLE_EVERY",
+                "1000000000",
+                "prefetch.hot_sample_every",
+                "1000000",
+            ),
+            (
+                "HYDRANT_LIMITS__MAX_BODY_BYTES",
+                "1000000000000",
+                "limits.max_body_bytes",
+                "1073741824",
+            ),
+            (
+                "HYDRANT_LIMITS__MAX_CANDIDATES",
+                "10000000",
+                "limits.max_candidates",
+                "100000",
+            ),
+            (
+                "HYDRANT_LIMITS__MAX_ENTITIES",
+                "10000000",
+                "limits.max_entities",
+                "100000",
+            ),
+            (
+                "HYDRANT_LIMITS__MAX_KEY_BYTES",
+                "10000000",
+                "limits.max_key_bytes",
+                "65536",
+            ),
+            (
+                "HYDRANT_CACHE__MAX_BYTES",
+                "9223372036854775807",
+                "cache.max_bytes",
+                "1099511627776",
+            ),
+        ] {
+            let e = load_err(&[(var, value)]);
+            assert!(
+                e.contains(var) && e.contains(key) && e.contains(&format!("and {max}")),
+                "{e}"
+            );
+        }
+        // The bounds themselves are accepted, and so is 0 where it means something.
+        let c = Config::load(
+            None,
+            env(&[
+                ("HYDRANT_INFERENCE__MAX_QUEUE", "100000"),
+                ("HYDRANT_INFERENCE__INTRA_THREADS", "256"),
+                ("HYDRANT_INFERENCE__DEFAULT_SESSIONS", "0"),
+                ("HYDRANT_STORE__REDIS__POOL_SIZE", "256"),
+                ("HYDRANT_PREFETCH__WARM_TOP_K", "0"),
+            ]),
+        )
+        .expect("at the bounds");
+        assert_eq!(c.inference.max_queue, MAX_QUEUE);
+    }
+
+    #[test]
+    fn absurd_durations_are_refused_without_panicking() {
+        for var in [
+            "HYDRANT_SERVER__SHUTDOWN_GRACE",
+            "HYDRANT_LIMITS__REQUEST_TIMEOUT",
+            "HYDRANT_INFERENCE__QUEUE_TIMEOUT",
+            "HYDRANT_STORE__REDIS__CONNECT_TIMEOUT",
+            "HYDRANT_STORE__REDIS__COMMAND_TIMEOUT",
+            "HYDRANT_STORE__REDIS__WRITE_TIMEOUT",
+            "HYDRANT_PREFETCH__WARM_TIMEOUT",
+            "HYDRANT_PREFETCH__HOT_FLUSH_INTERVAL",
+        ] {
+            for value in ["500000000y", "25h", "18446744073709551615s"] {
+                let e = load_err(&[(var, value)]);
+                assert!(e.contains(var) && e.contains("at most 1d"), "{e}");
+            }
+        }
+        let e = load_err(&[
+            ("HYDRANT_STORE__REDIS__RECONNECT_MIN_DELAY", "500000000y"),
+            ("HYDRANT_STORE__REDIS__RECONNECT_MAX_DELAY", "500000000y"),
+        ]);
+        assert!(e.contains("reconnect_") && e.contains("at most 1d"), "{e}");
+        let c = Config::load(None, env(&[("HYDRANT_LIMITS__REQUEST_TIMEOUT", "1d")])).expect("1d");
+        assert_eq!(c.limits.request_timeout, MAX_CONFIG_DURATION);
+    }
+
+    #[test]
+    fn log_level_typos_are_refused_and_directives_accepted() {
+        for typo in ["warnig", "debg", "verbose", "hydrant", "info,hydrant", ""] {
+            let e = load_err(&[("HYDRANT_TELEMETRY__LOG_LEVEL", typo)]);
+            assert!(
+                e.contains("telemetry.log_level")
+                    && e.contains("error, warn, info, debug, trace, off"),
+                "{typo}: {e}"
+            );
+        }
+        let e = load_err(&[("HYDRANT_TELEMETRY__LOG_LEVEL", "hydrant=debg")]);
+        assert!(e.contains("telemetry.log_level"), "{e}");
+        for ok in [
+            "info",
+            "WARN",
+            "off",
+            "info,hydrant=debug",
+            "hydrant=debug,info",
+            "hydrant::gateway=trace",
+        ] {
+            let c = Config::load(None, env(&[("HYDRANT_TELEMETRY__LOG_LEVEL", ok)]))
+                .unwrap_or_else(|e| panic!("{ok}: {e}"));
+            assert_eq!(c.telemetry.log_level, ok);
+        }
+    }
+
+    #[test]
+    fn redis_urls_need_a_redis_scheme_and_are_never_echoed() {
+        for url in [
+            "http://user:secret@127.0.0.1:6379",
+            "127.0.0.1:6379",
+            "valkey://127.0.0.1:6379",
+            "redis+unix:///tmp/redis.sock",
+        ] {
+            let e = load_err(&[("HYDRANT_STORE__REDIS__URL", url)]);
+            assert!(
+                e.contains("store.redis.url") && e.contains("expected redis://"),
+                "{e}"
+            );
+            assert!(!e.contains("secret") && !e.contains("127.0.0.1"), "{e}");
+        }
+        for url in [
+            "redis://127.0.0.1:6379",
+            "rediss://h:6380/1",
+            "redis-cluster://h:1?node=h:2",
+            "rediss-cluster://h:1",
+            "REDIS://h:1",
+        ] {
+            Config::load(None, env(&[("HYDRANT_STORE__REDIS__URL", url)]))
+                .unwrap_or_else(|e| panic!("{url}: {e}"));
+        }
+    }
+
+    #[test]
+    fn toml_syntax_errors_give_line_and_column() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("h.toml");
+        std::fs::write(
+            &path,
+            "[server]\nbind = \"127.0.0.1:1\"\nshutdown_grace = 10s\n",
+        )
+        .expect("write");
+        let e = Config::load(Some(&path), [])
+            .expect_err("syntax")
+            .to_string();
+        assert!(
+            e.contains("h.toml") && e.contains("line 3, column 18"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_missing_file_names_its_cause_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let e = anyhow::Error::from(
+            Config::load(Some(&dir.path().join("nope.toml")), []).expect_err("missing"),
+        );
+        let e = format!("{e:#}");
+        assert!(e.contains("nope.toml"), "{e}");
+        assert_eq!(e.matches("No such file or directory").count(), 1, "{e}");
+    }
+
+    #[test]
+    fn env_values_for_string_keys_are_taken_as_written() {
+        let c = Config::load(
+            None,
+            env(&[
+                ("HYDRANT_STORE__PREFIX", "2024"),
+                ("HYDRANT_STORE__EMBEDDED__PATH", "true"),
+                ("HYDRANT_TELEMETRY__LOG_LEVEL", "\"debug\""),
+            ]),
+        )
+        .expect("strings");
+        assert_eq!(c.store.prefix, "2024");
+        assert_eq!(c.store.embedded.path, PathBuf::from("true"));
+        assert_eq!(c.telemetry.log_level, "debug");
+        // A key that takes no string keeps the first, clearer reason, and names the variable.
+        let e = load_err(&[("HYDRANT_LIMITS__MAX_CANDIDATES", "1.5")]);
+        assert!(
+            e.contains("HYDRANT_LIMITS__MAX_CANDIDATES")
+                && e.contains("limits.max_candidates")
+                && e.contains("float"),
+            "{e}"
+        );
+        let e = load_err(&[("HYDRANT_LIMITS__REQUEST_TIMEOUT", "5")]);
+        assert!(
+            e.contains("HYDRANT_LIMITS__REQUEST_TIMEOUT") && e.contains("not a valid duration"),
+            "{e}"
+        );
+        // An unknown key is blamed on the variable that named it.
+        let e = load_err(&[("HYDRANT_SERVER__BND", "x")]);
+        assert!(
+            e.contains("HYDRANT_SERVER__BND") && e.contains("bnd"),
+            "{e}"
+        );
     }
 
     #[test]
