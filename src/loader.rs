@@ -171,8 +171,6 @@ pub async fn load<R: BufRead>(
     limits: &LimitsConfig,
     store: &dyn Store,
 ) -> anyhow::Result<Report> {
-    use futures::StreamExt;
-
     let now = crate::value::now_ms();
     let mut report = Report::default();
     let rows: Box<dyn Iterator<Item = std::io::Result<ParsedLine>> + '_> = if csv {
@@ -180,18 +178,19 @@ pub async fn load<R: BufRead>(
     } else {
         Box::new(json_rows(reader))
     };
-    let ttl = view.policy.key_ttl;
-    let mut in_flight = futures::stream::FuturesUnordered::new();
+    let mut writer = Writer::new(store, view.policy.key_ttl);
     let mut batch = Batch::default();
+    let mut last_read = 0;
     let mut stopped = None;
     for row in rows {
         let (line, parsed) = match row {
             Ok(r) => r,
             Err(e) => {
-                stopped = Some((batch.last_line, e));
+                stopped = Some(e);
                 break;
             }
         };
+        last_read = line;
         match parsed.and_then(|m| parse_row(view, prefix, &m, now, limits)) {
             Ok((k, record)) => {
                 if batch.writes.is_empty() {
@@ -203,28 +202,71 @@ pub async fn load<R: BufRead>(
             Err(reason) => report.reject(line, reason),
         }
         if batch.writes.len() >= BATCH {
-            if in_flight.len() >= IN_FLIGHT
-                && let Some(r) = in_flight.next().await
-            {
-                report.tally(r);
-            }
-            in_flight.push(write_batch(store, std::mem::take(&mut batch), ttl));
+            writer.send(std::mem::take(&mut batch), &mut report).await;
         }
     }
     if !batch.writes.is_empty() {
-        in_flight.push(write_batch(store, batch, ttl));
+        writer.send(batch, &mut report).await;
     }
-    while let Some(r) = in_flight.next().await {
-        report.tally(r);
-    }
-    if let Some((last_line, e)) = stopped {
+    writer.finish(&mut report).await;
+    if let Some(e) = stopped {
         anyhow::bail!(
-            "cannot read past line {last_line}: {e} ({} rows before it were written, {} rejected)",
+            "cannot read past line {last_read}: {e} ({} rows before it were written, {} rejected)",
             report.written,
             report.rejected_rows
         );
     }
     Ok(report)
+}
+
+/// What writing a batch did: its keys (to announce, and to release) and its rows written or refused.
+type BatchDone = (Vec<String>, Result<(usize, bool), FailedBatch>);
+
+/// The batches being written, up to [`IN_FLIGHT`] at once. Batches in flight may land in any order, so a
+/// batch that writes a key still being written by an earlier one waits for the earlier ones first: the
+/// last row of a key in the file is always the one stored.
+struct Writer<'a> {
+    store: &'a dyn Store,
+    ttl: Option<Duration>,
+    in_flight: futures::stream::FuturesUnordered<crate::store::BoxFuture<'a, BatchDone>>,
+    writing: std::collections::HashSet<String>,
+}
+
+impl<'a> Writer<'a> {
+    fn new(store: &'a dyn Store, ttl: Option<Duration>) -> Self {
+        Self {
+            store,
+            ttl,
+            in_flight: futures::stream::FuturesUnordered::new(),
+            writing: std::collections::HashSet::new(),
+        }
+    }
+
+    async fn send(&mut self, b: Batch, report: &mut Report) {
+        let overlaps = b.writes.iter().any(|(k, _)| self.writing.contains(k));
+        while (overlaps && !self.in_flight.is_empty()) || self.in_flight.len() >= IN_FLIGHT {
+            self.next(report).await;
+        }
+        self.writing.extend(b.writes.iter().map(|(k, _)| k.clone()));
+        self.in_flight
+            .push(Box::pin(write_batch(self.store, b, self.ttl)));
+    }
+
+    async fn next(&mut self, report: &mut Report) {
+        use futures::StreamExt;
+        if let Some((keys, r)) = self.in_flight.next().await {
+            for k in &keys {
+                self.writing.remove(k);
+            }
+            report.tally(r);
+        }
+    }
+
+    async fn finish(&mut self, report: &mut Report) {
+        while !self.in_flight.is_empty() {
+            self.next(report).await;
+        }
+    }
 }
 
 impl Report {
@@ -260,7 +302,13 @@ fn json_rows<R: BufRead>(mut reader: R) -> impl Iterator<Item = std::io::Result<
                 Err(e) => return Some(Err(e)),
             }
             line += 1;
-            let text = match std::str::from_utf8(&buf) {
+            // A byte order mark (some Windows tools write one) is not part of the first row.
+            let bytes = if line == 1 {
+                buf.strip_prefix(b"\xef\xbb\xbf").unwrap_or(&buf)
+            } else {
+                &buf
+            };
+            let text = match std::str::from_utf8(bytes) {
                 Ok(t) => t,
                 Err(e) => return Some(Ok((line, Err(format!("not UTF-8: {e}"))))),
             };
@@ -285,24 +333,20 @@ struct Batch {
 }
 
 /// Writes one batch, then announces its keys; `Ok((rows, announced))`.
-async fn write_batch(
-    store: &dyn Store,
-    b: Batch,
-    ttl: Option<Duration>,
-) -> Result<(usize, bool), FailedBatch> {
+async fn write_batch(store: &dyn Store, b: Batch, ttl: Option<Duration>) -> BatchDone {
     let rows = b.writes.len();
     let keys: Vec<String> = b.writes.iter().map(|(k, _)| k.clone()).collect();
-    store
-        .put_many(b.writes, ttl)
-        .await
-        .map_err(|e| FailedBatch {
+    if let Err(e) = store.put_many(b.writes, ttl).await {
+        let failed = FailedBatch {
             first_line: b.first_line,
             last_line: b.last_line,
             rows,
             reason: e.to_string(),
-        })?;
+        };
+        return (keys, Err(failed));
+    }
     let announced = store.publish_invalidations(&keys).await.is_ok();
-    Ok((rows, announced))
+    (keys, Ok((rows, announced)))
 }
 
 /// `POST /v1/views/{view}/rows`: rows as the loader reads them, one JSON object each.
@@ -572,6 +616,68 @@ mod tests {
         assert_eq!(age_of(&store, "u999").await, None);
     }
 
+    /// The embedded store, with the first write held back so that later batches land before it, as
+    /// concurrent round trips may.
+    struct FirstWriteLate {
+        inner: crate::store::embedded::EmbeddedStore,
+        writes: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Store for FirstWriteLate {
+        fn backend(&self) -> &'static str {
+            "test"
+        }
+
+        fn get_many<'a>(
+            &'a self,
+            keys: &'a [String],
+        ) -> crate::store::BoxFuture<'a, Result<Vec<Option<Vec<u8>>>, StoreError>> {
+            self.inner.get_many(keys)
+        }
+
+        fn put_many(
+            &self,
+            writes: Writes,
+            ttl: Option<Duration>,
+        ) -> crate::store::BoxFuture<'_, Result<(), StoreError>> {
+            let first = self.writes.fetch_add(1, Relaxed) == 0;
+            Box::pin(async move {
+                if first {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                self.inner.put_many(writes, ttl).await
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn the_last_row_of_a_key_in_the_file_is_the_one_stored() {
+        let (_dir, inner) = store();
+        let store = FirstWriteLate {
+            inner,
+            writes: Default::default(),
+        };
+        let v = view();
+        // `x` in the first batch and again in the third; the first batch lands last.
+        let mut file = String::from("{\"user_id\": \"x\", \"age\": 1}\n");
+        for i in 1..2 * BATCH {
+            file.push_str(&format!("{{\"user_id\": \"u{i}\", \"age\": {i}}}\n"));
+        }
+        file.push_str("{\"user_id\": \"x\", \"age\": 2}\n");
+        let report = load(
+            &v,
+            "hy",
+            file.as_bytes(),
+            false,
+            &LimitsConfig::default(),
+            &store,
+        )
+        .await
+        .expect("load");
+        assert_eq!(report.written, 2 * BATCH + 1);
+        assert_eq!(age_of(&store, "x").await, Some(Value::Int(2)));
+    }
+
     /// Serves `data`, then fails as a broken disk or a cut pipe would.
     struct FailsAfter<'a> {
         data: &'a [u8],
@@ -614,6 +720,29 @@ mod tests {
             .expect_err("a read error");
         assert!(e.to_string().contains("device error"), "{e}");
         assert_eq!(age_of(&store, "a").await, Some(Value::Int(5)));
+    }
+
+    #[tokio::test]
+    async fn a_byte_order_mark_before_the_first_row_is_not_part_of_it() {
+        let (_dir, store) = store();
+        let file = b"\xef\xbb\xbf{\"user_id\": \"a\", \"age\": 7}\n";
+        let report = load(
+            &view(),
+            "hy",
+            &file[..],
+            false,
+            &LimitsConfig::default(),
+            &store,
+        )
+        .await
+        .expect("load");
+        assert_eq!(
+            (report.written, report.rejected_rows),
+            (1, 0),
+            "{:?}",
+            report.rejected
+        );
+        assert_eq!(age_of(&store, "a").await, Some(Value::Int(7)));
     }
 
     #[tokio::test]

@@ -135,6 +135,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             for file in files {
                 let f = std::fs::File::open(&file)
                     .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", file.display()))?;
+                if f.metadata().is_ok_and(|m| m.is_dir()) {
+                    anyhow::bail!(
+                        "{} is a directory: expected a JSON Lines or CSV file",
+                        file.display()
+                    );
+                }
                 let report = hydrant::loader::load(
                     v,
                     &config.store.prefix,
@@ -143,7 +149,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     &config.limits,
                     store.as_ref(),
                 )
-                .await?;
+                .await
+                .map_err(|e| anyhow::anyhow!("{}: {e:#}", file.display()))?;
                 for r in &report.rejected {
                     eprintln!("{}:{}: rejected: {}", file.display(), r.line, r.reason);
                 }
