@@ -249,6 +249,25 @@ fn run(
             }
             ExitCode::SUCCESS
         }
+        Err(RunError::ReportNotWritten {
+            result,
+            path,
+            source,
+        }) => {
+            // The measurements are not lost: the table goes to the terminal all the same.
+            print!("{}", report::table::render(&result));
+            eprintln!("error: cannot write {path}: {source}");
+            eprintln!("error: the report files were not written; the table above is the result");
+            ExitCode::from(1)
+        }
+        Err(e @ RunError::UnknownModel { .. }) => {
+            eprintln!("error: {e}");
+            eprintln!(
+                "hint: check `model` in {}, or point --target at a gateway that serves it",
+                path.display()
+            );
+            ExitCode::from(1)
+        }
         Err(e @ (RunError::Unreachable { .. } | RunError::NotReady { .. })) => {
             eprintln!("error: {e}");
             eprintln!("hint: start the gateway first, or point --target at a running one");

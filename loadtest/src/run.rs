@@ -8,10 +8,11 @@
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use hyper::{Method, StatusCode};
 use tokio::task::JoinHandle;
 
 use crate::client::{ExchangeError, Pool};
@@ -21,8 +22,10 @@ use crate::record::{Collector, Progress, STAGES, Segment, SharedCollector, Which
 use crate::report::{
     self, HistBin, LatencyRatio, LatencySummary, RunResult, SegmentSpan, StageSummary, StepResult,
 };
+use crate::sample::stream_seed;
 use crate::scenario::{Mode, Scenario, TargetUrl};
 use crate::stats::{self, Stats};
+use crate::workload::Workload;
 
 /// Where files go and whether to print progress.
 #[derive(Debug, Clone)]
@@ -79,6 +82,33 @@ pub enum RunError {
         path: String,
         #[source]
         source: std::io::Error,
+    },
+    /// The output directory cannot be created or written; found before any load was sent.
+    #[error("output directory {path} is not writable: {source}")]
+    OutDir {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The run finished but its files could not be written; `result` is what it measured.
+    #[error("cannot write {path}: {source}")]
+    ReportNotWritten {
+        result: Box<RunResult>,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The probe predict before the warm-up was answered 404: the target does not serve the model.
+    #[error(
+        "target {target} does not serve model `{model}`: POST {path} answered HTTP {status}{}",
+        colon_prefixed(.body)
+    )]
+    UnknownModel {
+        target: String,
+        model: String,
+        path: String,
+        status: u16,
+        body: String,
     },
 }
 
@@ -155,8 +185,100 @@ pub async fn wait_ready(pool: &Pool, wait: Duration, cancel: &Cancel) -> Result<
     })
 }
 
+/// Creates `dir` and checks that a file can be written in it (a probe file, removed again), so an
+/// unwritable `--out-dir` fails before the run instead of throwing its results away.
+pub fn check_out_dir(dir: &Path) -> Result<(), RunError> {
+    let err = |source| RunError::OutDir {
+        path: dir.display().to_string(),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(err)?;
+    let probe = dir.join(format!(".loadtest-write-probe-{}", std::process::id()));
+    if let Err(e) = std::fs::write(&probe, b"probe") {
+        // A write that failed part-way may have left the file behind.
+        let _ = std::fs::remove_file(&probe);
+        return Err(err(e));
+    }
+    std::fs::remove_file(&probe).map_err(err)
+}
+
+/// Longest part of an error body quoted in [`RunError::UnknownModel`].
+const MAX_QUOTED_BODY: usize = 500;
+
+/// Sends one predict of the scenario's mix and fails if the target answers 404 (hydrant's
+/// `unknown_model`, or no predict route at all), so a wrong `model` is reported before the
+/// warm-up rather than as a run of nothing but errors. Any other answer, or none, lets the run go
+/// ahead: the run itself counts and reports those. The floor serves every model, so a floor
+/// target passes.
+pub async fn probe_model(pool: &Pool, s: &Scenario, cancel: &Cancel) -> Result<(), RunError> {
+    let path = format!("/v1/models/{}/predict", s.model);
+    let uri = pool.uri(&path)?;
+    let body = Workload::new(s, stream_seed(s.seed, 0)).next_body();
+    let send = pool.send(Method::POST, uri, Some(s.format), body, s.timeout);
+    let resp = tokio::select! {
+        r = send => r,
+        _ = cancel.cancelled() => return Err(RunError::Interrupted),
+    };
+    match resp {
+        Ok(r) if r.status == StatusCode::NOT_FOUND => Err(RunError::UnknownModel {
+            target: pool.target().to_string(),
+            model: s.model.clone(),
+            path,
+            status: r.status.as_u16(),
+            body: quote_body(&r.body, r.msgpack),
+        }),
+        Ok(r) if !r.status.is_success() => {
+            eprintln!(
+                "note: the probe predict to {} answered HTTP {}{}; running anyway",
+                pool.target(),
+                r.status.as_u16(),
+                colon_prefixed(&quote_body(&r.body, r.msgpack))
+            );
+            Ok(())
+        }
+        Ok(_) => Ok(()),
+        Err(e) => {
+            eprintln!(
+                "note: the probe predict to {} failed ({e}); running anyway",
+                pool.target()
+            );
+            Ok(())
+        }
+    }
+}
+
+/// `": text"`, or nothing for an empty text.
+fn colon_prefixed(text: &str) -> String {
+    if text.is_empty() {
+        String::new()
+    } else {
+        format!(": {text}")
+    }
+}
+
+/// An error body as one line of text (MessagePack shown as JSON), cut to [`MAX_QUOTED_BODY`].
+fn quote_body(body: &[u8], msgpack: bool) -> String {
+    let text = match msgpack
+        .then(|| rmp_serde::from_slice::<serde_json::Value>(body).ok())
+        .flatten()
+    {
+        Some(v) => v.to_string(),
+        None => String::from_utf8_lossy(body).into_owned(),
+    };
+    let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    match text.char_indices().nth(MAX_QUOTED_BODY) {
+        Some((cut, _)) => format!("{}...", &text[..cut]),
+        None => text,
+    }
+}
+
 /// Runs `scenario` and writes `<out_dir>/<name>.json` and `.html`. Cancelling `cancel` (Ctrl-C)
 /// stops the load early; the partial result is still written, marked `interrupted`.
+///
+/// Before sending anything it checks that `out_dir` is writable ([`check_out_dir`]), that the
+/// target is ready ([`wait_ready`]) and that it serves the model ([`probe_model`]). If the files
+/// still cannot be written at the end, the error is [`RunError::ReportNotWritten`], which carries
+/// the result.
 pub async fn run(
     scenario: Scenario,
     opts: &RunOptions,
@@ -166,8 +288,10 @@ pub async fn run(
     let started_at = SystemTime::now();
     let wall = Instant::now();
 
+    check_out_dir(&opts.out_dir)?;
     let hydrant_pool = Arc::new(Pool::new(&scenario.target)?);
     wait_ready(&hydrant_pool, scenario.ready_timeout, &cancel).await?;
+    probe_model(&hydrant_pool, &scenario, &cancel).await?;
 
     let mut floor_server = None;
     let floor_pool = match &scenario.floor {
@@ -287,25 +411,42 @@ pub async fn run(
     write_outputs(result, &opts.out_dir)
 }
 
-/// Writes the JSON and HTML files for `result` into `out_dir`.
-pub fn write_outputs(result: RunResult, out_dir: &std::path::Path) -> Result<RunOutput, RunError> {
-    let write_err = |path: &std::path::Path| {
+/// Writes the JSON and HTML files for `result` into `out_dir`; on failure the error carries the
+/// result ([`RunError::ReportNotWritten`]) so the caller can still show it.
+pub fn write_outputs(result: RunResult, out_dir: &Path) -> Result<RunOutput, RunError> {
+    let files = match write_files(&result, out_dir) {
+        Ok(files) => files,
+        Err(RunError::Write { path, source }) => {
+            return Err(RunError::ReportNotWritten {
+                result: Box::new(result),
+                path,
+                source,
+            });
+        }
+        Err(e) => return Err(e),
+    };
+    Ok(RunOutput {
+        result,
+        json_path: files.0,
+        html_path: files.1,
+    })
+}
+
+/// Writes the JSON and HTML files for `result` into `out_dir`; returns their paths.
+pub fn write_files(result: &RunResult, out_dir: &Path) -> Result<(PathBuf, PathBuf), RunError> {
+    let write_err = |path: &Path| {
         let path = path.display().to_string();
         move |source| RunError::Write { path, source }
     };
     std::fs::create_dir_all(out_dir).map_err(write_err(out_dir))?;
     let json_path = out_dir.join(format!("{}.json", result.scenario));
     let html_path = out_dir.join(format!("{}.html", result.scenario));
-    let json = serde_json::to_vec_pretty(&result)
+    let json = serde_json::to_vec_pretty(result)
         .map_err(|e| std::io::Error::other(e.to_string()))
         .map_err(write_err(&json_path))?;
     std::fs::write(&json_path, json).map_err(write_err(&json_path))?;
-    std::fs::write(&html_path, report::html::render(&result)).map_err(write_err(&html_path))?;
-    Ok(RunOutput {
-        result,
-        json_path,
-        html_path,
-    })
+    std::fs::write(&html_path, report::html::render(result)).map_err(write_err(&html_path))?;
+    Ok((json_path, html_path))
 }
 
 /// What [`Runner::execute`] produced.

@@ -178,6 +178,110 @@ async fn cancel_writes_a_partial_report() {
     assert!(out.html_path.exists());
 }
 
+/// An output directory that cannot be created: its parent is a regular file.
+fn uncreatable_dir(name: &str) -> std::path::PathBuf {
+    let file = temp_dir(name).join("a-file");
+    std::fs::write(&file, b"not a directory").expect("write file");
+    file.join("out")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unwritable_out_dir_fails_before_any_load() {
+    let gw = FakeGateway::start(FakeConfig::default()).await;
+    let s = scenario(
+        &gw.url(),
+        "mode = \"open-loop\"\nrate = 20\nduration_s = 10\nwarm_up_s = 2",
+        "",
+    );
+    let out_dir = uncreatable_dir("out-dir-check");
+    let started = Instant::now();
+    let err = run(
+        s,
+        &RunOptions {
+            out_dir: out_dir.clone(),
+            progress: false,
+            ..RunOptions::default()
+        },
+        Cancel::new(),
+    )
+    .await
+    .expect_err("an uncreatable out dir must fail");
+    assert!(matches!(err, RunError::OutDir { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains(&out_dir.display().to_string()),
+        "names the path: {err}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5), "before the run");
+    assert_eq!(gw.predicts(), 0, "nothing was sent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_model_fails_before_the_warm_up() {
+    let gw = FakeGateway::start(FakeConfig {
+        models: Some(vec!["ctr".to_string()]),
+        ..FakeConfig::default()
+    })
+    .await;
+    let mut s = scenario(
+        &gw.url(),
+        "mode = \"open-loop\"\nrate = 20\nduration_s = 10\nwarm_up_s = 2",
+        "",
+    );
+    s.model = "no_such_model".to_string();
+    let dir = temp_dir("unknown-model");
+    let started = Instant::now();
+    let err = run(
+        s,
+        &RunOptions {
+            out_dir: dir.clone(),
+            progress: false,
+            ..RunOptions::default()
+        },
+        Cancel::new(),
+    )
+    .await
+    .expect_err("an unknown model must fail");
+    assert!(matches!(err, RunError::UnknownModel { .. }), "{err:?}");
+    let msg = err.to_string();
+    for part in ["`no_such_model`", "HTTP 404", "unknown_model", &gw.url()] {
+        assert!(msg.contains(part), "{part:?} missing from: {msg}");
+    }
+    assert!(started.elapsed() < Duration::from_secs(5), "before the run");
+    assert_eq!(gw.predicts(), 1, "one probe, no load");
+    assert!(
+        !dir.join("test.json").exists(),
+        "no report for a run that did not happen"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn floor_target_passes_the_model_probe() {
+    // The floor answers predict for any model: pointing a run at it must still work.
+    let floor =
+        loadtest::floor::FloorHandle::spawn(std::net::SocketAddr::from(([127, 0, 0, 1], 0)), 3, 1)
+            .expect("floor");
+    let mut s = scenario(
+        &format!("http://{}", floor.addr),
+        "mode = \"open-loop\"\nrate = 40\nduration_s = 0.5",
+        "",
+    );
+    s.model = "whatever".to_string();
+    let out = run(
+        s,
+        &RunOptions {
+            out_dir: temp_dir("floor-target"),
+            progress: false,
+            ..RunOptions::default()
+        },
+        Cancel::new(),
+    )
+    .await
+    .expect("a floor target runs");
+    assert!(out.result.hydrant.ok > 0, "{:?}", out.result.hydrant);
+    assert_eq!(out.result.hydrant.errors, 0);
+    let _ = tokio::task::spawn_blocking(move || drop(floor)).await;
+}
+
 fn crate_path(rel: &str) -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
 }
@@ -251,4 +355,109 @@ fn binary_check_validates() {
         !refused.status.success(),
         "floor must refuse non-loopback binds"
     );
+}
+
+#[test]
+fn binary_refuses_an_unwritable_out_dir_before_the_run() {
+    let out_dir = uncreatable_dir("bin-out-dir");
+    let started = Instant::now();
+    // The target is closed: a check made only after the run would report it unreachable instead.
+    let out = Command::new(env!("CARGO_BIN_EXE_loadtest"))
+        .args(["run", "--quiet", "--duration-s", "1", "--target"])
+        .arg(closed_port())
+        .arg("--out-dir")
+        .arg(&out_dir)
+        .arg(crate_path("scenarios/smoke.toml"))
+        .output()
+        .expect("run the binary");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&out_dir.display().to_string()) && stderr.contains("not writable"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("unreachable"), "checked first: {stderr}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_prints_the_table_when_the_report_cannot_be_written() {
+    let gw = FakeGateway::start(FakeConfig::default()).await;
+    let out_dir = temp_dir("bin-unwritable-at-end").join("out");
+    let child = Command::new(env!("CARGO_BIN_EXE_loadtest"))
+        .args(["run", "--quiet", "--duration-s", "2", "--target"])
+        .arg(gw.url())
+        .arg("--out-dir")
+        .arg(&out_dir)
+        .arg(crate_path("scenarios/smoke.toml"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the binary");
+    // The up-front check creates the directory; once the load is flowing, make it unwritable by
+    // putting a file in its place.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while gw.predicts() == 0 {
+        assert!(Instant::now() < deadline, "the run never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(out_dir.is_dir(), "created by the up-front check");
+    std::fs::remove_dir_all(&out_dir).expect("remove out dir");
+    std::fs::write(&out_dir, b"in the way").expect("file in its place");
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .expect("join")
+        .expect("wait for the binary");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
+    assert!(
+        stdout.contains("scenario smoke") && stdout.contains("p99"),
+        "the table is printed anyway: {stdout}"
+    );
+    assert!(
+        stderr.contains("cannot write") && stderr.contains(&out_dir.display().to_string()),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_refuses_an_unknown_model() {
+    let gw = FakeGateway::start(FakeConfig {
+        models: Some(vec!["ctr".to_string()]),
+        ..FakeConfig::default()
+    })
+    .await;
+    let dir = temp_dir("bin-unknown-model");
+    let file = dir.join("nope.toml");
+    let text = std::fs::read_to_string(crate_path("scenarios/smoke.toml")).expect("smoke");
+    std::fs::write(&file, text.replace("model = \"ctr\"", "model = \"nope\"")).expect("write");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_loadtest"));
+    cmd.args(["run", "--quiet", "--duration-s", "5", "--target"])
+        .arg(gw.url())
+        .arg("--out-dir")
+        .arg(dir.join("out"))
+        .arg(&file);
+    let started = Instant::now();
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .expect("join")
+        .expect("run the binary");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("`nope`")
+            && stderr.contains("HTTP 404")
+            && stderr.contains("unknown_model"),
+        "{stderr}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "before the warm-up"
+    );
+    assert_eq!(gw.predicts(), 1, "one probe, no load");
 }

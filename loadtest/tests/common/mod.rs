@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -28,12 +28,17 @@ pub struct FakeConfig {
     pub stall: Option<(Duration, Duration)>,
     /// Serve `/v1/stats` (404 otherwise).
     pub stats: bool,
+    /// The models served (predict for any other answers 404 `unknown_model`, as hydrant does);
+    /// `None` serves every model.
+    pub models: Option<Vec<String>>,
 }
 
 struct Fake {
     cfg: FakeConfig,
     started: Instant,
     requests: AtomicU64,
+    /// Predict calls received, whatever their answer.
+    predicts: Arc<AtomicU64>,
     hits: AtomicU64,
     misses: AtomicU64,
     seen: Mutex<HashSet<String>>,
@@ -41,15 +46,18 @@ struct Fake {
 
 pub struct FakeGateway {
     pub addr: SocketAddr,
+    predicts: Arc<AtomicU64>,
     shutdown: Option<oneshot::Sender<()>>,
 }
 
 impl FakeGateway {
     pub async fn start(cfg: FakeConfig) -> FakeGateway {
+        let predicts = Arc::new(AtomicU64::new(0));
         let state = Arc::new(Fake {
             cfg,
             started: Instant::now(),
             requests: AtomicU64::new(0),
+            predicts: predicts.clone(),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             seen: Mutex::new(HashSet::new()),
@@ -73,12 +81,18 @@ impl FakeGateway {
         });
         FakeGateway {
             addr,
+            predicts,
             shutdown: Some(tx),
         }
     }
 
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// Predict calls received so far (any model, any answer).
+    pub fn predicts(&self) -> u64 {
+        self.predicts.load(Ordering::Relaxed)
     }
 }
 
@@ -90,7 +104,21 @@ impl Drop for FakeGateway {
     }
 }
 
-async fn predict(State(st): State<Arc<Fake>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn predict(
+    State(st): State<Arc<Fake>>,
+    Path(model): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    st.predicts.fetch_add(1, Ordering::Relaxed);
+    if let Some(models) = &st.cfg.models
+        && !models.contains(&model)
+    {
+        let body = serde_json::json!({"error": {"code": "unknown_model",
+            "message": format!("no model `{model}` is registered (models: {})", models.join(", ")),
+            "field": ""}});
+        return (StatusCode::NOT_FOUND, axum::Json(body)).into_response();
+    }
     let msgpack = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
