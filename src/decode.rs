@@ -76,7 +76,12 @@ impl Format {
 pub fn parse_body<T: DeserializeOwned>(format: Format, body: &[u8]) -> Result<T, ApiError> {
     let fast = match format {
         Format::Json => serde_json::from_slice::<T>(body).ok(),
-        Format::Msgpack => rmp_serde::from_slice::<T>(body).ok(),
+        Format::Msgpack => {
+            let mut de = rmp_serde::Deserializer::new(std::io::Cursor::new(body));
+            T::deserialize(&mut de)
+                .ok()
+                .filter(|_| de.position() == body.len() as u64)
+        }
     };
     if let Some(v) = fast {
         return Ok(v);
@@ -117,8 +122,8 @@ fn parse_body_tracked<T: DeserializeOwned>(format: Format, body: &[u8]) -> Resul
             Ok(v)
         }
         Format::Msgpack => {
-            let mut de = rmp_serde::Deserializer::from_read_ref(body);
-            serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            let mut de = rmp_serde::Deserializer::new(std::io::Cursor::new(body));
+            let v: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
                 let path = e.path().to_string();
                 let inner = e.into_inner();
                 match inner {
@@ -132,7 +137,18 @@ fn parse_body_tracked<T: DeserializeOwned>(format: Format, body: &[u8]) -> Resul
                         String::new(),
                     ),
                 }
-            })
+            })?;
+            let extra = (body.len() as u64).saturating_sub(de.position());
+            if extra > 0 {
+                return Err(malformed(
+                    "invalid_msgpack",
+                    format!(
+                        "the body is not valid MessagePack: {extra} bytes after the end of the request"
+                    ),
+                    String::new(),
+                ));
+            }
+            Ok(v)
         }
     }
 }
@@ -364,6 +380,19 @@ impl PredictRequest {
                     ),
                     field: Some("candidates".to_owned()),
                 });
+            }
+            // Candidates that name no entity would all be the same row: one score for N candidates.
+            if c.iter().all(|cand| cand.is_empty()) {
+                let known =
+                    crate::schema::known_names(model.views.iter().map(|v| v.entity.name.as_str()));
+                return Err(ApiError::invalid(
+                    "missing_entity",
+                    "candidates[0]",
+                    format!(
+                        "candidates[0]: the candidates name no entity: give each the keys that vary per candidate (model `{}` uses: {known}), or leave `candidates` out to score the entities alone",
+                        model.name
+                    ),
+                ));
             }
         }
         let used = |name: &str| model.views.iter().any(|v| v.entity.name == name);

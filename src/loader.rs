@@ -34,6 +34,9 @@ pub const BATCH: usize = 1000;
 /// Batches the loader has in flight at once.
 pub const IN_FLIGHT: usize = 4;
 
+/// How far in the future a row's `event_timestamp` may be (clock skew between the writer and hydrant).
+const MAX_FUTURE_SKEW_MS: i64 = 24 * 3600 * 1000;
+
 /// Rejected rows a [`Report`] lists by line; past this many it only counts them.
 pub const MAX_LISTED_REJECTS: usize = 1000;
 
@@ -101,9 +104,9 @@ pub fn parse_row(
     let entity_key = key_string(entity, &k, &entity.name, limits).map_err(|e| e.to_string())?;
     let event_ts_ms = match row.get("event_timestamp") {
         None | Some(serde_json::Value::Null) => now_ms,
-        Some(serde_json::Value::Number(n)) => n
-            .as_i64()
-            .ok_or("`event_timestamp` must be whole milliseconds since the Unix epoch")?,
+        Some(serde_json::Value::Number(n)) => n.as_i64().filter(|ms| *ms >= 0).ok_or(
+            "`event_timestamp` must be whole milliseconds since the Unix epoch, not negative",
+        )?,
         Some(serde_json::Value::String(s)) => humantime::parse_rfc3339_weak(s)
             .map_err(|_| {
                 format!(
@@ -119,6 +122,12 @@ pub fn parse_row(
             ));
         }
     };
+    // A time in the future would never grow older than the view's `max_age`.
+    if event_ts_ms > now_ms.saturating_add(MAX_FUTURE_SKEW_MS) {
+        return Err(format!(
+            "`event_timestamp` is more than a day in the future ({event_ts_ms} ms since the epoch): it is when the values were true"
+        ));
+    }
     for name in row.keys() {
         if name != &entity.name && name != "event_timestamp" && view.feature_index(name).is_none() {
             return Err(format!(
@@ -353,7 +362,105 @@ async fn write_batch(store: &dyn Store, b: Batch, ttl: Option<Duration>) -> Batc
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RowsRequest {
+    #[serde(deserialize_with = "finite_rows")]
     pub rows: Vec<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// Rows as JSON objects, refusing NaN and infinities (which MessagePack can carry and JSON cannot):
+/// `serde_json::Value` would quietly turn them into null, a missing value.
+fn finite_rows<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Vec<serde_json::Map<String, serde_json::Value>>, D::Error> {
+    let rows: Vec<FiniteRow> = Deserialize::deserialize(d)?;
+    Ok(rows.into_iter().map(|r| r.0).collect())
+}
+
+/// One row: a JSON object whose numbers are all finite.
+struct FiniteRow(serde_json::Map<String, serde_json::Value>);
+
+impl<'de> Deserialize<'de> for FiniteRow {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = FiniteRow;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a row (an object of feature names and values)")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<FiniteRow, A::Error> {
+                let mut out = serde_json::Map::new();
+                while let Some((k, FiniteJson(v))) = map.next_entry::<String, FiniteJson>()? {
+                    out.insert(k, v);
+                }
+                Ok(FiniteRow(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// A JSON value whose numbers are all finite.
+struct FiniteJson(serde_json::Value);
+
+impl<'de> Deserialize<'de> for FiniteJson {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::{self, MapAccess, SeqAccess, Visitor};
+        use serde_json::Value as J;
+
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = FiniteJson;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON value")
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<FiniteJson, E> {
+                Ok(FiniteJson(J::Null))
+            }
+            fn visit_none<E: de::Error>(self) -> Result<FiniteJson, E> {
+                Ok(FiniteJson(J::Null))
+            }
+            fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<FiniteJson, D::Error> {
+                FiniteJson::deserialize(d)
+            }
+            fn visit_bool<E: de::Error>(self, b: bool) -> Result<FiniteJson, E> {
+                Ok(FiniteJson(J::Bool(b)))
+            }
+            fn visit_i64<E: de::Error>(self, i: i64) -> Result<FiniteJson, E> {
+                Ok(FiniteJson(J::from(i)))
+            }
+            fn visit_u64<E: de::Error>(self, u: u64) -> Result<FiniteJson, E> {
+                Ok(FiniteJson(J::from(u)))
+            }
+            fn visit_f64<E: de::Error>(self, f: f64) -> Result<FiniteJson, E> {
+                serde_json::Number::from_f64(f)
+                    .map(|n| FiniteJson(J::Number(n)))
+                    .ok_or_else(|| E::custom(format_args!("expected a finite number, got {f}")))
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<FiniteJson, E> {
+                Ok(FiniteJson(J::String(s.to_owned())))
+            }
+            fn visit_string<E: de::Error>(self, s: String) -> Result<FiniteJson, E> {
+                Ok(FiniteJson(J::String(s)))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<FiniteJson, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+                while let Some(FiniteJson(v)) = seq.next_element()? {
+                    out.push(v);
+                }
+                Ok(FiniteJson(J::Array(out)))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<FiniteJson, A::Error> {
+                let mut out = serde_json::Map::new();
+                while let Some((k, FiniteJson(v))) = map.next_entry::<String, FiniteJson>()? {
+                    out.insert(k, v);
+                }
+                Ok(FiniteJson(J::Object(out)))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// Validates every row of a rows request: all of them or none, so the error names the first bad row (as

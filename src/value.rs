@@ -75,6 +75,12 @@ impl Dtype {
     pub fn coerce(self, v: Value) -> Result<Value, String> {
         match (self, v) {
             (_, Value::Null) => Ok(Value::Null),
+            (Self::Float32, Value::Float(f)) if f.abs() > f64::from(f32::MAX) || f.is_nan() => Err(
+                format!("{f:e} is outside the float32 range (±{:e})", f32::MAX),
+            ),
+            (Self::Float64, Value::Float(f)) if !f.is_finite() => {
+                Err(format!("expected a finite number, got {f}"))
+            }
             (Self::Float32 | Self::Float64, Value::Float(f)) => Ok(Value::Float(f)),
             (Self::Float32 | Self::Float64, Value::Int(i)) => Ok(Value::Float(i as f64)),
             (Self::Int64, Value::Int(i)) => Ok(Value::Int(i)),
@@ -151,7 +157,7 @@ impl Value {
                     let f = x
                         .as_f64()
                         .ok_or_else(|| format!("list element {i} is not a number"))?;
-                    out.push(f as f32);
+                    out.push(list_element(i, f)?);
                 }
                 Self::List(out.into_boxed_slice())
             }
@@ -213,20 +219,36 @@ impl<'de> Deserialize<'de> for Value {
                     .map_err(|_| E::custom("integer out of int64 range"))
             }
             fn visit_f64<E: de::Error>(self, f: f64) -> Result<Value, E> {
-                Ok(Value::Float(f))
+                if f.is_finite() {
+                    Ok(Value::Float(f))
+                } else {
+                    Err(E::custom(format_args!("expected a finite number, got {f}")))
+                }
             }
             fn visit_str<E: de::Error>(self, s: &str) -> Result<Value, E> {
                 Ok(Value::Str(s.into()))
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
                 let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(65_536));
-                while let Some(x) = seq.next_element::<f32>()? {
-                    out.push(x);
+                while let Some(x) = seq.next_element::<f64>()? {
+                    out.push(list_element(out.len(), x).map_err(de::Error::custom)?);
                 }
                 Ok(Value::List(out.into_boxed_slice()))
             }
         }
         d.deserialize_any(V)
+    }
+}
+
+/// A list element as float32: finite and within float32's range, or an error naming element `i`.
+fn list_element(i: usize, f: f64) -> Result<f32, String> {
+    if f.is_finite() && f.abs() <= f64::from(f32::MAX) {
+        Ok(f as f32)
+    } else {
+        Err(format!(
+            "list element {i}: {f:e} is outside the float32 range (±{:e})",
+            f32::MAX
+        ))
     }
 }
 
@@ -294,6 +316,35 @@ mod tests {
             .expect_err("wrong length");
         assert!(e.contains("4"), "{e}");
         assert_eq!(Dtype::Bool.coerce(Value::Null), Ok(Value::Null));
+        // float32 holds up to ±3.4e38: a larger value would reach the model as infinity.
+        let e = Dtype::Float32
+            .coerce(Value::Float(1e300))
+            .expect_err("too large");
+        assert!(e.contains("outside the float32 range"), "{e}");
+        assert_eq!(
+            Dtype::Float32.coerce(Value::Float(-3.0e38)),
+            Ok(Value::Float(-3.0e38))
+        );
+        assert!(Dtype::Float64.coerce(Value::Float(1e300)).is_ok());
+        assert!(Dtype::Float64.coerce(Value::Float(f64::NAN)).is_err());
+        let e = Value::from_json(&serde_json::json!([0.5, -1e300])).expect_err("too large");
+        assert!(e.starts_with("list element 1:"), "{e}");
+    }
+
+    #[test]
+    fn messagepack_non_finite_and_out_of_range_numbers_are_refused() {
+        let nan = rmp_serde::to_vec(&f64::NAN).expect("encode");
+        assert!(rmp_serde::from_slice::<Value>(&nan).is_err());
+        let inf = rmp_serde::to_vec(&f64::INFINITY).expect("encode");
+        assert!(rmp_serde::from_slice::<Value>(&inf).is_err());
+        let list = rmp_serde::to_vec(&[0.5f64, 1e300]).expect("encode");
+        let e = rmp_serde::from_slice::<Value>(&list).expect_err("too large");
+        assert!(e.to_string().contains("list element 1"), "{e}");
+        let ok = rmp_serde::to_vec(&[0.5f64, -2.0]).expect("encode");
+        assert_eq!(
+            rmp_serde::from_slice::<Value>(&ok).expect("decodes"),
+            Value::List(vec![0.5, -2.0].into_boxed_slice())
+        );
     }
 
     #[test]

@@ -473,7 +473,105 @@ async fn bad_requests_get_documented_errors_and_the_gateway_keeps_serving() {
     let many: Vec<Json> = (0..1001)
         .map(|i| json!({"item_id": format!("i_{i}")}))
         .collect();
+    let mp = |v: Json| rmp_serde::to_vec_named(&v).expect("msgpack");
+    let mut trailing = mp(good.clone());
+    trailing.extend_from_slice(b"\xc0garbage");
+    // MessagePack can carry NaN and infinities, which JSON cannot.
+    #[derive(serde::Serialize)]
+    struct Row {
+        user_id: &'static str,
+        age: f64,
+        avg_session_minutes: f64,
+    }
+    #[derive(serde::Serialize)]
+    struct Rows {
+        rows: Vec<Row>,
+    }
+    let non_finite = rmp_serde::to_vec_named(&Rows {
+        rows: vec![Row {
+            user_id: "u_nan",
+            age: f64::INFINITY,
+            avg_session_minutes: f64::NAN,
+        }],
+    })
+    .expect("msgpack");
     let cases = vec![
+        Case {
+            name: "candidates that name no entity",
+            path: "/v1/models/ctr/predict",
+            content_type: "application/json",
+            body: j(
+                json!({"entities": {"user_id": "u_1", "item_id": "i_1"}, "candidates": [{}, {}, {}]}),
+            ),
+            status: 400,
+            code: "missing_entity",
+            field: Some("candidates[0]"),
+        },
+        Case {
+            name: "an empty candidate for a model that needs its item",
+            path: "/v1/models/ctr/predict",
+            content_type: "application/json",
+            body: j(json!({"entities": {"user_id": "u_1"}, "candidates": [{}]})),
+            status: 400,
+            code: "missing_entity",
+            field: Some("candidates[0]"),
+        },
+        Case {
+            name: "bytes after the MessagePack request",
+            path: "/v1/models/ctr/predict",
+            content_type: "application/msgpack",
+            body: trailing,
+            status: 400,
+            code: "invalid_msgpack",
+            field: None,
+        },
+        Case {
+            name: "a float32 feature written beyond float32's range",
+            path: "/v1/views/user_profile/rows",
+            content_type: "application/json",
+            body: j(json!({"rows": [{"user_id": "u_big", "avg_session_minutes": 1e300}]})),
+            status: 400,
+            code: "invalid_row",
+            field: Some("rows[0]"),
+        },
+        Case {
+            name: "an embedding element beyond float32's range",
+            path: "/v1/views/user_profile/rows",
+            content_type: "application/json",
+            body: j(json!({"rows": [{"user_id": "u_big", "embedding": [0, 1e300, 0, 0]}]})),
+            status: 400,
+            code: "invalid_row",
+            field: Some("rows[0]"),
+        },
+        Case {
+            name: "NaN and infinity in MessagePack rows",
+            path: "/v1/views/user_profile/rows",
+            content_type: "application/msgpack",
+            body: non_finite,
+            status: 400,
+            code: "invalid_field",
+            field: None,
+        },
+        Case {
+            name: "an event timestamp in the future",
+            path: "/v1/views/user_profile/rows",
+            content_type: "application/json",
+            body: j(
+                json!({"rows": [{"user_id": "u_f", "event_timestamp": "9999-12-31T23:59:59Z"}]}),
+            ),
+            status: 400,
+            code: "invalid_row",
+            field: Some("rows[0]"),
+        },
+        Case {
+            name: "a negative event timestamp",
+            path: "/v1/views/user_profile/rows",
+            content_type: "application/json",
+            body: j(json!({"rows": [{"user_id": "u_f", "event_timestamp": -5}]})),
+            status: 400,
+            code: "invalid_row",
+            field: Some("rows[0]"),
+        },
         Case {
             name: "malformed JSON",
             path: "/v1/models/ctr/predict",
@@ -762,13 +860,39 @@ async fn model_metadata_describes_the_onnx_input_and_outputs() {
 #[tokio::test]
 async fn an_extreme_event_timestamp_is_outside_max_age_not_a_crash() {
     let app = TestApp::spawn().await;
+    // The loader refuses it...
     let rows = format!(
         "{{\"user_id\": \"u_ancient\", \"age\": 44, \"event_timestamp\": {}}}\n",
         i64::MIN
     );
     let report =
         common::load_rows(app.store.as_ref(), "user_profile", rows.as_bytes(), false).await;
-    assert_eq!(report.written, 1);
+    assert_eq!((report.written, report.rejected_rows), (0, 1));
+    assert!(
+        report.rejected[0].reason.contains("not negative"),
+        "{:?}",
+        report.rejected
+    );
+    // ...but another writer may still put one in the store.
+    let record = hydrant::value::Record {
+        schema_version: 1,
+        event_ts_ms: i64::MIN,
+        // age, country, is_premium, avg_session_minutes, embedding
+        values: vec![
+            hydrant::value::Value::Int(44),
+            hydrant::value::Value::Null,
+            hydrant::value::Value::Null,
+            hydrant::value::Value::Null,
+            hydrant::value::Value::Null,
+        ],
+    };
+    app.store
+        .put_many(
+            vec![("hy:user_profile:u_ancient".to_owned(), record.encode())],
+            None,
+        )
+        .await
+        .expect("write");
     let body = json!({"entities": {"user_id": ["u_ancient"]}, "features": ["user_profile:age"]});
     let r = app
         .post(
