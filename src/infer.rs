@@ -21,7 +21,7 @@ use ort::session::builder::{GraphOptimizationLevel, PrepackedWeights};
 use ort::value::{TensorElementType, TensorRef, ValueType};
 use tokio::sync::oneshot;
 
-use crate::config::InferenceConfig;
+use crate::config::{InferenceConfig, MAX_MODEL_THREADS};
 use crate::schema::{DeviceKind, Model};
 use crate::telemetry::{ModelStats, us_since};
 
@@ -189,6 +189,19 @@ impl Engine {
         } else {
             cfg.default_sessions
         });
+        // Each bound alone is generous; together they could still ask for tens of thousands of threads.
+        let threads = n.saturating_mul(cfg.intra_threads.max(1));
+        if threads > MAX_MODEL_THREADS {
+            let sessions_key = if model.sessions.is_some() {
+                format!("`sessions` in {}", model.file.display())
+            } else {
+                "inference.default_sessions".to_owned()
+            };
+            return Err(load_err(format!(
+                "{n} sessions × {} intra-op threads (inference.intra_threads) is {threads} threads, more than {MAX_MODEL_THREADS}: lower {sessions_key} or inference.intra_threads",
+                cfg.intra_threads
+            )));
+        }
         let mut sessions = Vec::with_capacity(n);
         let mut device = "cpu";
         // One copy of the pre-packed weights serves every session of the pool.

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::config::duration;
+use crate::config::{MAX_CONFIG_DURATION, MAX_SESSIONS, duration};
 use crate::value::{Dtype, Value};
 
 /// Reserved source name for request-time features in a model binding (`context:hour_of_day`).
@@ -22,6 +22,19 @@ pub const CONTEXT: &str = "context";
 /// Reserved view name: the Redis store keeps each view's hot-key set at the key of entity `<view>` in this
 /// view (`hy:hot:user_profile`), so a real view of this name would overwrite those sets.
 pub const HOT_VIEW: &str = "hot";
+
+/// The row field the loader and the rows API read a record's event time from, so no feature may take it.
+pub const EVENT_TIMESTAMP: &str = "event_timestamp";
+
+/// Most rows one model run may batch (`batching.max_batch_rows`).
+pub const MAX_BATCH_ROWS: usize = 100_000;
+
+/// Longest cache duration of a view (`cache.ttl`, `negative_ttl`, `max_staleness`).
+const MAX_CACHE_DURATION: Duration = Duration::from_secs(365 * 86_400);
+
+/// Longest `max_age` and `store.key_ttl`: 100 years as durations count them (`100y`, 365.25 days each).
+/// Longer expiries are typos; Redis refuses expiry times past what its clock can add.
+const MAX_RETENTION: Duration = Duration::from_secs(100 * 31_557_600);
 
 /// Names for an error message, sorted, each once: `a, b, c`.
 pub fn known_names<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
@@ -395,6 +408,8 @@ impl Registry {
     /// Compiles schema sources given as `(file name, YAML text)`.
     pub fn compile(sources: &[(PathBuf, String)], models_dir: &Path) -> Result<Self, SchemaErrors> {
         let mut errs = Errs::default();
+        // Names of documents that did not compile: what names them gets no second, misleading error.
+        let mut broken = Broken::default();
         let mut entities = Vec::new();
         let mut views = Vec::new();
         let mut models = Vec::new();
@@ -431,17 +446,16 @@ impl Registry {
                 if let Some(m) = body.as_mapping_mut() {
                     m.remove("kind");
                 }
+                let name = body.get("name").and_then(|n| n.as_str()).map(str::to_owned);
                 match kind.as_str() {
-                    "entity" => {
-                        if let Some(d) = parse_doc::<EntityDoc>(&mut errs, file, &prefix, body) {
-                            entities.push((file.clone(), d));
-                        }
-                    }
-                    "view" => {
-                        if let Some(d) = parse_doc::<ViewDoc>(&mut errs, file, &prefix, body) {
-                            views.push((file.clone(), d));
-                        }
-                    }
+                    "entity" => match parse_doc::<EntityDoc>(&mut errs, file, &prefix, body) {
+                        Some(d) => entities.push((file.clone(), d)),
+                        None => broken.entities.extend(name),
+                    },
+                    "view" => match parse_doc::<ViewDoc>(&mut errs, file, &prefix, body) {
+                        Some(d) => views.push((file.clone(), d)),
+                        None => broken.views.extend(name),
+                    },
                     "model" => {
                         if let Some(d) = parse_doc::<ModelDoc>(&mut errs, file, &prefix, body) {
                             models.push((file.clone(), d));
@@ -458,7 +472,12 @@ impl Registry {
 
         let mut reg = Registry::default();
         for (file, d) in entities {
-            if let Some(e) = compile_entity(&mut errs, &file, d) {
+            let name = d.name.clone();
+            let compiled = compile_entity(&mut errs, &file, d);
+            if compiled.is_none() {
+                broken.entities.insert(name);
+            }
+            if let Some(e) = compiled {
                 if reg.entities.contains_key(&e.name) {
                     errs.push(
                         &file,
@@ -471,7 +490,12 @@ impl Registry {
             }
         }
         for (file, d) in views {
-            if let Some(v) = compile_view(&mut errs, &file, d, &reg.entities) {
+            let name = d.name.clone();
+            let compiled = compile_view(&mut errs, &file, d, &reg.entities, &broken);
+            if compiled.is_none() {
+                broken.views.insert(name);
+            }
+            if let Some(v) = compiled {
                 if reg.views.contains_key(&v.name) {
                     errs.push(&file, "name", format!("view `{}` is defined twice", v.name));
                 } else {
@@ -480,7 +504,7 @@ impl Registry {
             }
         }
         for (file, d) in models {
-            if let Some(m) = compile_model(&mut errs, &file, d, &reg.views, models_dir) {
+            if let Some(m) = compile_model(&mut errs, &file, d, &reg.views, &broken, models_dir) {
                 if reg.models.contains_key(&m.name) {
                     errs.push(
                         &file,
@@ -498,6 +522,13 @@ impl Registry {
 
 #[derive(Default)]
 struct Errs(Vec<SchemaError>);
+
+/// Entities and views that were declared but did not compile (their own errors are reported).
+#[derive(Default)]
+struct Broken {
+    entities: HashSet<String>,
+    views: HashSet<String>,
+}
 
 impl Errs {
     fn push(&mut self, file: &Path, path: &str, message: String) {
@@ -636,6 +667,7 @@ fn compile_view(
     file: &Path,
     d: ViewDoc,
     entities: &HashMap<String, Entity>,
+    broken: &Broken,
 ) -> Option<View> {
     let before = errs.0.len();
     check_name(errs, file, "name", &d.name);
@@ -657,7 +689,9 @@ fn compile_view(
         errs.push(file, "version", "versions start at 1".into());
     }
     let entity = entities.get(&d.entity).cloned();
-    if entity.is_none() {
+    // An entity that did not compile has its own error; "unknown entity" would send the reader to the
+    // wrong file. The view still does not compile (it has no entity).
+    if entity.is_none() && !broken.entities.contains(&d.entity) {
         let known = known_names(entities.keys().map(String::as_str));
         errs.push(
             file,
@@ -671,10 +705,79 @@ fn compile_view(
     if d.features.is_empty() {
         errs.push(file, "features", "a view needs at least one feature".into());
     }
+    // A row's fields are the entity key, `event_timestamp` and the features, all in one namespace: a
+    // feature of either name would be read as the other.
+    for (i, f) in d.features.iter().enumerate() {
+        if f.name == EVENT_TIMESTAMP || f.name == d.entity {
+            errs.push(
+                file,
+                &format!("features[{i}].name"),
+                format!(
+                    "`{}` is reserved: rows carry the entity key `{}` and `{EVENT_TIMESTAMP}` beside the features",
+                    f.name, d.entity
+                ),
+            );
+        }
+    }
     let features = compile_features(errs, file, "features", d.features);
     let ttl = d.cache.ttl.unwrap_or(Duration::from_secs(300));
-    if ttl.is_zero() {
-        errs.push(file, "cache.ttl", "must be longer than 0".into());
+    let store_timeout = d.store.timeout.unwrap_or(Duration::from_millis(50));
+    let (zero, nonzero) = (Duration::ZERO, Duration::from_nanos(1));
+    // (path, value, min, max, the range as a schema writes it)
+    for (path, value, min, max, range) in [
+        (
+            "cache.ttl",
+            Some(ttl),
+            nonzero,
+            MAX_CACHE_DURATION,
+            "longer than 0 and at most 365d",
+        ),
+        (
+            "cache.negative_ttl",
+            d.cache.negative_ttl,
+            zero,
+            MAX_CACHE_DURATION,
+            "at most 365d",
+        ),
+        (
+            "cache.max_staleness",
+            d.cache.max_staleness,
+            zero,
+            MAX_CACHE_DURATION,
+            "at most 365d",
+        ),
+        (
+            "max_age",
+            d.max_age,
+            nonzero,
+            MAX_RETENTION,
+            "longer than 0 and at most 100y",
+        ),
+        (
+            "store.key_ttl",
+            d.store.key_ttl,
+            Duration::from_secs(1),
+            MAX_RETENTION,
+            "between 1s and 100y (leave `key_ttl` out for keys that never expire)",
+        ),
+        (
+            "store.timeout",
+            Some(store_timeout),
+            nonzero,
+            MAX_CONFIG_DURATION,
+            "longer than 0 and at most 1d",
+        ),
+    ] {
+        if let Some(v) = value
+            && !(min..=max).contains(&v)
+        {
+            let v = humantime::format_duration(v);
+            errs.push(
+                file,
+                path,
+                format!("`{v}` is out of range: must be {range}"),
+            );
+        }
     }
     if let Some(r) = d.cache.refresh_after
         && r >= ttl
@@ -687,10 +790,6 @@ fn compile_view(
                 humantime::format_duration(ttl)
             ),
         );
-    }
-    let store_timeout = d.store.timeout.unwrap_or(Duration::from_millis(50));
-    if store_timeout.is_zero() {
-        errs.push(file, "store.timeout", "must be longer than 0".into());
     }
     let policy = Policy {
         ttl,
@@ -776,9 +875,21 @@ fn parse_transform(v: &serde_yaml::Value) -> Result<Option<Transform>, String> {
         p.cloned()
             .ok_or_else(|| format!("`{name}` needs parameters"))
     };
+    // `{log1p: {base: 2}}` must not pass as a plain log1p: parameters a transform ignores are a mistake.
+    let none = |p: Option<&serde_yaml::Value>| match p {
+        None | Some(serde_yaml::Value::Null) => Ok(()),
+        Some(serde_yaml::Value::Mapping(m)) if m.is_empty() => Ok(()),
+        Some(_) => Err(format!("`{name}` takes no parameters (write `{name}`)")),
+    };
     Ok(Some(match name {
-        "identity" => Transform::Identity,
-        "log1p" => Transform::Log1p,
+        "identity" => {
+            none(p)?;
+            Transform::Identity
+        }
+        "log1p" => {
+            none(p)?;
+            Transform::Log1p
+        }
         "standardize" => {
             let s: Standardize = params(name, &need(p)?)?;
             if !(s.std.is_finite() && s.std > 0.0 && s.mean.is_finite()) {
@@ -887,10 +998,17 @@ fn compile_chain(
             if i != 0 {
                 return Err((at(i), "fill_missing must come first in the chain".into()));
             }
-            let v = item
-                .get("fill_missing")
-                .and_then(|p| p.get("value"))
-                .ok_or_else(|| (at(i), "fill_missing needs `value`".to_owned()))?;
+            let v = match item.get("fill_missing") {
+                Some(serde_yaml::Value::Mapping(m)) if m.len() == 1 => m.get("value"),
+                _ => None,
+            }
+            .ok_or_else(|| {
+                (
+                    at(i),
+                    "fill_missing takes one parameter, `value`: {fill_missing: {value: ...}}"
+                        .to_owned(),
+                )
+            })?;
             let v = Value::from_yaml(v)
                 .and_then(|v| dtype.coerce(v))
                 .map_err(|e| {
@@ -948,6 +1066,7 @@ fn compile_model(
     file: &Path,
     d: ModelDoc,
     views: &HashMap<String, Arc<View>>,
+    broken: &Broken,
     models_dir: &Path,
 ) -> Option<Model> {
     let before = errs.0.len();
@@ -962,6 +1081,17 @@ fn compile_model(
             "name at least one model output to return".into(),
         );
     }
+    // The answer is a JSON object keyed by output name: a name twice would be a duplicate key.
+    let mut seen = HashSet::new();
+    for (i, o) in d.outputs.iter().enumerate() {
+        if !seen.insert(o) {
+            errs.push(
+                file,
+                &format!("outputs[{i}]"),
+                format!("output `{o}` is named twice"),
+            );
+        }
+    }
     if d.inputs.is_empty() {
         errs.push(
             file,
@@ -969,11 +1099,22 @@ fn compile_model(
             "the binding needs at least one input".into(),
         );
     }
-    if d.sessions == Some(0) {
-        errs.push(file, "sessions", "must be at least 1".into());
+    if let Some(n) = d.sessions
+        && !(1..=MAX_SESSIONS).contains(&n)
+    {
+        errs.push(
+            file,
+            "sessions",
+            format!("{n} is out of range: must be between 1 and {MAX_SESSIONS}"),
+        );
     }
-    if d.batching.max_batch_rows == 0 {
-        errs.push(file, "batching.max_batch_rows", "must be at least 1".into());
+    let rows = d.batching.max_batch_rows;
+    if !(1..=MAX_BATCH_ROWS).contains(&rows) {
+        errs.push(
+            file,
+            "batching.max_batch_rows",
+            format!("{rows} is out of range: must be between 1 and {MAX_BATCH_ROWS}"),
+        );
     }
     if d.batching.max_delay_us > 1_000_000 {
         errs.push(
@@ -983,6 +1124,8 @@ fn compile_model(
         );
     }
     let context = compile_features(errs, file, "context", d.context);
+    // Inputs that name a view which did not compile.
+    let mut skipped = 0;
     let mut model_views: Vec<Arc<View>> = Vec::new();
     let mut slots = Vec::with_capacity(d.inputs.len());
     let mut offset = 0;
@@ -1010,6 +1153,12 @@ fn compile_model(
             }
         } else {
             let Some(view) = views.get(src) else {
+                if broken.views.contains(src) {
+                    // The view's own errors are reported; "not registered" would mislead. The model
+                    // still does not compile.
+                    skipped += 1;
+                    continue;
+                }
                 let known = known_names(views.keys().map(String::as_str));
                 errs.push(file, &format!("{at}.feature"), format!("model `{}` input {i} names view `{src}`, which is not registered (views: {})", d.name, known));
                 continue;
@@ -1057,7 +1206,7 @@ fn compile_model(
         }
     }
     // Two views of one entity would be fine; two entities of one name cannot happen (names are unique).
-    if errs.0.len() != before {
+    if errs.0.len() != before || skipped > 0 {
         return None;
     }
     let path = if d.file.is_absolute() {
@@ -1262,6 +1411,175 @@ features:
             assert_eq!(e.0[0].path, "name", "{e}");
             assert!(e.to_string().contains("reserved"), "{e}");
         }
+    }
+
+    fn compile_view(view: String) -> Result<Registry, SchemaErrors> {
+        Registry::compile(
+            &[
+                (PathBuf::from("e.yaml"), ENTITIES.into()),
+                (PathBuf::from("v.yaml"), view),
+            ],
+            Path::new("."),
+        )
+    }
+
+    #[test]
+    fn view_durations_are_bounded() {
+        for (from, to, path, range) in [
+            (
+                "cache: {",
+                "store: {key_ttl: 0s}\ncache: {",
+                "store.key_ttl",
+                "between 1s and 100y",
+            ),
+            (
+                "cache: {",
+                "store: {key_ttl: 500ms}\ncache: {",
+                "store.key_ttl",
+                "between 1s and 100y",
+            ),
+            (
+                "cache: {",
+                "store: {key_ttl: 500000000y}\ncache: {",
+                "store.key_ttl",
+                "between 1s and 100y",
+            ),
+            (
+                "cache: {",
+                "store: {timeout: 2d}\ncache: {",
+                "store.timeout",
+                "at most 1d",
+            ),
+            ("max_age: 30d", "max_age: 0s", "max_age", "at most 100y"),
+            (
+                "max_age: 30d",
+                "max_age: 500000000y",
+                "max_age",
+                "at most 100y",
+            ),
+            ("ttl: 5m", "ttl: 500000000y", "cache.ttl", "at most 365d"),
+            (
+                "max_staleness: 1h",
+                "max_staleness: 18446744073709551615s",
+                "cache.max_staleness",
+                "at most 365d",
+            ),
+            (
+                "negative_ttl: 30s",
+                "negative_ttl: 400d",
+                "cache.negative_ttl",
+                "at most 365d",
+            ),
+        ] {
+            let e = compile_view(VIEW.replace(from, to)).expect_err(to);
+            assert_eq!(e.0.len(), 1, "{e}");
+            assert_eq!(e.0[0].file, PathBuf::from("v.yaml"), "{e}");
+            assert_eq!(e.0[0].path, path, "{e}");
+            assert!(e.0[0].message.contains(range), "{e}");
+        }
+        let reg = compile_view(VIEW.replace("cache: {", "store: {key_ttl: 100y}\ncache: {"))
+            .expect("100y is the bound");
+        assert_eq!(
+            reg.views["user_profile"].policy.key_ttl,
+            Some(MAX_RETENTION)
+        );
+    }
+
+    #[test]
+    fn features_may_not_take_the_entity_key_or_event_timestamp() {
+        for name in ["event_timestamp", "user_id"] {
+            let v = VIEW.replace("{name: country,", &format!("{{name: {name},"));
+            let e = compile_view(v).expect_err(name);
+            assert_eq!(e.0.len(), 1, "{e}");
+            assert_eq!(e.0[0].file, PathBuf::from("v.yaml"), "{e}");
+            assert_eq!(e.0[0].path, "features[1].name", "{e}");
+            assert!(e.0[0].message.contains("reserved"), "{e}");
+        }
+    }
+
+    #[test]
+    fn transforms_without_parameters_refuse_parameters() {
+        for t in [
+            "{log1p: {base: 2}}",
+            "{identity: 5}",
+            "[{identity: {x: 1}}]",
+        ] {
+            let e = compile(&model(&format!(
+                "  - {{feature: user_profile:age, transform: {t}}}\n"
+            )))
+            .expect_err(t);
+            assert_eq!(e.0.len(), 1, "{e}");
+            assert!(e.0[0].path.starts_with("inputs[0].transform"), "{e}");
+            assert!(e.0[0].message.contains("takes no parameters"), "{e}");
+        }
+        let e = compile(&model(
+            "  - {feature: user_profile:age, transform: [{fill_missing: {value: 1, extra: 2}}, log1p]}\n",
+        ))
+        .expect_err("fill_missing extra");
+        assert_eq!(e.0[0].path, "inputs[0].transform[0]", "{e}");
+        assert!(e.0[0].message.contains("one parameter"), "{e}");
+        compile(&model(
+            "  - {feature: user_profile:age, transform: [log1p, {log1p: }, identity, {identity: {}}]}\n",
+        ))
+        .expect("bare names and empty parameters are fine");
+    }
+
+    #[test]
+    fn outputs_sessions_and_batch_rows_are_checked() {
+        let m = model("  - {feature: user_profile:age}\n");
+        let e = compile(&m.replace("outputs: [score]", "outputs: [score, p, score]"))
+            .expect_err("duplicate");
+        assert_eq!(e.0.len(), 1, "{e}");
+        assert_eq!(e.0[0].path, "outputs[2]", "{e}");
+        assert!(e.0[0].message.contains("`score` is named twice"), "{e}");
+        let e =
+            compile(&m.replace("outputs:", "sessions: 1000000\noutputs:")).expect_err("sessions");
+        assert_eq!(e.0[0].path, "sessions", "{e}");
+        assert!(e.0[0].message.contains("between 1 and 256"), "{e}");
+        let e = compile(&m.replace(
+            "outputs:",
+            "batching: {max_batch_rows: 100000000}\noutputs:",
+        ))
+        .expect_err("rows");
+        assert_eq!(e.0[0].path, "batching.max_batch_rows", "{e}");
+        assert!(e.0[0].message.contains("between 1 and 100000"), "{e}");
+        compile(&m.replace("outputs:", "sessions: 256\noutputs:")).expect("at the bound");
+    }
+
+    #[test]
+    fn a_broken_view_or_entity_gets_no_follow_on_errors() {
+        // A bad dtype drops the view; the model that reads it must not add "not registered".
+        let m = model("  - {feature: user_profile:age}\n");
+        for view in [
+            VIEW.replace("dtype: int64", "dtype: integer"),
+            format!("{VIEW}features_x: 1\n"), // does not parse at all
+        ] {
+            let e = Registry::compile(
+                &[
+                    (PathBuf::from("e.yaml"), ENTITIES.into()),
+                    (PathBuf::from("v.yaml"), view),
+                    (PathBuf::from("m.yaml"), m.clone()),
+                ],
+                Path::new("."),
+            )
+            .expect_err("bad view");
+            assert_eq!(e.0.len(), 1, "{e}");
+            assert_eq!(e.0[0].file, PathBuf::from("v.yaml"), "{e}");
+        }
+        // A bad entity: no "unknown entity" on the views of it.
+        let e = Registry::compile(
+            &[
+                (
+                    PathBuf::from("e.yaml"),
+                    ENTITIES.replace("dtype: string", "dtype: uuid"),
+                ),
+                (PathBuf::from("v.yaml"), VIEW.into()),
+            ],
+            Path::new("."),
+        )
+        .expect_err("bad entity");
+        assert_eq!(e.0.len(), 1, "{e}");
+        assert!(e.to_string().contains("uuid"), "{e}");
     }
 
     #[test]

@@ -29,7 +29,10 @@ fn workspace(edit: impl FnOnce(&Path, &Path)) -> tempfile::TempDir {
 }
 
 async fn build_error(dir: &tempfile::TempDir) -> String {
-    let mut c = test_config();
+    build_error_with(dir, test_config()).await
+}
+
+async fn build_error_with(dir: &tempfile::TempDir, mut c: hydrant::config::Config) -> String {
     c.registry.schemas = dir.path().join("schemas");
     c.registry.models = dir.path().join("models");
     let store = Arc::new(EmbeddedStore::open(&dir.path().join("s.redb")).expect("store"));
@@ -109,6 +112,33 @@ async fn a_corrupt_or_missing_onnx_file_is_a_start_up_error() {
         e.contains("ctr.onnx") && e.contains("does not exist"),
         "{e}"
     );
+}
+
+#[tokio::test]
+async fn a_model_may_not_start_more_threads_than_the_bound() {
+    // 5 sessions × 256 intra-op threads: each number is within its own bound, the product is not.
+    let dir = workspace(|s, _| {
+        replace(
+            &s.join("ctr.yaml"),
+            "device: cpu",
+            "device: cpu\nsessions: 5",
+        )
+    });
+    let mut c = test_config();
+    c.inference.intra_threads = 256;
+    let e = build_error_with(&dir, c).await;
+    assert!(
+        e.contains("1280 threads, more than 1024")
+            && e.contains("ctr.yaml")
+            && e.contains("`sessions`"),
+        "{e}"
+    );
+    let dir = workspace(|_, _| {});
+    let mut c = test_config();
+    c.inference.intra_threads = 256;
+    c.inference.default_sessions = 256;
+    let e = build_error_with(&dir, c).await;
+    assert!(e.contains("inference.default_sessions"), "{e}");
 }
 
 #[tokio::test]
@@ -199,6 +229,71 @@ fn validate_lists_every_schema_problem() {
         err.contains("item_stats.yaml") && err.contains("double"),
         "{err}"
     );
+    // The view that failed is not reported again from the model that reads it.
+    assert!(!err.contains("not registered"), "{err}");
+}
+
+#[test]
+fn validate_refuses_reserved_names_bad_ttls_ignored_parameters_and_duplicate_outputs() {
+    let dir = workspace(|s, _| {
+        // Both in item_stats, so user_profile compiles and the model's transforms on it are checked.
+        replace(&s.join("item_stats.yaml"), "key_ttl: 14d", "key_ttl: 0s");
+        replace(
+            &s.join("item_stats.yaml"),
+            "name: impressions_7d",
+            "name: event_timestamp",
+        );
+        replace(
+            &s.join("ctr.yaml"),
+            "outputs: [score]",
+            "outputs: [score, score]",
+        );
+        replace(
+            &s.join("ctr.yaml"),
+            "transform: log1p",
+            "transform: {log1p: {base: 2}}",
+        );
+    });
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
+        .current_dir(root())
+        .args(["validate", "--no-models"])
+        .arg(dir.path().join("schemas"))
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    for want in [
+        "item_stats.yaml: store.key_ttl: `0s` is out of range",
+        "item_stats.yaml: features[",
+        "`event_timestamp` is reserved",
+        "ctr.yaml: outputs[1]: output `score` is named twice",
+        "ctr.yaml: inputs[2].transform: `log1p` takes no parameters",
+    ] {
+        assert!(err.contains(want), "{want}: {err}");
+    }
+}
+
+#[test]
+fn the_binary_refuses_absurd_sizes_without_panicking() {
+    for (var, value) in [
+        ("HYDRANT_INFERENCE__MAX_QUEUE", "100000000000000"),
+        ("HYDRANT_INFERENCE__MAX_QUEUE", "9223372036854775807"),
+        ("HYDRANT_PREFETCH__MAX_CONCURRENT", "9223372036854775807"),
+        ("HYDRANT_INFERENCE__INTRA_THREADS", "100000"),
+        ("HYDRANT_STORE__REDIS__POOL_SIZE", "100000"),
+        ("HYDRANT_LIMITS__REQUEST_TIMEOUT", "500000000y"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
+            .current_dir(root())
+            .env(var, value)
+            .args(["validate", "--no-models"])
+            .output()
+            .expect("runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{var}={value} was accepted");
+        assert!(err.contains(var) && err.contains("must be"), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
 }
 
 #[test]
