@@ -141,9 +141,24 @@ async fn a_model_may_not_start_more_threads_than_the_bound() {
     assert!(e.contains("inference.default_sessions"), "{e}");
 }
 
+/// Set on a GPU machine to skip the test below. Not HYDRANT_*: every HYDRANT_ variable is read as a config
+/// key, and an unknown one stops start-up.
+const CUDA_SWITCH: &str = "TEST_HAS_CUDA";
+
+#[test]
+fn the_gpu_test_switch_the_readme_names_is_not_read_as_config() {
+    hydrant::config::Config::load(None, [(CUDA_SWITCH.to_owned(), "1".to_owned())])
+        .expect("the switch must not stop start-up");
+    let readme = std::fs::read_to_string(root().join("README.md")).expect("README");
+    assert!(
+        readme.contains(&format!("`{CUDA_SWITCH}=1`")),
+        "README names another switch"
+    );
+}
+
 #[tokio::test]
 async fn cuda_on_a_machine_without_it_is_a_clear_start_up_error() {
-    if std::env::var_os("HYDRANT_TEST_HAS_CUDA").is_some() {
+    if std::env::var_os(CUDA_SWITCH).is_some() {
         return; // on a GPU machine this configuration is valid
     }
     let dir = workspace(|s, _| replace(&s.join("ctr.yaml"), "device: cpu", "device: cuda"));
