@@ -180,7 +180,24 @@ impl Application {
         });
         let _abort_upkeep = AbortOnDrop(upkeep);
         let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-        let server = axum::serve(self.listener, self.router).with_graceful_shutdown(async move {
+        let server_cfg = &self.gateway.config.server;
+        let mut limits = crate::serve::ConnLimits {
+            idle_timeout: server_cfg.idle_timeout,
+            max_connections: server_cfg.max_connections,
+        };
+        // Leave file descriptors for the store's connections, the cache file and the logs.
+        if let Some(open_files) = crate::serve::open_files_limit() {
+            let usable = open_files.saturating_sub(128).max(1);
+            if limits.max_connections > usable {
+                tracing::warn!(
+                    max_connections = limits.max_connections,
+                    open_files,
+                    "server.max_connections is above the open-files limit (ulimit -n): using {usable}"
+                );
+                limits.max_connections = usable;
+            }
+        }
+        let server = crate::serve::serve(self.listener, self.router, limits, async move {
             shutdown.await;
             gateway.ready.store(false, Relaxed);
             tracing::info!("shutting down: draining in-flight requests");

@@ -56,6 +56,14 @@ pub struct ServerConfig {
     /// How long in-flight requests get to finish after SIGINT/SIGTERM.
     #[serde(with = "duration")]
     pub shutdown_grace: Duration,
+    /// A client connection that starts no request for this long is closed: an idle keep-alive connection,
+    /// or one sending a request's head too slowly (slowloris). Keep it above a load balancer's idle
+    /// timeout, so that the balancer closes first.
+    #[serde(with = "duration")]
+    pub idle_timeout: Duration,
+    /// Client connections open at once; more wait in the accept queue until one closes. Kept below the
+    /// process's open-files limit at start-up.
+    pub max_connections: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -198,6 +206,8 @@ impl Default for ServerConfig {
         Self {
             bind: SocketAddr::from(([127, 0, 0, 1], 8080)),
             shutdown_grace: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(75),
+            max_connections: 10_000,
         }
     }
 }
@@ -500,6 +510,12 @@ impl Config {
             ),
             ("store.redis.pool_size", count(redis.pool_size), 1, 256),
             (
+                "server.max_connections",
+                count(self.server.max_connections),
+                1,
+                1_000_000,
+            ),
+            (
                 "store.redis.max_command_buffer",
                 count(redis.max_command_buffer),
                 1,
@@ -535,6 +551,7 @@ impl Config {
         // (key, value, whether 0 means something)
         for (key, d, zero_ok) in [
             ("server.shutdown_grace", self.server.shutdown_grace, true),
+            ("server.idle_timeout", self.server.idle_timeout, false),
             ("limits.request_timeout", limits.request_timeout, false),
             ("inference.queue_timeout", inference.queue_timeout, false),
             ("store.redis.connect_timeout", redis.connect_timeout, false),

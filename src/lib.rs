@@ -55,6 +55,7 @@ pub mod oip;
 pub mod postprocess;
 pub mod prefetch;
 pub mod schema;
+pub mod serve;
 pub mod store;
 pub mod telemetry;
 pub mod value;

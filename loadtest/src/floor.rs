@@ -75,10 +75,15 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let (signal_tx, signal_rx) = oneshot::channel::<()>();
-    let server = axum::serve(listener, router(scores)).with_graceful_shutdown(async move {
-        let _ = signal_rx.await;
-    });
-    let server = tokio::spawn(async move { server.await });
+    let server = hydrant::serve::serve(
+        listener,
+        router(scores),
+        hydrant::serve::ConnLimits::default(),
+        async move {
+            let _ = signal_rx.await;
+        },
+    );
+    let server = tokio::spawn(server);
     shutdown.await;
     let _ = signal_tx.send(());
     match tokio::time::timeout(SHUTDOWN_GRACE, server).await {

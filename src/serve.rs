@@ -1,0 +1,408 @@
+//! The HTTP/1.1 accept loop. It drives each connection with hyper, the same way `axum::serve` does, and adds
+//! the two limits a public endpoint needs and `axum::serve` does not set:
+//!
+//! - **An idle timeout** ([`ConnLimits::idle_timeout`]). A connection that starts no request for that
+//!   long is closed: a keep-alive connection left idle, and a slowloris connection that sends a request's
+//!   head a byte at a time and never completes it. A watchdog per connection checks a request counter once
+//!   per timeout, so requests pay no timer of their own (hyper's `header_read_timeout` would arm one per
+//!   request). A connection is closed between one and two timeouts after it last started a request.
+//! - **A cap on open connections** ([`ConnLimits::max_connections`]). Past it, new connections wait in the
+//!   kernel's accept queue until one closes, so a flood of connections never exhausts the process's file
+//!   descriptors (which would also lock out health checks and the store).
+//!
+//! The load tester's floor serves through the same loop, so the comparison with it stays like for like.
+
+use std::future::Future;
+use std::pin::{Pin, pin};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::Request;
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
+
+/// The limits on client connections.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnLimits {
+    /// How long a connection may go without starting a request before it is closed.
+    pub idle_timeout: Duration,
+    /// Connections open at once.
+    pub max_connections: usize,
+}
+
+impl Default for ConnLimits {
+    fn default() -> Self {
+        Self {
+            idle_timeout: Duration::from_secs(75),
+            max_connections: 10_000,
+        }
+    }
+}
+
+/// The soft limit on open file descriptors (`ulimit -n`), where the platform says.
+pub fn open_files_limit() -> Option<usize> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves. Then it stops accepting, lets each open
+/// connection finish the request it is serving (idle ones close at once), and returns when all have
+/// closed; bound that wait from outside.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: ConnLimits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let permits = Arc::new(Semaphore::new(
+        limits.max_connections.clamp(1, Semaphore::MAX_PERMITS),
+    ));
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.keep_alive(true);
+    // `stop` tells the connections to finish; each holds a clone of `open` until it closes.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (open_tx, open_rx) = watch::channel(());
+    let mut shutdown = pin!(shutdown);
+    let mut warned_full = false;
+    loop {
+        let permit = tokio::select! {
+            biased;
+            _ = &mut shutdown => break,
+            p = permits.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break, // never closed
+            },
+        };
+        if permits.available_permits() == 0 && !warned_full {
+            warned_full = true;
+            tracing::warn!(
+                max_connections = limits.max_connections,
+                "server.max_connections open connections: new ones wait until one closes"
+            );
+        }
+        let stream = tokio::select! {
+            biased;
+            _ = &mut shutdown => break,
+            r = listener.accept() => match r {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors or memory: wait for connections to close rather than spin.
+                    // Errors about a single connection (reset before accept) need no pause.
+                    if !matches!(
+                        e.kind(),
+                        std::io::ErrorKind::ConnectionAborted | std::io::ErrorKind::ConnectionReset
+                    ) {
+                        tracing::warn!("cannot accept a connection: {e}");
+                        tokio::select! {
+                            _ = &mut shutdown => break,
+                            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                        }
+                    }
+                    continue;
+                }
+            },
+        };
+        if permits.available_permits() > 0 {
+            warned_full = false;
+        }
+        let activity = Arc::new(Activity::default());
+        let conn = http.serve_connection(
+            TokioIo::new(stream),
+            TowerToHyperService::new(Counted {
+                inner: router.clone(),
+                activity: activity.clone(),
+            }),
+        );
+        let mut stop = stop_rx.clone();
+        let open = open_rx.clone();
+        let idle_timeout = limits.idle_timeout;
+        tokio::spawn(async move {
+            let mut conn = pin!(conn);
+            let stopping = tokio::select! {
+                _ = conn.as_mut() => false,
+                r = stop.wait_for(|s| *s) => r.is_ok(),
+                _ = activity.idle(idle_timeout) => false, // dropping `conn` closes the socket
+            };
+            if stopping {
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.await;
+            }
+            drop(open);
+            drop(permit);
+        });
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    drop(open_rx);
+    open_tx.closed().await;
+    Ok(())
+}
+
+/// Requests started and finished on one connection.
+#[derive(Default)]
+struct Activity {
+    started: AtomicU64,
+    finished: AtomicU64,
+}
+
+impl Activity {
+    /// Resolves once a whole `timeout` passes in which no request was started or running.
+    async fn idle(&self, timeout: Duration) {
+        let mut tick = tokio::time::interval(timeout);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await; // the first tick is immediate
+        let mut seen = u64::MAX;
+        loop {
+            tick.tick().await;
+            let started = self.started.load(Relaxed);
+            if started == seen && self.finished.load(Relaxed) == started {
+                return;
+            }
+            seen = started;
+        }
+    }
+}
+
+/// The router, counting the requests it starts and finishes in the connection's [`Activity`].
+#[derive(Clone)]
+struct Counted {
+    inner: Router,
+    activity: Arc<Activity>,
+}
+
+impl tower::Service<hyper::Request<hyper::body::Incoming>> for Counted {
+    type Response = axum::response::Response;
+    type Error = std::convert::Infallible;
+    type Future = CountedFuture;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: hyper::Request<hyper::body::Incoming>) -> Self::Future {
+        self.activity.started.fetch_add(1, Relaxed);
+        CountedFuture {
+            inner: tower::Service::call(&mut self.inner, req.map(axum::body::Body::new)),
+            done: Finished(self.activity.clone()),
+        }
+    }
+}
+
+/// Counts the request finished when dropped: answered, or abandoned with its connection.
+struct Finished(Arc<Activity>);
+
+impl Drop for Finished {
+    fn drop(&mut self) {
+        self.0.finished.fetch_add(1, Relaxed);
+    }
+}
+
+pin_project_lite::pin_project! {
+    struct CountedFuture {
+        #[pin]
+        inner: <Router as tower::Service<Request>>::Future,
+        done: Finished,
+    }
+}
+
+impl Future for CountedFuture {
+    type Output = Result<axum::response::Response, std::convert::Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.project().inner.poll(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    use super::*;
+
+    async fn start(limits: ConnLimits) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let router = Router::new()
+            .route("/", axum::routing::get(|| async { "ok" }))
+            .route(
+                "/slow",
+                axum::routing::get(|| async {
+                    tokio::time::sleep(Duration::from_millis(1000)).await;
+                    "done"
+                }),
+            );
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(serve(listener, router, limits, async {
+            let _ = rx.await;
+        }));
+        (addr, tx)
+    }
+
+    /// Sends one GET on `s` and reads the answer's status line.
+    async fn get(s: &mut TcpStream) -> String {
+        s.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .expect("write");
+        let mut buf = vec![0u8; 1024];
+        let n = s.read(&mut buf).await.expect("read");
+        String::from_utf8_lossy(&buf[..n])
+            .lines()
+            .next()
+            .unwrap_or("")
+            .to_owned()
+    }
+
+    /// Reads until the server closes the connection; how long that took.
+    async fn closed_after(s: &mut TcpStream) -> Duration {
+        let t = Instant::now();
+        let mut buf = [0u8; 1024];
+        loop {
+            match tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await {
+                Ok(Ok(0) | Err(_)) => return t.elapsed(),
+                Ok(Ok(_)) => continue,
+                Err(_) => panic!("the connection is still open after 10 s"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn idle_and_slowloris_connections_are_closed_after_the_idle_timeout() {
+        let timeout = Duration::from_millis(300);
+        let (addr, _stop) = start(ConnLimits {
+            idle_timeout: timeout,
+            max_connections: 100,
+        })
+        .await;
+        // Idle after one request on a keep-alive connection.
+        let mut idle = TcpStream::connect(addr).await.expect("connect");
+        assert_eq!(get(&mut idle).await, "HTTP/1.1 200 OK");
+        let waited = closed_after(&mut idle).await;
+        assert!(
+            waited >= timeout / 2 && waited < Duration::from_secs(5),
+            "{waited:?}"
+        );
+        // A head sent a little at a time never completes.
+        let mut slow = TcpStream::connect(addr).await.expect("connect");
+        let t = Instant::now();
+        for b in b"GET / HTTP/1.1\r\nhost: x\r\n".chunks(2) {
+            if slow.write_all(b).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            if t.elapsed() > Duration::from_secs(5) {
+                break;
+            }
+        }
+        let waited = t.elapsed() + closed_after(&mut slow).await;
+        assert!(waited < Duration::from_secs(5), "{waited:?}");
+        // A request running for longer than the timeout is not idleness.
+        let mut slow = TcpStream::connect(addr).await.expect("connect");
+        slow.write_all(b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .expect("write");
+        let mut buf = vec![0u8; 1024];
+        let n = tokio::time::timeout(Duration::from_secs(5), slow.read(&mut buf))
+            .await
+            .expect("answered")
+            .expect("read");
+        assert!(
+            buf[..n].starts_with(b"HTTP/1.1 200 OK"),
+            "{}",
+            String::from_utf8_lossy(&buf[..n])
+        );
+        // A connection that keeps sending requests in time is served throughout.
+        let mut busy = TcpStream::connect(addr).await.expect("connect");
+        for _ in 0..4 {
+            assert_eq!(get(&mut busy).await, "HTTP/1.1 200 OK");
+            tokio::time::sleep(timeout / 2).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn past_max_connections_a_new_connection_waits_for_one_to_close() {
+        let (addr, _stop) = start(ConnLimits {
+            idle_timeout: Duration::from_secs(30),
+            max_connections: 2,
+        })
+        .await;
+        let mut a = TcpStream::connect(addr).await.expect("connect");
+        let mut b = TcpStream::connect(addr).await.expect("connect");
+        assert_eq!(get(&mut a).await, "HTTP/1.1 200 OK");
+        assert_eq!(get(&mut b).await, "HTTP/1.1 200 OK");
+        // The kernel completes the third handshake, but the server does not take the connection yet.
+        let mut c = TcpStream::connect(addr).await.expect("connect");
+        c.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .expect("write");
+        let mut buf = [0u8; 64];
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), c.read(&mut buf))
+                .await
+                .is_err(),
+            "served past the cap"
+        );
+        drop(a);
+        let n = tokio::time::timeout(Duration::from_secs(5), c.read(&mut buf))
+            .await
+            .expect("served once a connection closed")
+            .expect("read");
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200 OK"));
+        assert_eq!(get(&mut b).await, "HTTP/1.1 200 OK");
+    }
+
+    #[tokio::test]
+    async fn shutdown_finishes_the_request_in_flight_and_closes_idle_connections() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let router = Router::new().route(
+            "/slow",
+            axum::routing::get(|| async {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                "done"
+            }),
+        );
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, router, ConnLimits::default(), async {
+            let _ = rx.await;
+        }));
+        let mut idle = TcpStream::connect(addr).await.expect("connect");
+        let mut busy = TcpStream::connect(addr).await.expect("connect");
+        busy.write_all(b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .expect("write");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let _ = tx.send(());
+        let mut answer = String::new();
+        busy.read_to_string(&mut answer).await.expect("read");
+        assert!(
+            answer.starts_with("HTTP/1.1 200 OK") && answer.ends_with("done"),
+            "{answer}"
+        );
+        assert!(closed_after(&mut idle).await < Duration::from_secs(5));
+        tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .expect("serve returns once every connection closed")
+            .expect("join")
+            .expect("serve");
+        assert!(
+            TcpStream::connect(addr).await.is_err(),
+            "no longer accepting"
+        );
+    }
+
+    #[test]
+    fn the_open_files_limit_is_read_on_linux() {
+        if cfg!(target_os = "linux") {
+            assert!(open_files_limit().is_some_and(|n| n > 0));
+        }
+    }
+}
