@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, FromRequest as _, Path, Request, State};
+use axum::extract::{DefaultBodyLimit, FromRequest as _, Request, State};
 use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -40,6 +40,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
             limits.request_timeout,
         ))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
         .with_state(gw)
 }
@@ -124,11 +125,25 @@ fn path_segment(uri: &Uri, i: usize) -> Cow<'_, str> {
 
 async fn v2_infer(
     State(gw): State<Arc<Gateway>>,
-    Path(model): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, crate::oip::OipError> {
+    // The Open Inference Protocol's REST binding is JSON only.
+    if let Some(ct) = headers.get(header::CONTENT_TYPE) {
+        let ct = ct.to_str().unwrap_or("");
+        let essence = ct.split(';').next().unwrap_or("").trim();
+        if !essence.eq_ignore_ascii_case("application/json") {
+            return Err(crate::oip::OipError(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                format!(
+                    "unsupported content type `{ct}`: the V2 infer endpoint takes `application/json`"
+                ),
+            ));
+        }
+    }
     let body = body.map_err(|r| crate::oip::OipError(r.status(), r.body_text()))?;
-    crate::oip::infer(&gw, &model, &body).await
+    crate::oip::infer(&gw, &path_segment(&uri, 3), &body).await
 }
 
 /// Open Inference Protocol server metadata.
@@ -147,12 +162,12 @@ async fn prefetch(
 
 async fn write_rows(
     State(gw): State<Arc<Gateway>>,
-    Path(view): Path<String>,
+    uri: Uri,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body_bytes(body, gw.config.limits.max_body_bytes)?;
-    gw.write_rows(&view, &headers, &body).await
+    gw.write_rows(&path_segment(&uri, 3), &headers, &body).await
 }
 
 async fn live() -> StatusCode {
@@ -167,8 +182,9 @@ async fn ready(State(gw): State<Arc<Gateway>>) -> Response {
     }
 }
 
-async fn model_metadata(State(gw): State<Arc<Gateway>>, Path(model): Path<String>) -> Response {
-    let Some(engine) = gw.engines.get(&model) else {
+async fn model_metadata(State(gw): State<Arc<Gateway>>, uri: Uri) -> Response {
+    let model = path_segment(&uri, 3);
+    let Some(engine) = gw.engines.get(model.as_ref()) else {
         return (
             StatusCode::NOT_FOUND,
             Json(json!({"error": format!("model `{model}` is not registered")})),
@@ -188,10 +204,11 @@ async fn model_metadata(State(gw): State<Arc<Gateway>>, Path(model): Path<String
     .into_response()
 }
 
-async fn model_ready(State(gw): State<Arc<Gateway>>, Path(model): Path<String>) -> Response {
-    if gw.engines.contains_key(&model) && gw.is_ready() {
+async fn model_ready(State(gw): State<Arc<Gateway>>, uri: Uri) -> Response {
+    let model = path_segment(&uri, 3);
+    if gw.engines.contains_key(model.as_ref()) && gw.is_ready() {
         (StatusCode::OK, Json(json!({"name": model, "ready": true}))).into_response()
-    } else if gw.engines.contains_key(&model) {
+    } else if gw.engines.contains_key(model.as_ref()) {
         (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(json!({"name": model, "ready": false})),
@@ -203,6 +220,27 @@ async fn model_ready(State(gw): State<Arc<Gateway>>, Path(model): Path<String>) 
             Json(json!({"error": format!("model `{model}` is not registered")})),
         )
             .into_response()
+    }
+}
+
+async fn method_not_allowed(req: Request) -> ApiError {
+    // The router answers 405 only for a path it has: the only other method a path here takes is the one
+    // of its route, and the read-only routes take GET.
+    let path = req.uri().path();
+    let allow = if path.ends_with("/predict")
+        || path.ends_with("/infer")
+        || path.ends_with("/rows")
+        || path == "/v1/features"
+        || path == "/v1/prefetch"
+    {
+        "POST"
+    } else {
+        "GET"
+    };
+    ApiError::MethodNotAllowed {
+        method: req.method().to_string(),
+        path: path.to_owned(),
+        allow: allow.to_owned(),
     }
 }
 

@@ -28,6 +28,13 @@ pub enum ApiError {
     },
     #[error("{message}")]
     NotFound { code: &'static str, message: String },
+    /// The route exists, not for this method; `allow` lists the ones it takes.
+    #[error("{method} is not allowed on {path}: use {allow}")]
+    MethodNotAllowed {
+        method: String,
+        path: String,
+        allow: String,
+    },
     #[error("{message}")]
     TooLarge {
         code: &'static str,
@@ -85,6 +92,7 @@ impl ApiError {
         match self {
             Self::Malformed { .. } | Self::Invalid { .. } => StatusCode::BAD_REQUEST,
             Self::NotFound { .. } => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -109,6 +117,7 @@ impl ApiError {
             Self::Timeout(_) => "deadline_exceeded",
             Self::NotReady(_) => "not_ready",
             Self::Internal(_) => "internal",
+            Self::MethodNotAllowed { .. } => "method_not_allowed",
         }
     }
 

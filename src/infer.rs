@@ -30,9 +30,11 @@ use crate::telemetry::{ModelStats, us_since};
 pub enum InferError {
     #[error("{0}")]
     Runtime(String),
-    #[error("model `{model}` ({}): {message}", path.display())]
+    #[error("{}: model `{model}`, `file: {}`: {message}", schema.display(), path.display())]
     Load {
         model: String,
+        /// The model's schema file, where `file:` names the ONNX file.
+        schema: PathBuf,
         path: PathBuf,
         message: String,
     },
@@ -180,6 +182,7 @@ impl Engine {
     ) -> Result<Self, InferError> {
         let load_err = |message: String| InferError::Load {
             model: model.name.clone(),
+            schema: model.file.clone(),
             path: model.path.clone(),
             message,
         };

@@ -906,3 +906,59 @@ async fn an_extreme_event_timestamp_is_outside_max_age_not_a_crash() {
     assert_eq!(age["statuses"][0], "OUTSIDE_MAX_AGE");
     assert_eq!(age["values"][0], 30, "served as the default");
 }
+
+#[tokio::test]
+async fn wrong_methods_undecodable_names_and_non_json_v2_bodies_get_json_errors() {
+    let app = TestApp::spawn().await;
+    let r = app.get("/v1/models/ctr/predict").await;
+    assert_eq!(r.status, 405);
+    let j = r.json();
+    assert_eq!(j["error"]["code"], "method_not_allowed", "{j}");
+    assert!(
+        j["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("use POST")),
+        "{j}"
+    );
+    let r = app
+        .post("/v2/health/live", "application/json", b"{}".to_vec())
+        .await;
+    assert_eq!(r.status, 405);
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("use GET"))
+    );
+
+    // A name that is not UTF-8 once percent-decoded is an unknown name, answered in JSON like any other.
+    for path in [
+        "/v2/models/%ff",
+        "/v2/models/%ff/ready",
+        "/v2/models/%ff/infer",
+        "/v1/views/%ff/rows",
+    ] {
+        let r = if path.ends_with("/infer") || path.ends_with("/rows") {
+            app.post(path, "application/json", b"{}".to_vec()).await
+        } else {
+            app.get(path).await
+        };
+        assert_eq!(
+            r.status,
+            404,
+            "{path}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        let j = r.json();
+        assert!(j["error"].to_string().contains("%ff"), "{path}: {j}");
+    }
+
+    let r = app
+        .post("/v2/models/ctr/infer", "text/xml", b"<infer/>".to_vec())
+        .await;
+    assert_eq!(r.status, 415, "{}", String::from_utf8_lossy(&r.body));
+    assert!(
+        r.json()["error"]
+            .as_str()
+            .is_some_and(|m| m.contains("application/json"))
+    );
+}

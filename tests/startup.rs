@@ -112,6 +112,8 @@ async fn a_corrupt_or_missing_onnx_file_is_a_start_up_error() {
         e.contains("ctr.onnx") && e.contains("does not exist"),
         "{e}"
     );
+    // It names the schema file and its key, where the fix goes.
+    assert!(e.contains("ctr.yaml") && e.contains("`file: "), "{e}");
 }
 
 #[tokio::test]
