@@ -140,7 +140,7 @@ impl Expiry<Box<str>, Arc<Entry>> for Keep {
 
 #[derive(Clone)]
 pub struct FeatureCache {
-    inner: moka::sync::Cache<Box<str>, Arc<Entry>>,
+    inner: moka::sync::Cache<Box<str>, Arc<Entry>, foldhash::fast::RandomState>,
     clock: Clock,
 }
 
@@ -153,7 +153,7 @@ impl FeatureCache {
             .expire_after(Keep)
             // Every removal (expiry, eviction, replacement, invalidation) undoes one insert.
             .eviction_listener(|_k, v: Arc<Entry>, _cause: RemovalCause| v.stats.removed(v.weight))
-            .build();
+            .build_with_hasher(foldhash::fast::RandomState::default());
         Self { inner, clock }
     }
 

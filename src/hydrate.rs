@@ -240,6 +240,7 @@ impl Hydrator {
         let mut to_fetch: Vec<FetchItem> = Vec::new();
         let mut key = String::with_capacity(64);
         let now = self.cache.clock().now_ms();
+        let wall = self.cache.clock().wall_ms();
         // Each view's counters, looked up once per request (a lock and a hash), not once per key.
         let view_stats: Vec<Arc<ViewStats>> = views
             .iter()
@@ -248,32 +249,35 @@ impl Hydrator {
         for (vi, (view, keys)) in views.iter().enumerate() {
             let stats = &view_stats[vi];
             let mut rows = Vec::with_capacity(keys.len());
+            // Counted here and added to the shared counters once per view: a ranking request's hundred
+            // lookups would otherwise bounce their cache lines between the workers a hundred times.
+            let (mut hits, mut negative, mut stale, mut misses) = (0u64, 0u64, 0u64, 0u64);
             self.hot.sample(&view.name, keys);
             for (ri, k) in keys.iter().enumerate() {
                 write_key(&mut key, &self.prefix, &view.name, k);
                 let old = match self.cache.lookup(&key, &view.policy, now) {
                     Lookup::Fresh(e) => {
                         if e.found.is_some() {
-                            stats.hits.fetch_add(1, Relaxed);
+                            hits += 1;
                         } else {
-                            stats.negative.fetch_add(1, Relaxed);
+                            negative += 1;
                         }
                         out.cache.hits += 1;
-                        rows.push(self.resolve(view, e));
+                        rows.push(Self::resolve(view, e, wall));
                         continue;
                     }
                     Lookup::RefreshDue(e) => {
-                        stats.stale.fetch_add(1, Relaxed);
+                        stale += 1;
                         out.cache.stale += 1;
                         // Joining a fetch already in flight starts nothing; the receiver is not needed.
                         drop(self.join_or_lead(&key, view, stats, true, &mut to_fetch));
-                        rows.push(self.resolve(view, e));
+                        rows.push(Self::resolve(view, e, wall));
                         continue;
                     }
                     Lookup::Expired(e) => Some(e),
                     Lookup::Absent => None,
                 };
-                stats.misses.fetch_add(1, Relaxed);
+                misses += 1;
                 out.cache.misses += 1;
                 let rx = self.join_or_lead(&key, view, stats, false, &mut to_fetch);
                 pending.push(Pending {
@@ -288,6 +292,16 @@ impl Hydrator {
                     status: Status::Defaulted,
                 });
             }
+            for (counter, n) in [
+                (&stats.hits, hits),
+                (&stats.negative, negative),
+                (&stats.stale, stale),
+                (&stats.misses, misses),
+            ] {
+                if n > 0 {
+                    counter.fetch_add(n, Relaxed);
+                }
+            }
             out.views.push(rows);
         }
         // A request's misses and refreshes share one round trip.
@@ -298,7 +312,7 @@ impl Hydrator {
             let view = views[p.view].0;
             let outcome = wait(p.rx, deadline).await;
             let resolved = match outcome {
-                Ok(entry) => self.resolve(view, entry),
+                Ok(entry) => Self::resolve(view, entry, wall),
                 Err(fail) => {
                     out.degraded = true;
                     let stats = &view_stats[p.view];
@@ -308,7 +322,7 @@ impl Hydrator {
                     };
                     match p.old {
                         Some(old) if old.found.is_some() => {
-                            let mut r = self.resolve(view, old);
+                            let mut r = Self::resolve(view, old, wall);
                             if r.status == Status::Present {
                                 r.status = Status::Stale;
                             }
@@ -326,14 +340,15 @@ impl Hydrator {
         out
     }
 
-    /// Applies `max_age` and turns a cache entry into a status.
-    fn resolve(&self, view: &View, e: Arc<Entry>) -> Resolved {
+    /// Applies `max_age` (against `wall_ms`, the wall clock read once per request) and turns a cache entry
+    /// into a status.
+    fn resolve(view: &View, e: Arc<Entry>, wall_ms: i64) -> Resolved {
         let status = match &e.found {
             None if e.unreadable => Status::Defaulted,
             None => Status::NotFound,
             Some(f) => match view.policy.max_age {
                 Some(max)
-                    if self.cache.clock().wall_ms().saturating_sub(f.event_ts_ms)
+                    if wall_ms.saturating_sub(f.event_ts_ms)
                         > i64::try_from(max.as_millis()).unwrap_or(i64::MAX) =>
                 {
                     Status::OutsideMaxAge

@@ -517,6 +517,15 @@ async fn bad_requests_get_documented_errors_and_the_gateway_keeps_serving() {
             field: Some("candidates[0]"),
         },
         Case {
+            name: "a candidate naming its item twice",
+            path: "/v1/models/ctr/predict",
+            content_type: "application/json",
+            body: br#"{"entities": {"user_id": "u_1"}, "candidates": [{"item_id": "i_1"}, {"item_id": "i_2", "item_id": "i_3"}]}"#.to_vec(),
+            status: 400,
+            code: "invalid_field",
+            field: Some("candidates[1]"),
+        },
+        Case {
             name: "bytes after the MessagePack request",
             path: "/v1/models/ctr/predict",
             content_type: "application/msgpack",
