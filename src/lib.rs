@@ -22,7 +22,8 @@
 //!
 //! - [`gateway`]: runs the stages in order for one request; [`api`]: HTTP routes and thin handlers;
 //!   [`middleware`]: the layer around every request (request id, span, timing, timeout backstop, panics);
-//!   [`error`]: the one error type and its status mapping.
+//!   [`error`]: the one error type and its status mapping; [`serve`]: the accept loop (idle timeout,
+//!   connection cap, graceful shutdown), shared with the load tester's floor.
 //! - [`cache`]: the moka feature cache and its per-view policies; [`clock`]: the time it measures ages by.
 //! - [`prefetch`]: warming the cache ahead of requests: the prefetch API, hot-key sampling, warm start.
 //! - [`store`]: the storage backends (Redis, embedded redb file) behind the `Store` trait, and the
