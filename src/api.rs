@@ -224,23 +224,22 @@ async fn model_ready(State(gw): State<Arc<Gateway>>, uri: Uri) -> Response {
 }
 
 async fn method_not_allowed(req: Request) -> ApiError {
-    // The router answers 405 only for a path it has: the only other method a path here takes is the one
-    // of its route, and the read-only routes take GET.
+    // The router answers 405 only for a path one of its routes has; which one follows from the path's
+    // shape (a model or view name can be anything, so its position decides, not its text).
     let path = req.uri().path();
-    let allow = if path.ends_with("/predict")
-        || path.ends_with("/infer")
-        || path.ends_with("/rows")
-        || path == "/v1/features"
-        || path == "/v1/prefetch"
-    {
-        "POST"
-    } else {
-        "GET"
-    };
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let post = matches!(
+        segments.as_slice(),
+        ["v1", "models", _, "predict"]
+            | ["v1", "views", _, "rows"]
+            | ["v2", "models", _, "infer"]
+            | ["v1", "features"]
+            | ["v1", "prefetch"]
+    );
     ApiError::MethodNotAllowed {
         method: req.method().to_string(),
         path: path.to_owned(),
-        allow: allow.to_owned(),
+        allow: if post { "POST" } else { "GET" }.to_owned(),
     }
 }
 

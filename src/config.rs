@@ -642,7 +642,8 @@ fn blame<'a>(overrides: &'a [EnvOverride], key: &str, reason: &str) -> Option<&'
         .find(|o| {
             o.key == key
                 || o.keys.iter().enumerate().any(|(i, k)| {
-                    o.keys[..i].join(".") == parent && reason.contains(&format!("`{k}`"))
+                    o.keys[..i].join(".") == parent
+                        && reason.starts_with(&format!("unknown field `{k}`"))
                 })
         })
         .map(|o| o.var.as_str())
@@ -1110,6 +1111,20 @@ mod tests {
         let e = load_err(&[("HYDRANT_SERVER__BND", "x")]);
         assert!(
             e.contains("HYDRANT_SERVER__BND") && e.contains("bnd"),
+            "{e}"
+        );
+        // A typo in the file is not blamed on a variable that set a valid sibling key.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("hydrant.toml");
+        std::fs::write(&path, "[server]\nbnd = \"127.0.0.1:1\"\n").expect("write");
+        let e = Config::load(
+            Some(&path),
+            env(&[("HYDRANT_SERVER__SHUTDOWN_GRACE", "5s")]),
+        )
+        .expect_err("typo")
+        .to_string();
+        assert!(
+            e.contains("bnd") && !e.contains("HYDRANT_SERVER__SHUTDOWN_GRACE"),
             "{e}"
         );
     }

@@ -12,7 +12,7 @@
 //! earlier batches are being written, and memory stays bounded by the batches in flight whatever the file's
 //! size. The rows API is all-or-nothing per request: one bad row refuses the request and nothing is written.
 
-use std::io::BufRead;
+use std::io::{BufRead, Read};
 use std::path::Path;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
@@ -33,6 +33,9 @@ pub const BATCH: usize = 1000;
 
 /// Batches the loader has in flight at once.
 pub const IN_FLIGHT: usize = 4;
+
+/// The longest line of a JSON Lines file (a row with a float32[65536] embedding is under 1 MiB).
+const MAX_LINE_BYTES: usize = 8 << 20;
 
 /// How far in the future a row's `event_timestamp` may be (clock skew between the writer and hydrant).
 const MAX_FUTURE_SKEW_MS: i64 = 24 * 3600 * 1000;
@@ -259,15 +262,29 @@ impl<'a> Writer<'a> {
         self.writing.extend(b.writes.iter().map(|(k, _)| k.clone()));
         self.in_flight
             .push(Box::pin(write_batch(self.store, b, self.ttl)));
+        // Pushing does not poll: start the new batch's write now and collect any that are done, so the
+        // writes go on while the next rows are read rather than when the window is full.
+        self.collect_done(report);
+    }
+
+    fn collect_done(&mut self, report: &mut Report) {
+        use futures::{FutureExt, StreamExt};
+        while let Some(Some(done)) = self.in_flight.next().now_or_never() {
+            self.done(done, report);
+        }
+    }
+
+    fn done(&mut self, (keys, r): BatchDone, report: &mut Report) {
+        for k in &keys {
+            self.writing.remove(k);
+        }
+        report.tally(r);
     }
 
     async fn next(&mut self, report: &mut Report) {
         use futures::StreamExt;
-        if let Some((keys, r)) = self.in_flight.next().await {
-            for k in &keys {
-                self.writing.remove(k);
-            }
-            report.tally(r);
+        if let Some(done) = self.in_flight.next().await {
+            self.done(done, report);
         }
     }
 
@@ -305,12 +322,32 @@ fn json_rows<R: BufRead>(mut reader: R) -> impl Iterator<Item = std::io::Result<
     std::iter::from_fn(move || {
         loop {
             buf.clear();
-            match reader.read_until(b'\n', &mut buf) {
+            let limit = MAX_LINE_BYTES as u64 + 1;
+            match (&mut reader).take(limit).read_until(b'\n', &mut buf) {
                 Ok(0) => return None,
                 Ok(_) => {}
                 Err(e) => return Some(Err(e)),
             }
             line += 1;
+            if buf.len() > MAX_LINE_BYTES {
+                // Skip the rest of the line without holding it.
+                loop {
+                    let skipped = match reader.fill_buf() {
+                        Ok([]) => break,
+                        Ok(rest) => match rest.iter().position(|b| *b == b'\n') {
+                            Some(i) => {
+                                reader.consume(i + 1);
+                                break;
+                            }
+                            None => rest.len(),
+                        },
+                        Err(e) => return Some(Err(e)),
+                    };
+                    reader.consume(skipped);
+                }
+                let reason = format!("longer than {MAX_LINE_BYTES} bytes");
+                return Some(Ok((line, Err(reason))));
+            }
             // A byte order mark (some Windows tools write one) is not part of the first row.
             let bytes = if line == 1 {
                 buf.strip_prefix(b"\xef\xbb\xbf").unwrap_or(&buf)
@@ -641,6 +678,7 @@ pub fn is_csv(path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use std::path::Path;
+    use std::sync::Arc;
 
     use super::*;
     use crate::schema::Registry;
@@ -783,6 +821,113 @@ mod tests {
         .expect("load");
         assert_eq!(report.written, 2 * BATCH + 1);
         assert_eq!(age_of(&store, "x").await, Some(Value::Int(2)));
+    }
+
+    /// The embedded store, counting the batch writes it has been asked for.
+    struct CountingStore {
+        inner: crate::store::embedded::EmbeddedStore,
+        writes: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl Store for CountingStore {
+        fn backend(&self) -> &'static str {
+            "test"
+        }
+
+        fn get_many<'a>(
+            &'a self,
+            keys: &'a [String],
+        ) -> crate::store::BoxFuture<'a, Result<Vec<Option<Vec<u8>>>, StoreError>> {
+            self.inner.get_many(keys)
+        }
+
+        fn put_many(
+            &self,
+            writes: Writes,
+            ttl: Option<Duration>,
+        ) -> crate::store::BoxFuture<'_, Result<(), StoreError>> {
+            self.writes.fetch_add(1, Relaxed);
+            self.inner.put_many(writes, ttl)
+        }
+    }
+
+    /// Serves `data`, and notes how many batch writes had started when the reader reached its end.
+    struct WatchedReader {
+        data: std::io::Cursor<Vec<u8>>,
+        writes: Arc<std::sync::atomic::AtomicUsize>,
+        at_end: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl std::io::Read for WatchedReader {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = self.data.read(buf)?;
+            if n == 0 {
+                self.at_end.store(self.writes.load(Relaxed), Relaxed);
+            }
+            Ok(n)
+        }
+    }
+
+    #[tokio::test]
+    async fn batches_are_written_while_the_file_is_still_being_read() {
+        let (_dir, inner) = store();
+        let writes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let store = CountingStore {
+            inner,
+            writes: writes.clone(),
+        };
+        let mut file = String::new();
+        for i in 0..2 * BATCH + 1 {
+            file.push_str(&format!("{{\"user_id\": \"u{i}\", \"age\": 1}}\n"));
+        }
+        let at_end = Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX));
+        let reader = std::io::BufReader::new(WatchedReader {
+            data: std::io::Cursor::new(file.into_bytes()),
+            writes: writes.clone(),
+            at_end: at_end.clone(),
+        });
+        let report = load(
+            &view(),
+            "hy",
+            reader,
+            false,
+            &LimitsConfig::default(),
+            &store,
+        )
+        .await
+        .expect("load");
+        assert_eq!(report.written, 2 * BATCH + 1);
+        // The two full batches were being written before the last line was read.
+        assert_eq!(at_end.load(Relaxed), 2);
+        assert_eq!(writes.load(Relaxed), 3);
+    }
+
+    #[tokio::test]
+    async fn an_overlong_line_is_a_rejected_row_and_the_next_line_still_loads() {
+        let (_dir, store) = store();
+        let mut file = format!(
+            "{{\"user_id\": \"a\", \"country\": \"{}\"}}\n",
+            "x".repeat(MAX_LINE_BYTES)
+        );
+        file.push_str("{\"user_id\": \"b\", \"age\": 3}\n");
+        let report = load(
+            &view(),
+            "hy",
+            file.as_bytes(),
+            false,
+            &LimitsConfig::default(),
+            &store,
+        )
+        .await
+        .expect("load");
+        assert_eq!((report.written, report.rejected_rows), (1, 1));
+        assert_eq!(report.rejected[0].line, 1);
+        assert!(
+            report.rejected[0].reason.contains("longer than"),
+            "{:?}",
+            report.rejected
+        );
+        assert_eq!(age_of(&store, "b").await, Some(Value::Int(3)));
     }
 
     /// Serves `data`, then fails as a broken disk or a cut pipe would.

@@ -3,12 +3,12 @@
 //!
 //! - **An idle timeout** ([`ConnLimits::idle_timeout`]). A connection that starts no request for that
 //!   long is closed: a keep-alive connection left idle, and a slowloris connection that sends a request's
-//!   head a byte at a time and never completes it. A watchdog per connection checks a request counter once
-//!   per timeout, so requests pay no timer of their own (hyper's `header_read_timeout` would arm one per
-//!   request). A connection is closed between one and two timeouts after it last started a request.
+//!   head a byte at a time and never completes it. A watchdog per connection checks its request counters
+//!   once per timeout, so requests pay no timer of their own (hyper's `header_read_timeout` would arm one
+//!   per request). A connection is closed between one and two timeouts after its last request finished.
 //! - **A cap on open connections** ([`ConnLimits::max_connections`]). Past it, new connections wait in the
 //!   kernel's accept queue until one closes, so a flood of connections never exhausts the process's file
-//!   descriptors (which would also lock out health checks and the store).
+//!   descriptors, which the store's connections and the cache file need too.
 //!
 //! The load tester's floor serves through the same loop, so the comparison with it stays like for like.
 
@@ -144,6 +144,9 @@ pub async fn serve(
     Ok(())
 }
 
+/// The shortest idle check period (a zero timeout would make `tokio::time::interval` panic).
+const MIN_IDLE_CHECK: Duration = Duration::from_millis(10);
+
 /// Requests started and finished on one connection.
 #[derive(Default)]
 struct Activity {
@@ -152,19 +155,22 @@ struct Activity {
 }
 
 impl Activity {
-    /// Resolves once a whole `timeout` passes in which no request was started or running.
+    /// Resolves once a whole `timeout` passes in which no request was started, running or finished.
     async fn idle(&self, timeout: Duration) {
-        let mut tick = tokio::time::interval(timeout);
+        let mut tick = tokio::time::interval(timeout.max(MIN_IDLE_CHECK));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await; // the first tick is immediate
-        let mut seen = u64::MAX;
+        let mut seen = None;
         loop {
             tick.tick().await;
-            let started = self.started.load(Relaxed);
-            if started == seen && self.finished.load(Relaxed) == started {
+            let now = (self.started.load(Relaxed), self.finished.load(Relaxed));
+            // Unchanged since the last check and nothing running: idle for at least a whole tick. A
+            // request that finished since the last check (its answer may still be being written) waits
+            // for the next one.
+            if seen == Some(now) && now.0 == now.1 {
                 return;
             }
-            seen = started;
+            seen = Some(now);
         }
     }
 }

@@ -938,6 +938,18 @@ async fn wrong_methods_undecodable_names_and_non_json_v2_bodies_get_json_errors(
             .as_str()
             .is_some_and(|m| m.contains("use GET"))
     );
+    // A model named like a POST route's last segment is still a GET route here.
+    let r = app
+        .post("/v2/models/infer", "application/json", b"{}".to_vec())
+        .await;
+    assert_eq!(r.status, 405);
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("use GET")),
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
 
     // A name that is not UTF-8 once percent-decoded is an unknown name, answered in JSON like any other.
     for path in [
