@@ -213,7 +213,8 @@ const MAX_QUOTED_BODY: usize = 500;
 pub async fn probe_model(pool: &Pool, s: &Scenario, cancel: &Cancel) -> Result<(), RunError> {
     let path = format!("/v1/models/{}/predict", s.model);
     let uri = pool.uri(&path)?;
-    let body = Workload::new(s, stream_seed(s.seed, 0)).next_body();
+    // A stream number no sender uses: the probe must not warm the keys the first measured request reads.
+    let body = Workload::new(s, stream_seed(s.seed, u64::MAX)).next_body();
     let send = pool.send(Method::POST, uri, Some(s.format), body, s.timeout);
     let resp = tokio::select! {
         r = send => r,
