@@ -59,13 +59,33 @@ impl Format {
         }
     }
 
-    /// The answer's format: the first supported type in `Accept`, else the request's format.
+    /// The answer's format: the supported type `Accept` prefers (highest `q`, then first; `q=0` refuses a
+    /// type; `*/*` and `application/*` mean the request's format), else the request's format.
     pub fn of_response(headers: &HeaderMap, request: Self) -> Self {
-        headers
-            .get(header::ACCEPT)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|a| a.split(',').find_map(Self::parse))
-            .unwrap_or(request)
+        let Some(accept) = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()) else {
+            return request;
+        };
+        let mut best: Option<(f32, Self)> = None;
+        for part in accept.split(',') {
+            let mut params = part.split(';');
+            let media = params.next().unwrap_or("").trim();
+            let q = params
+                .find_map(|p| p.trim().strip_prefix("q="))
+                .map_or(Some(1.0), |q| q.trim().parse::<f32>().ok())
+                .unwrap_or(0.0);
+            if q.is_nan() || q <= 0.0 {
+                continue;
+            }
+            let format = match Self::parse(media) {
+                Some(f) => f,
+                None if media == "*/*" || media.eq_ignore_ascii_case("application/*") => request,
+                None => continue,
+            };
+            if best.is_none_or(|(b, _)| q > b) {
+                best = Some((q, format));
+            }
+        }
+        best.map_or(request, |(_, f)| f)
     }
 }
 
@@ -763,6 +783,37 @@ impl FeaturesRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_answer_format_follows_accept_preferences() {
+        let pick = |accept: &str, request: Format| {
+            let mut h = HeaderMap::new();
+            h.insert(
+                header::ACCEPT,
+                header::HeaderValue::from_str(accept).expect("header"),
+            );
+            Format::of_response(&h, request)
+        };
+        assert_eq!(pick("application/msgpack", Format::Json), Format::Msgpack);
+        assert_eq!(
+            pick("application/msgpack;q=0, application/json", Format::Msgpack),
+            Format::Json
+        );
+        assert_eq!(
+            pick(
+                "application/json;q=0.5, application/msgpack;q=0.9",
+                Format::Json
+            ),
+            Format::Msgpack
+        );
+        assert_eq!(pick("*/*", Format::Msgpack), Format::Msgpack);
+        assert_eq!(pick("text/html, */*;q=0.1", Format::Json), Format::Json);
+        assert_eq!(pick("text/html", Format::Msgpack), Format::Msgpack);
+        assert_eq!(
+            pick("application/json;q=x", Format::Msgpack),
+            Format::Msgpack
+        );
+    }
 
     #[test]
     fn fields_keep_the_order_sent_and_refuse_a_name_given_twice() {
