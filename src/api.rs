@@ -14,6 +14,7 @@ use axum::{Json, Router};
 use percent_encoding::percent_decode_str;
 use serde_json::json;
 
+use crate::decode::Format;
 use crate::error::ApiError;
 use crate::gateway::Gateway;
 use crate::middleware::RequestLayer;
@@ -132,8 +133,7 @@ async fn v2_infer(
     // The Open Inference Protocol's REST binding is JSON only.
     if let Some(ct) = headers.get(header::CONTENT_TYPE) {
         let ct = ct.to_str().unwrap_or("");
-        let essence = ct.split(';').next().unwrap_or("").trim();
-        if !essence.eq_ignore_ascii_case("application/json") {
+        if Format::parse(ct) != Some(Format::Json) {
             return Err(crate::oip::OipError(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 format!(

@@ -83,13 +83,14 @@ impl Application {
             .await
             .context("model loading task failed")??;
         let cache = FeatureCache::new(config.cache.max_bytes, clock);
+        let hot_keys = store.keeps_hot_keys();
         let hydrator = Hydrator::new(
             store.clone(),
             cache,
             config.store.prefix.clone(),
             telemetry.clone(),
             // A store without hot-key sets gets no sampling: it would cost every lookup for nothing.
-            if store.keeps_hot_keys() {
+            if hot_keys {
                 HotKeys::new(config.prefetch.hot_sample_every)
             } else {
                 HotKeys::disabled()
@@ -105,7 +106,7 @@ impl Application {
             }))
             .await
             .context("cannot subscribe to the store's invalidation channel")?;
-        if store.keeps_hot_keys() {
+        if hot_keys {
             prefetch::spawn_hot_flusher(
                 Arc::downgrade(&hydrator),
                 config.prefetch.hot_flush_interval,
@@ -181,22 +182,10 @@ impl Application {
         let _abort_upkeep = AbortOnDrop(upkeep);
         let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
         let server_cfg = &self.gateway.config.server;
-        let mut limits = crate::serve::ConnLimits {
+        let limits = crate::serve::ConnLimits {
             idle_timeout: server_cfg.idle_timeout,
             max_connections: server_cfg.max_connections,
         };
-        // Leave file descriptors for the store's connections, the cache file and the logs.
-        if let Some(open_files) = crate::serve::open_files_limit() {
-            let usable = open_files.saturating_sub(128).max(1);
-            if limits.max_connections > usable {
-                tracing::warn!(
-                    max_connections = limits.max_connections,
-                    open_files,
-                    "server.max_connections is above the open-files limit (ulimit -n): using {usable}"
-                );
-                limits.max_connections = usable;
-            }
-        }
         let server = crate::serve::serve(self.listener, self.router, limits, async move {
             shutdown.await;
             gateway.ready.store(false, Relaxed);

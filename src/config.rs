@@ -760,13 +760,8 @@ mod tests {
 
     #[test]
     fn env_overrides_file_values_with_typed_parsing() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("h.toml");
-        std::fs::write(
-            &path,
-            "[server]\nbind = \"127.0.0.1:1\"\n[limits]\nmax_candidates = 5\n",
-        )
-        .expect("write");
+        let (_dir, path) =
+            config_file("[server]\nbind = \"127.0.0.1:1\"\n[limits]\nmax_candidates = 5\n");
         let c = Config::load(
             Some(&path),
             env(&[
@@ -785,9 +780,7 @@ mod tests {
 
     #[test]
     fn unknown_key_names_the_key_and_file() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("h.toml");
-        std::fs::write(&path, "[server]\nbnd = \"127.0.0.1:1\"\n").expect("write");
+        let (_dir, path) = config_file("[server]\nbnd = \"127.0.0.1:1\"\n");
         let e = Config::load(Some(&path), [])
             .expect_err("must fail")
             .to_string();
@@ -848,6 +841,14 @@ mod tests {
             .expect_err("zero")
             .to_string();
         assert!(e.contains("prefetch.max_concurrent"), "{e}");
+    }
+
+    /// A config file holding `text`, in a temporary directory that lives as long as the handle.
+    fn config_file(text: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("h.toml");
+        std::fs::write(&path, text).expect("write");
+        (dir, path)
     }
 
     fn load_err(pairs: &[(&str, &str)]) -> String {
@@ -1053,13 +1054,7 @@ mod tests {
 
     #[test]
     fn toml_syntax_errors_give_line_and_column() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("h.toml");
-        std::fs::write(
-            &path,
-            "[server]\nbind = \"127.0.0.1:1\"\nshutdown_grace = 10s\n",
-        )
-        .expect("write");
+        let (_dir, path) = config_file("[server]\nbind = \"127.0.0.1:1\"\nshutdown_grace = 10s\n");
         let e = Config::load(Some(&path), [])
             .expect_err("syntax")
             .to_string();
@@ -1114,9 +1109,7 @@ mod tests {
             "{e}"
         );
         // A typo in the file is not blamed on a variable that set a valid sibling key.
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("hydrant.toml");
-        std::fs::write(&path, "[server]\nbnd = \"127.0.0.1:1\"\n").expect("write");
+        let (_dir, path) = config_file("[server]\nbnd = \"127.0.0.1:1\"\n");
         let e = Config::load(
             Some(&path),
             env(&[("HYDRANT_SERVER__SHUTDOWN_GRACE", "5s")]),

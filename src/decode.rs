@@ -32,7 +32,8 @@ impl Format {
         }
     }
 
-    fn parse(mime: &str) -> Option<Self> {
+    /// The format a media type names (parameters such as `charset` aside), if it is one hydrant speaks.
+    pub fn parse(mime: &str) -> Option<Self> {
         let essence = mime
             .split(';')
             .next()
@@ -331,10 +332,6 @@ impl<V> Fields<V> {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
-
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
 }
 
 impl<'de, V: Deserialize<'de>> Deserialize<'de> for Fields<V> {
@@ -487,8 +484,7 @@ impl PredictRequest {
             }
             // Candidates that name no entity would all be the same row: one score for N candidates.
             if c.iter().all(|cand| cand.is_empty()) {
-                let known =
-                    crate::schema::known_names(model.views.iter().map(|v| v.entity.name.as_str()));
+                let known = entity_names(model);
                 return Err(ApiError::invalid(
                     "missing_entity",
                     "candidates[0]",
@@ -628,8 +624,13 @@ impl PredictRequest {
     }
 }
 
+/// The entities `model` uses, for error messages.
+fn entity_names(model: &Model) -> String {
+    crate::schema::known_names(model.views.iter().map(|v| v.entity.name.as_str()))
+}
+
 fn unknown_entity(model: &Model, field: &str, name: &str) -> ApiError {
-    let known = crate::schema::known_names(model.views.iter().map(|v| v.entity.name.as_str()));
+    let known = entity_names(model);
     ApiError::invalid(
         "unknown_entity",
         field,
@@ -819,7 +820,10 @@ mod tests {
     fn fields_keep_the_order_sent_and_refuse_a_name_given_twice() {
         let f: Fields<i64> = serde_json::from_str(r#"{"b": 1, "a": 2}"#).expect("fields");
         assert_eq!(f.keys().collect::<Vec<_>>(), ["b", "a"]);
-        assert_eq!((f.get("a"), f.get("c"), f.len()), (Some(&2), None, 2));
+        assert_eq!(
+            (f.get("a"), f.get("c"), f.keys().count()),
+            (Some(&2), None, 2)
+        );
         let e =
             serde_json::from_str::<Fields<i64>>(r#"{"a": 1, "b": 2, "a": 3}"#).expect_err("twice");
         assert!(e.to_string().contains("`a` is given twice"), "{e}");

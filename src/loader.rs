@@ -26,7 +26,7 @@ use crate::hydrate::Hydrator;
 use crate::schema::View;
 use crate::store::{Store, StoreError, Writes, key};
 use crate::telemetry::{StoreOutcome, us_since};
-use crate::value::{Record, Value};
+use crate::value::{Dtype, Record, Value};
 
 /// Rows per store write.
 pub const BATCH: usize = 1000;
@@ -417,24 +417,12 @@ struct FiniteRow(serde_json::Map<String, serde_json::Value>);
 
 impl<'de> Deserialize<'de> for FiniteRow {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = FiniteRow;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a row (an object of feature names and values)")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<FiniteRow, A::Error> {
-                let mut out = serde_json::Map::new();
-                while let Some((k, FiniteJson(v))) = map.next_entry::<String, FiniteJson>()? {
-                    out.insert(k, v);
-                }
-                Ok(FiniteRow(out))
-            }
+        match d.deserialize_map(FiniteVisitor(
+            "a row (an object of feature names and values)",
+        ))? {
+            FiniteJson(serde_json::Value::Object(m)) => Ok(FiniteRow(m)),
+            _ => Err(serde::de::Error::custom("expected a row")),
         }
-        d.deserialize_map(V)
     }
 }
 
@@ -443,60 +431,60 @@ struct FiniteJson(serde_json::Value);
 
 impl<'de> Deserialize<'de> for FiniteJson {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        use serde::de::{self, MapAccess, SeqAccess, Visitor};
-        use serde_json::Value as J;
+        d.deserialize_any(FiniteVisitor("a JSON value"))
+    }
+}
 
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = FiniteJson;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a JSON value")
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<FiniteJson, E> {
-                Ok(FiniteJson(J::Null))
-            }
-            fn visit_none<E: de::Error>(self) -> Result<FiniteJson, E> {
-                Ok(FiniteJson(J::Null))
-            }
-            fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<FiniteJson, D::Error> {
-                FiniteJson::deserialize(d)
-            }
-            fn visit_bool<E: de::Error>(self, b: bool) -> Result<FiniteJson, E> {
-                Ok(FiniteJson(J::Bool(b)))
-            }
-            fn visit_i64<E: de::Error>(self, i: i64) -> Result<FiniteJson, E> {
-                Ok(FiniteJson(J::from(i)))
-            }
-            fn visit_u64<E: de::Error>(self, u: u64) -> Result<FiniteJson, E> {
-                Ok(FiniteJson(J::from(u)))
-            }
-            fn visit_f64<E: de::Error>(self, f: f64) -> Result<FiniteJson, E> {
-                serde_json::Number::from_f64(f)
-                    .map(|n| FiniteJson(J::Number(n)))
-                    .ok_or_else(|| E::custom(format_args!("expected a finite number, got {f}")))
-            }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<FiniteJson, E> {
-                Ok(FiniteJson(J::String(s.to_owned())))
-            }
-            fn visit_string<E: de::Error>(self, s: String) -> Result<FiniteJson, E> {
-                Ok(FiniteJson(J::String(s)))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<FiniteJson, A::Error> {
-                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
-                while let Some(FiniteJson(v)) = seq.next_element()? {
-                    out.push(v);
-                }
-                Ok(FiniteJson(J::Array(out)))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<FiniteJson, A::Error> {
-                let mut out = serde_json::Map::new();
-                while let Some((k, FiniteJson(v))) = map.next_entry::<String, FiniteJson>()? {
-                    out.insert(k, v);
-                }
-                Ok(FiniteJson(J::Object(out)))
-            }
+/// Builds a [`FiniteJson`]; says it expected `.0` when the input is something else.
+struct FiniteVisitor(&'static str);
+
+impl<'de> serde::de::Visitor<'de> for FiniteVisitor {
+    type Value = FiniteJson;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<FiniteJson, E> {
+        Ok(FiniteJson(serde_json::Value::Null))
+    }
+    fn visit_none<E: serde::de::Error>(self) -> Result<FiniteJson, E> {
+        Ok(FiniteJson(serde_json::Value::Null))
+    }
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<FiniteJson, D::Error> {
+        FiniteJson::deserialize(d)
+    }
+    fn visit_bool<E: serde::de::Error>(self, b: bool) -> Result<FiniteJson, E> {
+        Ok(FiniteJson(serde_json::Value::Bool(b)))
+    }
+    fn visit_i64<E: serde::de::Error>(self, i: i64) -> Result<FiniteJson, E> {
+        Ok(FiniteJson(serde_json::Value::from(i)))
+    }
+    fn visit_u64<E: serde::de::Error>(self, u: u64) -> Result<FiniteJson, E> {
+        Ok(FiniteJson(serde_json::Value::from(u)))
+    }
+    fn visit_f64<E: serde::de::Error>(self, f: f64) -> Result<FiniteJson, E> {
+        serde_json::Number::from_f64(f)
+            .map(|n| FiniteJson(serde_json::Value::Number(n)))
+            .ok_or_else(|| E::custom(format_args!("expected a finite number, got {f}")))
+    }
+    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<FiniteJson, E> {
+        Ok(FiniteJson(serde_json::Value::String(s.to_owned())))
+    }
+    fn visit_string<E: serde::de::Error>(self, s: String) -> Result<FiniteJson, E> {
+        Ok(FiniteJson(serde_json::Value::String(s)))
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<FiniteJson, A::Error> {
+        let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+        while let Some(FiniteJson(v)) = seq.next_element()? {
+            out.push(v);
         }
-        d.deserialize_any(V)
+        Ok(FiniteJson(serde_json::Value::Array(out)))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<FiniteJson, A::Error> {
+        let mut out = serde_json::Map::new();
+        while let Some((k, FiniteJson(v))) = map.next_entry::<String, FiniteJson>()? {
+            out.insert(k, v);
+        }
+        Ok(FiniteJson(serde_json::Value::Object(out)))
     }
 }
 
@@ -600,15 +588,27 @@ pub async fn write_through(
     })
 }
 
-/// Parses CSV into JSON objects typed by the view: empty cells are null, `float32[N]` cells hold a JSON list.
-/// CSV with a header row naming the entity key, `event_timestamp` and features. Cells are typed by the
-/// column's feature; an empty cell is a missing value.
+/// CSV rows as JSON objects typed by the view. The header row names the entity key, `event_timestamp` and
+/// features; a cell is typed by its column's feature, an empty cell is a missing value, and a `float32[N]`
+/// cell holds a JSON list.
 fn csv_rows<'a, R: BufRead + 'a>(
     view: &'a View,
     reader: R,
 ) -> anyhow::Result<impl Iterator<Item = std::io::Result<ParsedLine>> + 'a> {
     let mut rdr = csv::ReaderBuilder::new().flexible(true).from_reader(reader);
     let headers = rdr.headers()?.clone();
+    // Each column's type, found once per file rather than once per cell.
+    let columns: Vec<(String, Option<Dtype>)> = headers
+        .iter()
+        .map(|h| {
+            let dtype = if h == view.entity.name {
+                Some(view.entity.dtype)
+            } else {
+                view.feature_index(h).map(|i| view.features[i].dtype)
+            };
+            (h.to_owned(), dtype)
+        })
+        .collect();
     Ok(rdr.into_records().map(move |rec| {
         let rec = match rec {
             Ok(r) => r,
@@ -622,33 +622,27 @@ fn csv_rows<'a, R: BufRead + 'a>(
             }
         };
         let line = rec.position().map_or(0, |p| p.line() as usize);
-        Ok((line, csv_row(view, &headers, &rec)))
+        Ok((line, csv_row(&columns, &rec)))
     }))
 }
 
+/// One CSV record as a JSON object, against the file's `columns` (name and type).
 fn csv_row(
-    view: &View,
-    headers: &csv::StringRecord,
+    columns: &[(String, Option<Dtype>)],
     rec: &csv::StringRecord,
 ) -> Result<serde_json::Map<String, serde_json::Value>, String> {
-    use crate::value::Dtype;
-    if rec.len() != headers.len() {
+    if rec.len() != columns.len() {
         return Err(format!(
             "{} cells, the header has {}",
             rec.len(),
-            headers.len()
+            columns.len()
         ));
     }
     let mut m = serde_json::Map::new();
-    for (h, cell) in headers.iter().zip(rec.iter()) {
+    for ((h, dtype), cell) in columns.iter().zip(rec.iter()) {
         if cell.is_empty() {
             continue;
         }
-        let dtype = if h == view.entity.name {
-            Some(view.entity.dtype)
-        } else {
-            view.features.iter().find(|f| f.name == h).map(|f| f.dtype)
-        };
         let v = match dtype {
             Some(Dtype::String) => serde_json::Value::String(cell.to_owned()),
             Some(Dtype::Bool) => match cell.to_ascii_lowercase().as_str() {
@@ -663,7 +657,7 @@ fn csv_row(
             None => serde_json::from_str(cell)
                 .unwrap_or_else(|_| serde_json::Value::String(cell.to_owned())),
         };
-        m.insert(h.to_owned(), v);
+        m.insert(h.clone(), v);
     }
     Ok(m)
 }
@@ -701,6 +695,15 @@ mod tests {
         (dir, store)
     }
 
+    /// Loads `reader` into `store` as `user_profile` rows, with the default limits.
+    async fn load_users(
+        store: &dyn Store,
+        reader: impl BufRead,
+        csv: bool,
+    ) -> anyhow::Result<Report> {
+        load(&view(), "hy", reader, csv, &LimitsConfig::default(), store).await
+    }
+
     async fn age_of(store: &dyn Store, user: &str) -> Option<Value> {
         let got = store
             .get_many(&[format!("hy:user_profile:{user}")])
@@ -714,7 +717,6 @@ mod tests {
     async fn a_file_larger_than_the_batches_in_flight_loads_every_good_row_and_lists_the_bad_by_line()
      {
         let (_dir, store) = store();
-        let v = view();
         // More rows than IN_FLIGHT full batches, a bad row every 1000 lines, a line that is not UTF-8 and
         // more bad rows than the report lists.
         let n = BATCH * (IN_FLIGHT + 2) + 17;
@@ -737,10 +739,7 @@ mod tests {
         for _ in 0..MAX_LISTED_REJECTS {
             file.extend_from_slice(b"[]\n");
         }
-        let limits = LimitsConfig::default();
-        let report = load(&v, "hy", &file[..], false, &limits, &store)
-            .await
-            .expect("load");
+        let report = load_users(&store, &file[..], false).await.expect("load");
         assert_eq!(report.written, good);
         assert!(report.failed.is_empty());
         let bad_lines = n / 1000 + 1 + MAX_LISTED_REJECTS;
@@ -761,14 +760,27 @@ mod tests {
         assert_eq!(age_of(&store, "u999").await, None);
     }
 
-    /// The embedded store, with the first write held back so that later batches land before it, as
-    /// concurrent round trips may.
-    struct FirstWriteLate {
+    /// The embedded store, counting the batch writes it is asked for; with `first_late`, the first write is
+    /// held back so that later batches land before it, as concurrent round trips may.
+    struct TestStore {
         inner: crate::store::embedded::EmbeddedStore,
-        writes: std::sync::atomic::AtomicUsize,
+        writes: Arc<std::sync::atomic::AtomicUsize>,
+        first_late: bool,
     }
 
-    impl Store for FirstWriteLate {
+    impl TestStore {
+        fn open(first_late: bool) -> (tempfile::TempDir, Self) {
+            let (dir, inner) = store();
+            let store = Self {
+                inner,
+                writes: Default::default(),
+                first_late,
+            };
+            (dir, store)
+        }
+    }
+
+    impl Store for TestStore {
         fn backend(&self) -> &'static str {
             "test"
         }
@@ -785,9 +797,9 @@ mod tests {
             writes: Writes,
             ttl: Option<Duration>,
         ) -> crate::store::BoxFuture<'_, Result<(), StoreError>> {
-            let first = self.writes.fetch_add(1, Relaxed) == 0;
+            let late = self.writes.fetch_add(1, Relaxed) == 0 && self.first_late;
             Box::pin(async move {
-                if first {
+                if late {
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
                 self.inner.put_many(writes, ttl).await
@@ -797,58 +809,18 @@ mod tests {
 
     #[tokio::test]
     async fn the_last_row_of_a_key_in_the_file_is_the_one_stored() {
-        let (_dir, inner) = store();
-        let store = FirstWriteLate {
-            inner,
-            writes: Default::default(),
-        };
-        let v = view();
+        let (_dir, store) = TestStore::open(true);
         // `x` in the first batch and again in the third; the first batch lands last.
         let mut file = String::from("{\"user_id\": \"x\", \"age\": 1}\n");
         for i in 1..2 * BATCH {
             file.push_str(&format!("{{\"user_id\": \"u{i}\", \"age\": {i}}}\n"));
         }
         file.push_str("{\"user_id\": \"x\", \"age\": 2}\n");
-        let report = load(
-            &v,
-            "hy",
-            file.as_bytes(),
-            false,
-            &LimitsConfig::default(),
-            &store,
-        )
-        .await
-        .expect("load");
+        let report = load_users(&store, file.as_bytes(), false)
+            .await
+            .expect("load");
         assert_eq!(report.written, 2 * BATCH + 1);
         assert_eq!(age_of(&store, "x").await, Some(Value::Int(2)));
-    }
-
-    /// The embedded store, counting the batch writes it has been asked for.
-    struct CountingStore {
-        inner: crate::store::embedded::EmbeddedStore,
-        writes: Arc<std::sync::atomic::AtomicUsize>,
-    }
-
-    impl Store for CountingStore {
-        fn backend(&self) -> &'static str {
-            "test"
-        }
-
-        fn get_many<'a>(
-            &'a self,
-            keys: &'a [String],
-        ) -> crate::store::BoxFuture<'a, Result<Vec<Option<Vec<u8>>>, StoreError>> {
-            self.inner.get_many(keys)
-        }
-
-        fn put_many(
-            &self,
-            writes: Writes,
-            ttl: Option<Duration>,
-        ) -> crate::store::BoxFuture<'_, Result<(), StoreError>> {
-            self.writes.fetch_add(1, Relaxed);
-            self.inner.put_many(writes, ttl)
-        }
     }
 
     /// Serves `data`, and notes how many batch writes had started when the reader reached its end.
@@ -870,12 +842,8 @@ mod tests {
 
     #[tokio::test]
     async fn batches_are_written_while_the_file_is_still_being_read() {
-        let (_dir, inner) = store();
-        let writes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let store = CountingStore {
-            inner,
-            writes: writes.clone(),
-        };
+        let (_dir, store) = TestStore::open(false);
+        let writes = store.writes.clone();
         let mut file = String::new();
         for i in 0..2 * BATCH + 1 {
             file.push_str(&format!("{{\"user_id\": \"u{i}\", \"age\": 1}}\n"));
@@ -886,16 +854,7 @@ mod tests {
             writes: writes.clone(),
             at_end: at_end.clone(),
         });
-        let report = load(
-            &view(),
-            "hy",
-            reader,
-            false,
-            &LimitsConfig::default(),
-            &store,
-        )
-        .await
-        .expect("load");
+        let report = load_users(&store, reader, false).await.expect("load");
         assert_eq!(report.written, 2 * BATCH + 1);
         // The two full batches were being written before the last line was read.
         assert_eq!(at_end.load(Relaxed), 2);
@@ -910,16 +869,9 @@ mod tests {
             "x".repeat(MAX_LINE_BYTES)
         );
         file.push_str("{\"user_id\": \"b\", \"age\": 3}\n");
-        let report = load(
-            &view(),
-            "hy",
-            file.as_bytes(),
-            false,
-            &LimitsConfig::default(),
-            &store,
-        )
-        .await
-        .expect("load");
+        let report = load_users(&store, file.as_bytes(), false)
+            .await
+            .expect("load");
         assert_eq!((report.written, report.rejected_rows), (1, 1));
         assert_eq!(report.rejected[0].line, 1);
         assert!(
@@ -950,10 +902,9 @@ mod tests {
     #[tokio::test]
     async fn a_read_error_stops_the_load_after_writing_the_rows_read_before_it() {
         let (_dir, store) = store();
-        let v = view();
         let data = b"{\"user_id\": \"a\", \"age\": 1}\n{\"user_id\": \"b\", \"age\": 2}\n";
         let reader = std::io::BufReader::new(FailsAfter { data });
-        let e = load(&v, "hy", reader, false, &LimitsConfig::default(), &store)
+        let e = load_users(&store, reader, false)
             .await
             .expect_err("a read error");
         let msg = e.to_string();
@@ -967,7 +918,7 @@ mod tests {
 
         let csv = b"user_id,age\na,5\n";
         let reader = std::io::BufReader::new(FailsAfter { data: csv });
-        let e = load(&v, "hy", reader, true, &LimitsConfig::default(), &store)
+        let e = load_users(&store, reader, true)
             .await
             .expect_err("a read error");
         assert!(e.to_string().contains("device error"), "{e}");
@@ -978,16 +929,7 @@ mod tests {
     async fn a_byte_order_mark_before_the_first_row_is_not_part_of_it() {
         let (_dir, store) = store();
         let file = b"\xef\xbb\xbf{\"user_id\": \"a\", \"age\": 7}\n";
-        let report = load(
-            &view(),
-            "hy",
-            &file[..],
-            false,
-            &LimitsConfig::default(),
-            &store,
-        )
-        .await
-        .expect("load");
+        let report = load_users(&store, &file[..], false).await.expect("load");
         assert_eq!(
             (report.written, report.rejected_rows),
             (1, 0),
@@ -1000,18 +942,10 @@ mod tests {
     #[tokio::test]
     async fn csv_rows_are_numbered_by_the_line_they_start_on() {
         let (_dir, store) = store();
-        let v = view();
         let csv = "user_id,age,country\na,1,\"two\nlines\"\nb,x,de\nc,3\nd,4,fr\n";
-        let report = load(
-            &v,
-            "hy",
-            csv.as_bytes(),
-            true,
-            &LimitsConfig::default(),
-            &store,
-        )
-        .await
-        .expect("load");
+        let report = load_users(&store, csv.as_bytes(), true)
+            .await
+            .expect("load");
         assert_eq!(report.written, 2);
         let lines: Vec<(usize, &str)> = report
             .rejected

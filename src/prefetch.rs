@@ -88,17 +88,16 @@ impl HotKeys {
         let start = self.counter.fetch_add(entity_keys.len() as u64, Relaxed);
         // The lookups numbered start, start + 1, ...: the sampled ones are the multiples of `every`.
         let first = (self.every - start % self.every) % self.every;
-        let Ok(mut i) = usize::try_from(first) else {
+        let (Ok(first), Ok(step)) = (usize::try_from(first), usize::try_from(self.every)) else {
             return;
         };
-        let step = usize::try_from(self.every).unwrap_or(usize::MAX);
-        if i >= entity_keys.len() {
+        let mut sampled = entity_keys.iter().skip(first).step_by(step).peekable();
+        if sampled.peek().is_none() {
             return;
         }
         let mut p = self.pending.lock();
-        while i < entity_keys.len() {
-            p.count(view, entity_keys[i].as_ref());
-            i = i.saturating_add(step);
+        for k in sampled {
+            p.count(view, k.as_ref());
         }
     }
 

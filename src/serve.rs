@@ -44,8 +44,26 @@ impl Default for ConnLimits {
     }
 }
 
+/// `max_connections`, lowered to leave file descriptors for the store's connections, the cache file and
+/// the logs when the process's open-files limit is lower.
+fn within_open_files(max_connections: usize) -> usize {
+    let Some(open_files) = open_files_limit() else {
+        return max_connections;
+    };
+    let usable = open_files.saturating_sub(128).max(1);
+    if max_connections > usable {
+        tracing::warn!(
+            max_connections,
+            open_files,
+            "server.max_connections is above the open-files limit (ulimit -n): using {usable}"
+        );
+        return usable;
+    }
+    max_connections
+}
+
 /// The soft limit on open file descriptors (`ulimit -n`), where the platform says.
-pub fn open_files_limit() -> Option<usize> {
+fn open_files_limit() -> Option<usize> {
     let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
     let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
     line.split_whitespace().nth(3)?.parse().ok()
@@ -60,8 +78,9 @@ pub async fn serve(
     limits: ConnLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let max_connections = within_open_files(limits.max_connections);
     let permits = Arc::new(Semaphore::new(
-        limits.max_connections.clamp(1, Semaphore::MAX_PERMITS),
+        max_connections.clamp(1, Semaphore::MAX_PERMITS),
     ));
     let mut http = hyper::server::conn::http1::Builder::new();
     http.keep_alive(true);
@@ -82,7 +101,7 @@ pub async fn serve(
         if permits.available_permits() == 0 && !warned_full {
             warned_full = true;
             tracing::warn!(
-                max_connections = limits.max_connections,
+                max_connections,
                 "server.max_connections open connections: new ones wait until one closes"
             );
         }

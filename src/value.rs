@@ -75,13 +75,11 @@ impl Dtype {
     pub fn coerce(self, v: Value) -> Result<Value, String> {
         match (self, v) {
             (_, Value::Null) => Ok(Value::Null),
-            (Self::Float32, Value::Float(f)) if f.abs() > f64::from(f32::MAX) || f.is_nan() => Err(
-                format!("{f:e} is outside the float32 range (±{:e})", f32::MAX),
-            ),
+            (Self::Float32, Value::Float(f)) => to_float32(f).map(|_| Value::Float(f)),
             (Self::Float64, Value::Float(f)) if !f.is_finite() => {
                 Err(format!("expected a finite number, got {f}"))
             }
-            (Self::Float32 | Self::Float64, Value::Float(f)) => Ok(Value::Float(f)),
+            (Self::Float64, Value::Float(f)) => Ok(Value::Float(f)),
             (Self::Float32 | Self::Float64, Value::Int(i)) => Ok(Value::Float(i as f64)),
             (Self::Int64, Value::Int(i)) => Ok(Value::Int(i)),
             (Self::Int64, Value::Float(f)) if f.fract() == 0.0 && f.abs() < 9.0e15 => {
@@ -240,16 +238,21 @@ impl<'de> Deserialize<'de> for Value {
     }
 }
 
-/// A list element as float32: finite and within float32's range, or an error naming element `i`.
-fn list_element(i: usize, f: f64) -> Result<f32, String> {
+/// `f` as float32: finite and within float32's range, or why not.
+fn to_float32(f: f64) -> Result<f32, String> {
     if f.is_finite() && f.abs() <= f64::from(f32::MAX) {
         Ok(f as f32)
     } else {
         Err(format!(
-            "list element {i}: {f:e} is outside the float32 range (±{:e})",
+            "{f:e} is outside the float32 range (±{:e})",
             f32::MAX
         ))
     }
+}
+
+/// A list element as float32, or an error naming element `i`.
+fn list_element(i: usize, f: f64) -> Result<f32, String> {
+    to_float32(f).map_err(|e| format!("list element {i}: {e}"))
 }
 
 /// A stored record: what one key holds.

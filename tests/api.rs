@@ -919,37 +919,27 @@ async fn an_extreme_event_timestamp_is_outside_max_age_not_a_crash() {
 #[tokio::test]
 async fn wrong_methods_undecodable_names_and_non_json_v2_bodies_get_json_errors() {
     let app = TestApp::spawn().await;
-    let r = app.get("/v1/models/ctr/predict").await;
-    assert_eq!(r.status, 405);
-    let j = r.json();
-    assert_eq!(j["error"]["code"], "method_not_allowed", "{j}");
-    assert!(
-        j["error"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("use POST")),
-        "{j}"
-    );
-    let r = app
-        .post("/v2/health/live", "application/json", b"{}".to_vec())
-        .await;
-    assert_eq!(r.status, 405);
-    assert!(
-        r.json()["error"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("use GET"))
-    );
-    // A model named like a POST route's last segment is still a GET route here.
-    let r = app
-        .post("/v2/models/infer", "application/json", b"{}".to_vec())
-        .await;
-    assert_eq!(r.status, 405);
-    assert!(
-        r.json()["error"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("use GET")),
-        "{}",
-        String::from_utf8_lossy(&r.body)
-    );
+    // The last: a model named like a POST route's last segment is still a GET route there.
+    for (method, path, allowed) in [
+        ("GET", "/v1/models/ctr/predict", "POST"),
+        ("POST", "/v2/health/live", "GET"),
+        ("POST", "/v2/models/infer", "GET"),
+    ] {
+        let r = if method == "GET" {
+            app.get(path).await
+        } else {
+            app.post(path, "application/json", b"{}".to_vec()).await
+        };
+        assert_eq!(r.status, 405, "{method} {path}");
+        let j = r.json();
+        assert_eq!(j["error"]["code"], "method_not_allowed", "{j}");
+        assert!(
+            j["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(&format!("use {allowed}"))),
+            "{method} {path}: {j}"
+        );
+    }
 
     // A name that is not UTF-8 once percent-decoded is an unknown name, answered in JSON like any other.
     for path in [

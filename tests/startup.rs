@@ -220,6 +220,18 @@ fn the_binary_reports_a_bad_config_with_file_key_and_reason() {
     );
 }
 
+/// Runs `hydrant validate --no-models` on the schemas in `dir`, which must fail; its error output.
+fn validate_refused(dir: &std::path::Path) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
+        .current_dir(root())
+        .args(["validate", "--no-models"])
+        .arg(dir.join("schemas"))
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 #[test]
 fn validate_lists_every_schema_problem() {
     let dir = workspace(|s, _| {
@@ -234,14 +246,7 @@ fn validate_lists_every_schema_problem() {
             "dtype: double",
         );
     });
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
-        .current_dir(root())
-        .args(["validate", "--no-models"])
-        .arg(dir.path().join("schemas"))
-        .output()
-        .expect("runs");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    let err = validate_refused(dir.path());
     assert!(
         err.contains("item_stats.yaml") && err.contains("double"),
         "{err}"
@@ -271,14 +276,7 @@ fn validate_refuses_reserved_names_bad_ttls_ignored_parameters_and_duplicate_out
             "transform: {log1p: {base: 2}}",
         );
     });
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
-        .current_dir(root())
-        .args(["validate", "--no-models"])
-        .arg(dir.path().join("schemas"))
-        .output()
-        .expect("runs");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    let err = validate_refused(dir.path());
     for want in [
         "item_stats.yaml: store.key_ttl: `0s` is out of range",
         "item_stats.yaml: features[",

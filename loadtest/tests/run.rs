@@ -33,17 +33,9 @@ async fn max_then_fraction_with_floor_writes_json_and_html() {
         "[floor]\nenabled = true\nthreads = 1",
     );
     let dir = temp_dir("full");
-    let out = run(
-        s,
-        &RunOptions {
-            out_dir: dir.clone(),
-            progress: false,
-            ..RunOptions::default()
-        },
-        Cancel::new(),
-    )
-    .await
-    .expect("run");
+    let out = run(s, &quiet(dir.clone()), Cancel::new())
+        .await
+        .expect("run");
     assert_eq!(out.json_path, dir.join("test.json"));
 
     let v: serde_json::Value =
@@ -115,17 +107,9 @@ async fn max_then_fraction_with_floor_writes_json_and_html() {
 async fn unreachable_target_is_an_error() {
     let url = closed_port();
     let s = scenario(&url, "mode = \"open-loop\"\nrate = 10\nduration_s = 1", "");
-    let err = run(
-        s,
-        &RunOptions {
-            out_dir: temp_dir("unreachable"),
-            progress: false,
-            ..RunOptions::default()
-        },
-        Cancel::new(),
-    )
-    .await
-    .expect_err("must fail");
+    let err = run(s, &quiet(temp_dir("unreachable")), Cancel::new())
+        .await
+        .expect_err("must fail");
     assert!(matches!(err, RunError::Unreachable { .. }), "{err:?}");
     let msg = err.to_string();
     assert!(msg.contains("unreachable") && msg.contains(&url), "{msg}");
@@ -153,17 +137,7 @@ async fn cancel_writes_a_partial_report() {
     });
     let started = Instant::now();
     let dir = temp_dir("cancel");
-    let out = run(
-        s,
-        &RunOptions {
-            out_dir: dir,
-            progress: false,
-            ..RunOptions::default()
-        },
-        cancel,
-    )
-    .await
-    .expect("partial run");
+    let out = run(s, &quiet(dir), cancel).await.expect("partial run");
     assert!(started.elapsed() < Duration::from_secs(10), "stopped early");
     let v: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&out.json_path).expect("json")).expect("json");
@@ -195,17 +169,9 @@ async fn unwritable_out_dir_fails_before_any_load() {
     );
     let out_dir = uncreatable_dir("out-dir-check");
     let started = Instant::now();
-    let err = run(
-        s,
-        &RunOptions {
-            out_dir: out_dir.clone(),
-            progress: false,
-            ..RunOptions::default()
-        },
-        Cancel::new(),
-    )
-    .await
-    .expect_err("an uncreatable out dir must fail");
+    let err = run(s, &quiet(out_dir.clone()), Cancel::new())
+        .await
+        .expect_err("an uncreatable out dir must fail");
     assert!(matches!(err, RunError::OutDir { .. }), "{err:?}");
     assert!(
         err.to_string().contains(&out_dir.display().to_string()),
@@ -230,17 +196,9 @@ async fn unknown_model_fails_before_the_warm_up() {
     s.model = "no_such_model".to_string();
     let dir = temp_dir("unknown-model");
     let started = Instant::now();
-    let err = run(
-        s,
-        &RunOptions {
-            out_dir: dir.clone(),
-            progress: false,
-            ..RunOptions::default()
-        },
-        Cancel::new(),
-    )
-    .await
-    .expect_err("an unknown model must fail");
+    let err = run(s, &quiet(dir.clone()), Cancel::new())
+        .await
+        .expect_err("an unknown model must fail");
     assert!(matches!(err, RunError::UnknownModel { .. }), "{err:?}");
     let msg = err.to_string();
     for part in ["`no_such_model`", "HTTP 404", "unknown_model", &gw.url()] {
@@ -266,20 +224,50 @@ async fn floor_target_passes_the_model_probe() {
         "",
     );
     s.model = "whatever".to_string();
-    let out = run(
-        s,
-        &RunOptions {
-            out_dir: temp_dir("floor-target"),
-            progress: false,
-            ..RunOptions::default()
-        },
-        Cancel::new(),
-    )
-    .await
-    .expect("a floor target runs");
+    let out = run(s, &quiet(temp_dir("floor-target")), Cancel::new())
+        .await
+        .expect("a floor target runs");
     assert!(out.result.hydrant.ok > 0, "{:?}", out.result.hydrant);
     assert_eq!(out.result.hydrant.errors, 0);
     let _ = tokio::task::spawn_blocking(move || drop(floor)).await;
+}
+
+/// Run options writing to `out_dir`, without the progress line.
+fn quiet(out_dir: std::path::PathBuf) -> RunOptions {
+    RunOptions {
+        out_dir,
+        progress: false,
+        ..RunOptions::default()
+    }
+}
+
+/// `loadtest run --quiet --duration-s D --target T --out-dir O SCENARIO`.
+fn run_command(duration_s: &str, target: &str, out_dir: &Path, scenario: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_loadtest"));
+    cmd.args([
+        "run",
+        "--quiet",
+        "--duration-s",
+        duration_s,
+        "--target",
+        target,
+    ])
+    .arg("--out-dir")
+    .arg(out_dir)
+    .arg(scenario);
+    cmd
+}
+
+/// The smoke scenario for one second against a port nobody listens on.
+fn smoke_at_closed_port(out_dir: &Path) -> std::process::Output {
+    run_command(
+        "1",
+        &closed_port(),
+        out_dir,
+        &crate_path("scenarios/smoke.toml"),
+    )
+    .output()
+    .expect("run the binary")
 }
 
 fn crate_path(rel: &str) -> std::path::PathBuf {
@@ -308,14 +296,7 @@ fn shipped_scenarios_are_valid() {
 #[test]
 fn binary_exits_non_zero_on_unreachable_target() {
     let out_dir = temp_dir("bin-unreachable");
-    let out = Command::new(env!("CARGO_BIN_EXE_loadtest"))
-        .args(["run", "--quiet", "--duration-s", "1", "--target"])
-        .arg(closed_port())
-        .arg("--out-dir")
-        .arg(&out_dir)
-        .arg(crate_path("scenarios/smoke.toml"))
-        .output()
-        .expect("run the binary");
+    let out = smoke_at_closed_port(&out_dir);
     assert!(!out.status.success(), "must exit non-zero");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("unreachable"), "{stderr}");
@@ -362,14 +343,7 @@ fn binary_refuses_an_unwritable_out_dir_before_the_run() {
     let out_dir = uncreatable_dir("bin-out-dir");
     let started = Instant::now();
     // The target is closed: a check made only after the run would report it unreachable instead.
-    let out = Command::new(env!("CARGO_BIN_EXE_loadtest"))
-        .args(["run", "--quiet", "--duration-s", "1", "--target"])
-        .arg(closed_port())
-        .arg("--out-dir")
-        .arg(&out_dir)
-        .arg(crate_path("scenarios/smoke.toml"))
-        .output()
-        .expect("run the binary");
+    let out = smoke_at_closed_port(&out_dir);
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -384,16 +358,16 @@ fn binary_refuses_an_unwritable_out_dir_before_the_run() {
 async fn binary_prints_the_table_when_the_report_cannot_be_written() {
     let gw = FakeGateway::start(FakeConfig::default()).await;
     let out_dir = temp_dir("bin-unwritable-at-end").join("out");
-    let child = Command::new(env!("CARGO_BIN_EXE_loadtest"))
-        .args(["run", "--quiet", "--duration-s", "2", "--target"])
-        .arg(gw.url())
-        .arg("--out-dir")
-        .arg(&out_dir)
-        .arg(crate_path("scenarios/smoke.toml"))
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("start the binary");
+    let child = run_command(
+        "2",
+        &gw.url(),
+        &out_dir,
+        &crate_path("scenarios/smoke.toml"),
+    )
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .expect("start the binary");
     // The up-front check creates the directory; once the load is flowing, make it unwritable by
     // putting a file in its place.
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -436,12 +410,7 @@ async fn binary_refuses_an_unknown_model() {
     let file = dir.join("nope.toml");
     let text = std::fs::read_to_string(crate_path("scenarios/smoke.toml")).expect("smoke");
     std::fs::write(&file, text.replace("model = \"ctr\"", "model = \"nope\"")).expect("write");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_loadtest"));
-    cmd.args(["run", "--quiet", "--duration-s", "5", "--target"])
-        .arg(gw.url())
-        .arg("--out-dir")
-        .arg(dir.join("out"))
-        .arg(&file);
+    let mut cmd = run_command("5", &gw.url(), &dir.join("out"), &file);
     let started = Instant::now();
     let out = tokio::task::spawn_blocking(move || cmd.output())
         .await
