@@ -9,8 +9,10 @@ use std::collections::HashMap;
 use std::fmt;
 
 use axum::http::{HeaderMap, header};
+use compact_str::{CompactString, ToCompactString as _};
 use serde::Deserialize;
 use serde::de::{self, DeserializeOwned, Deserializer, Visitor};
+use smallvec::{SmallVec, smallvec};
 
 use crate::config::LimitsConfig;
 use crate::error::ApiError;
@@ -34,18 +36,17 @@ impl Format {
 
     /// The format a media type names (parameters such as `charset` aside), if it is one hydrant speaks.
     pub fn parse(mime: &str) -> Option<Self> {
-        let essence = mime
-            .split(';')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_ascii_lowercase();
-        match essence.as_str() {
-            "application/json" => Some(Self::Json),
-            "application/msgpack" | "application/x-msgpack" | "application/vnd.msgpack" => {
-                Some(Self::Msgpack)
-            }
-            _ => None,
+        let essence = mime.split(';').next().unwrap_or("").trim();
+        let is = |name: &str| essence.eq_ignore_ascii_case(name);
+        if is("application/json") {
+            Some(Self::Json)
+        } else if is("application/msgpack")
+            || is("application/x-msgpack")
+            || is("application/vnd.msgpack")
+        {
+            Some(Self::Msgpack)
+        } else {
+            None
         }
     }
 
@@ -192,7 +193,8 @@ fn field_message(path: &str, msg: &str) -> String {
 /// An entity key as sent: a string or an integer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EntityKey {
-    Str(String),
+    /// Kept inline up to 24 bytes, as most keys are: no allocation per key sent.
+    Str(CompactString),
     Int(i64),
 }
 
@@ -205,10 +207,7 @@ impl<'de> Deserialize<'de> for EntityKey {
                 f.write_str("an entity key (a string or an integer)")
             }
             fn visit_str<E: de::Error>(self, s: &str) -> Result<EntityKey, E> {
-                Ok(EntityKey::Str(s.to_owned()))
-            }
-            fn visit_string<E: de::Error>(self, s: String) -> Result<EntityKey, E> {
-                Ok(EntityKey::Str(s))
+                Ok(EntityKey::Str(CompactString::from(s)))
             }
             fn visit_i64<E: de::Error>(self, i: i64) -> Result<EntityKey, E> {
                 Ok(EntityKey::Int(i))
@@ -236,7 +235,7 @@ impl<'de> Deserialize<'de> for EntityKeys {
                 f.write_str("an entity key or a list of entity keys")
             }
             fn visit_str<E: de::Error>(self, s: &str) -> Result<EntityKeys, E> {
-                Ok(EntityKeys(vec![EntityKey::Str(s.to_owned())]))
+                Ok(EntityKeys(vec![EntityKey::Str(CompactString::from(s))]))
             }
             fn visit_i64<E: de::Error>(self, i: i64) -> Result<EntityKeys, E> {
                 Ok(EntityKeys(vec![EntityKey::Int(i)]))
@@ -301,14 +300,14 @@ pub struct PredictRequest {
 /// candidates: a map each would be a hundred allocations and keyed hashes). A name sent twice is an error
 /// rather than the last one silently winning.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Fields<V>(Vec<(String, V)>);
+pub struct Fields<V>(SmallVec<[(CompactString, V); 4]>);
 
 /// Most fields one request object may carry.
 const MAX_FIELDS: usize = 1024;
 
 impl<V> Default for Fields<V> {
     fn default() -> Self {
-        Self(Vec::new())
+        Self(SmallVec::new())
     }
 }
 
@@ -321,12 +320,16 @@ impl<V> Fields<V> {
         self.get(name).is_some()
     }
 
-    pub fn keys(&self) -> impl Iterator<Item = &String> {
-        self.0.iter().map(|(n, _)| n)
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(|(n, _)| n.as_str())
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = (&String, &V)> {
-        self.0.iter().map(|(n, v)| (n, v))
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &V)> {
+        self.0.iter().map(|(n, v)| (n.as_str(), v))
+    }
+
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (&str, &mut V)> {
+        self.0.iter_mut().map(|(n, v)| (n.as_str(), v))
     }
 
     pub fn is_empty(&self) -> bool {
@@ -343,11 +346,13 @@ impl<'de, V: Deserialize<'de>> Deserialize<'de> for Fields<V> {
                 f.write_str("an object")
             }
             fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Fields<V>, A::Error> {
-                let mut out: Vec<(String, V)> =
-                    Vec::with_capacity(map.size_hint().unwrap_or(0).min(16));
+                // Up to four fields are held inline: no allocation for a typical object.
+                let mut out: SmallVec<[(CompactString, V); 4]> =
+                    SmallVec::with_capacity(map.size_hint().unwrap_or(0).min(16));
                 // Past a few fields, duplicates are found with a set rather than by scanning.
-                let mut seen: Option<std::collections::HashSet<String>> = None;
-                while let Some(name) = map.next_key::<String>()? {
+                let mut seen: Option<std::collections::HashSet<CompactString>> = None;
+                // Field names are short: kept inline, they cost no allocation each.
+                while let Some(name) = map.next_key::<CompactString>()? {
                     if out.len() == MAX_FIELDS {
                         return Err(de::Error::custom(format_args!(
                             "more than {MAX_FIELDS} fields"
@@ -361,7 +366,7 @@ impl<'de, V: Deserialize<'de>> Deserialize<'de> for Fields<V> {
                         return Err(de::Error::custom(format_args!("`{name}` is given twice")));
                     }
                     if seen.is_none() && out.len() == 16 {
-                        let mut set: std::collections::HashSet<String> =
+                        let mut set: std::collections::HashSet<CompactString> =
                             out.iter().map(|(n, _)| n.clone()).collect();
                         set.insert(name.clone());
                         seen = Some(set);
@@ -389,26 +394,31 @@ pub struct FeaturesRequest {
 
 /// What a predict request resolves to.
 #[derive(Debug)]
+///
+/// Sized for a model of a few views and context fields, which then costs no allocation beyond its keys.
 pub struct Plan {
     /// Output rows: the number of candidates, or 1.
     pub rows: usize,
     /// Per model view: one shared key, or one key per row.
-    pub keys: Vec<Vec<String>>,
+    pub keys: SmallVec<[ViewKeys; 4]>,
     /// Per model view: whether its keys come from the candidates (one per row).
-    pub per_row: Vec<bool>,
+    pub per_row: SmallVec<[bool; 4]>,
     /// Per model context field: the value sent, typed; `None` when not sent.
-    pub context: Vec<Option<Value>>,
+    pub context: SmallVec<[Option<Value>; 8]>,
 }
 
-/// Checks a key against its entity and the limits, returning it as a string.
+/// One view's keys: one shared key, or one per candidate.
+pub type ViewKeys = SmallVec<[CompactString; 1]>;
+
+/// Checks a key against its entity and the limits, returning it as a string (inline up to 24 bytes).
 pub fn key_string(
     entity: &Entity,
     key: &EntityKey,
     field: &dyn fmt::Display,
     limits: &LimitsConfig,
-) -> Result<String, ApiError> {
+) -> Result<CompactString, ApiError> {
     let s = match (entity.dtype, key) {
-        (Dtype::Int64, EntityKey::Int(i)) => i.to_string(),
+        (Dtype::Int64, EntityKey::Int(i)) => i.to_compact_string(),
         (Dtype::Int64, EntityKey::Str(_)) => {
             return Err(ApiError::invalid(
                 "invalid_entity_key",
@@ -461,7 +471,8 @@ pub fn key_string(
 
 impl PredictRequest {
     /// Resolves the request against `model`: which keys each view reads, and the typed context.
-    pub fn plan(&self, model: &Model, limits: &LimitsConfig) -> Result<Plan, ApiError> {
+    /// Checks the request against `model` and the limits. Takes the context values out of the request.
+    pub fn plan(&mut self, model: &Model, limits: &LimitsConfig) -> Result<Plan, ApiError> {
         let candidates = self.candidates.as_deref();
         if let Some(c) = candidates {
             if c.is_empty() {
@@ -514,21 +525,23 @@ impl PredictRequest {
             }
         }
         let mut rows = 1;
-        let mut keys = Vec::with_capacity(model.views.len());
-        let mut per_row = Vec::with_capacity(model.views.len());
+        let mut keys = SmallVec::with_capacity(model.views.len());
+        let mut per_row = SmallVec::with_capacity(model.views.len());
         for view in &model.views {
             let (k, p) = self.view_keys(view, candidates, limits, &mut rows)?;
             keys.push(k);
             per_row.push(p);
         }
-        let mut context = vec![None; model.context.len()];
-        // In name order, so of several bad fields the same one is reported each time.
-        let mut fields: Vec<(&String, &Value)> = self.context.iter().collect();
-        fields.sort_unstable_by(|a, b| a.0.cmp(b.0));
-        for (name, value) in fields {
+        let mut context: SmallVec<[Option<Value>; 8]> = smallvec![None; model.context.len()];
+        // Of several bad fields the first in name order is reported, the same whatever order they came in.
+        let mut bad: Option<(String, ApiError)> = None;
+        for (name, value) in self.context.iter_mut() {
+            if bad.as_ref().is_some_and(|(b, _)| b.as_str() < name) {
+                continue;
+            }
             let Some(i) = model.context_index(name) else {
                 let known: Vec<_> = model.context.iter().map(|f| f.name.as_str()).collect();
-                return Err(ApiError::invalid(
+                let e = ApiError::invalid(
                     "unknown_context_field",
                     format!("context.{name}"),
                     format!(
@@ -536,16 +549,28 @@ impl PredictRequest {
                         model.name,
                         known.join(", ")
                     ),
-                ));
+                );
+                bad = Some((name.to_owned(), e));
+                continue;
             };
-            let v = model.context[i].dtype.coerce(value.clone()).map_err(|e| {
-                ApiError::invalid(
-                    "invalid_field",
-                    format!("context.{name}"),
-                    format!("context.{name}: {e}"),
-                )
-            })?;
-            context[i] = Some(v);
+            // Taken rather than cloned: the request is not read again.
+            match model.context[i]
+                .dtype
+                .coerce(std::mem::replace(value, Value::Null))
+            {
+                Ok(v) => context[i] = Some(v),
+                Err(e) => {
+                    let e = ApiError::invalid(
+                        "invalid_field",
+                        format!("context.{name}"),
+                        format!("context.{name}: {e}"),
+                    );
+                    bad = Some((name.to_owned(), e));
+                }
+            }
+        }
+        if let Some((_, e)) = bad {
+            return Err(e);
         }
         Ok(Plan {
             rows,
@@ -561,7 +586,7 @@ impl PredictRequest {
         candidates: Option<&[Fields<EntityKey>]>,
         limits: &LimitsConfig,
         rows: &mut usize,
-    ) -> Result<(Vec<String>, bool), ApiError> {
+    ) -> Result<(ViewKeys, bool), ApiError> {
         let entity = &view.entity;
         let in_candidates =
             candidates.is_some_and(|c| c.iter().any(|m| m.contains_key(&entity.name)));
@@ -577,7 +602,7 @@ impl PredictRequest {
                 ));
             }
             return Ok((
-                vec![key_string(
+                smallvec![key_string(
                     entity,
                     k,
                     &format_args!("entities.{}", entity.name),
@@ -588,7 +613,7 @@ impl PredictRequest {
         }
         match candidates {
             Some(c) if in_candidates => {
-                let mut out = Vec::with_capacity(c.len());
+                let mut out = SmallVec::with_capacity(c.len());
                 for (i, cand) in c.iter().enumerate() {
                     // Field names are formatted only for an error: a ranking request has hundreds of keys.
                     let Some(k) = cand.get(&entity.name) else {
@@ -656,7 +681,7 @@ pub fn entity_keys(
     entity: &Entity,
     keys: &EntityKeys,
     limits: &LimitsConfig,
-) -> Result<Vec<String>, ApiError> {
+) -> Result<Vec<CompactString>, ApiError> {
     keys.0
         .iter()
         .enumerate()
@@ -694,7 +719,7 @@ pub fn check_key_count(
 #[derive(Debug)]
 pub struct FeaturesPlan {
     /// The views to read, each with the keys of its entity and the features asked for (indexes).
-    pub views: Vec<(std::sync::Arc<View>, Vec<String>, Vec<usize>)>,
+    pub views: Vec<(std::sync::Arc<View>, Vec<CompactString>, Vec<usize>)>,
 }
 
 impl FeaturesRequest {
@@ -711,7 +736,7 @@ impl FeaturesRequest {
             ));
         }
         check_key_count(&self.entities, limits)?;
-        let mut views: Vec<(std::sync::Arc<View>, Vec<String>, Vec<usize>)> = Vec::new();
+        let mut views: Vec<(std::sync::Arc<View>, Vec<CompactString>, Vec<usize>)> = Vec::new();
         for (i, name) in self.features.iter().enumerate() {
             let field = format!("features[{i}]");
             let (vname, fname) = match name.split_once(':') {

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
+use smallvec::SmallVec;
 use tracing::Instrument;
 
 use crate::assemble::assemble;
@@ -88,13 +89,13 @@ impl Gateway {
         // decode
         let format = Format::of_request(headers)?;
         let answer = Format::of_response(headers, format);
-        let req: PredictRequest = parse_body(format, body)?;
+        let mut req: PredictRequest = parse_body(format, body)?;
         let plan = req.plan(model, &self.config.limits)?;
         let deadline = self.deadline(started, req.options.deadline_ms);
         t.set(Stage::Decode, laps.lap());
 
         // hydrate
-        let lookups: Vec<_> = model
+        let lookups: SmallVec<[_; 4]> = model
             .views
             .iter()
             .zip(&plan.keys)
@@ -148,7 +149,9 @@ impl Gateway {
             + u32::from(!defaulted.is_empty())
             + u32::from(req.options.return_features)
             + u32::from(req.options.timings);
-        let mut w = BodyWriter::new(answer, fields, 256 + plan.rows * 16);
+        // A guess that fits most answers (one score and one status per row, plus timings), so the buffer
+        // neither grows nor, when trimmed for the response, moves.
+        let mut w = BodyWriter::new(answer, fields, 384 + plan.rows * 24);
         w.field("model", &model.name);
         w.field("model_version", &model.version);
         w.field("outputs", &outputs);

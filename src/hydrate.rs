@@ -138,6 +138,8 @@ struct Pending {
     /// The expired entry, served if the fetch fails.
     old: Option<Arc<Entry>>,
     rx: watch::Receiver<Option<Outcome>>,
+    /// The view's counters, for a degraded answer.
+    stats: Arc<ViewStats>,
 }
 
 /// One key a fetch task reads.
@@ -227,9 +229,9 @@ impl Hydrator {
     }
 
     /// Resolves `keys[i]` of `views[i]` for every `i`. Waits for the store at most until `deadline`.
-    pub async fn hydrate(
+    pub async fn hydrate<K: AsRef<str>>(
         self: &Arc<Self>,
-        views: &[(&Arc<View>, &[String])],
+        views: &[(&Arc<View>, &[K])],
         deadline: Instant,
     ) -> Hydrated {
         let mut out = Hydrated {
@@ -241,20 +243,16 @@ impl Hydrator {
         let mut key = String::with_capacity(64);
         let now = self.cache.clock().now_ms();
         let wall = self.cache.clock().wall_ms();
-        // Each view's counters, looked up once per request (a lock and a hash), not once per key.
-        let view_stats: Vec<Arc<ViewStats>> = views
-            .iter()
-            .map(|(v, _)| self.telemetry.view(&v.name))
-            .collect();
         for (vi, (view, keys)) in views.iter().enumerate() {
-            let stats = &view_stats[vi];
+            // The view's counters, looked up once per request (a lock and a hash), not once per key.
+            let stats = &self.telemetry.view(&view.name);
             let mut rows = Vec::with_capacity(keys.len());
             // Counted here and added to the shared counters once per view: a ranking request's hundred
             // lookups would otherwise bounce their cache lines between the workers a hundred times.
             let (mut hits, mut negative, mut stale, mut misses) = (0u64, 0u64, 0u64, 0u64);
             self.hot.sample(&view.name, keys);
             for (ri, k) in keys.iter().enumerate() {
-                write_key(&mut key, &self.prefix, &view.name, k);
+                write_key(&mut key, &self.prefix, &view.name, k.as_ref());
                 let old = match self.cache.lookup(&key, &view.policy, now) {
                     Lookup::Fresh(e) => {
                         if e.found.is_some() {
@@ -285,6 +283,7 @@ impl Hydrator {
                     row: ri,
                     old,
                     rx,
+                    stats: stats.clone(),
                 });
                 // Placeholder, replaced once the fetch answers.
                 rows.push(Resolved {
@@ -315,10 +314,9 @@ impl Hydrator {
                 Ok(entry) => Self::resolve(view, entry, wall),
                 Err(fail) => {
                     out.degraded = true;
-                    let stats = &view_stats[p.view];
                     match fail {
-                        Fail::Timeout => stats.degraded_timeout.fetch_add(1, Relaxed),
-                        Fail::Error => stats.degraded_error.fetch_add(1, Relaxed),
+                        Fail::Timeout => p.stats.degraded_timeout.fetch_add(1, Relaxed),
+                        Fail::Error => p.stats.degraded_error.fetch_add(1, Relaxed),
                     };
                     match p.old {
                         Some(old) if old.found.is_some() => {
@@ -392,9 +390,9 @@ impl Hydrator {
     /// Warms the cache: reads every key of `views` that is not fresh in the cache, in one round trip, and
     /// waits (until `deadline`) for the outcome. Keys already being fetched are joined, not read twice.
     /// Lookups here are not counted as hits or misses: nobody is served.
-    pub async fn prefetch(
+    pub async fn prefetch<K: AsRef<str>>(
         self: &Arc<Self>,
-        views: &[(&Arc<View>, &[String])],
+        views: &[(&Arc<View>, &[K])],
         deadline: Instant,
     ) -> Prefetched {
         let mut out = Prefetched::default();
@@ -405,7 +403,7 @@ impl Hydrator {
         for (view, keys) in views {
             let stats = self.telemetry.view(&view.name);
             for k in keys.iter() {
-                write_key(&mut key, &self.prefix, &view.name, k);
+                write_key(&mut key, &self.prefix, &view.name, k.as_ref());
                 match self.cache.lookup(&key, &view.policy, now) {
                     Lookup::Fresh(_) => out.cached += 1,
                     Lookup::RefreshDue(_) | Lookup::Expired(_) | Lookup::Absent => {

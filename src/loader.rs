@@ -93,7 +93,7 @@ pub fn parse_row(
         .get(&entity.name)
         .ok_or_else(|| format!("missing the entity key `{}`", entity.name))?;
     let k = match raw_key {
-        serde_json::Value::String(s) => EntityKey::Str(s.clone()),
+        serde_json::Value::String(s) => EntityKey::Str(s.as_str().into()),
         serde_json::Value::Number(n) if n.is_i64() => {
             EntityKey::Int(n.as_i64().unwrap_or_default())
         }

@@ -21,9 +21,8 @@ use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use axum::body::Bytes;
 use axum::extract::{MatchedPath, Request};
-use axum::http::{HeaderMap, HeaderValue};
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use tokio::time::Sleep;
 use tracing::Instrument as _;
@@ -38,7 +37,7 @@ use crate::telemetry::{Telemetry, us_since};
 pub const TIMEOUT_GRACE: Duration = Duration::from_millis(250);
 
 /// The request-id header, read and echoed.
-pub const REQUEST_ID: &str = "x-request-id";
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Wraps each route (use it with `Router::route_layer`, so the matched route is known).
 #[derive(Clone)]
@@ -218,11 +217,12 @@ fn request_id(headers: &HeaderMap) -> Option<HeaderValue> {
     static PREFIX: OnceLock<String> = OnceLock::new();
     let prefix = PREFIX.get_or_init(|| format!("hy-{:x}-", std::process::id()));
     let n = REQUEST_SEQ.fetch_add(1, Relaxed);
-    let mut id = String::with_capacity(prefix.len() + 16);
+    let hex_digits = (u64::BITS - n.leading_zeros()).div_ceil(4).max(1) as usize;
+    let mut id = String::with_capacity(prefix.len() + hex_digits);
     id.push_str(prefix);
     let _ = write!(id, "{n:x}");
     // Visible ASCII by construction, so this cannot fail; the header is left off if it ever did.
-    HeaderValue::from_maybe_shared(Bytes::from(id)).ok()
+    HeaderValue::from_maybe_shared(crate::encode::into_bytes(id.into_bytes())).ok()
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use compact_str::CompactString;
 use parking_lot::Mutex;
 use serde::Deserialize;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -214,7 +215,7 @@ pub struct PrefetchRequest {
 }
 
 /// The keys a prefetch reads, per view.
-pub type PrefetchPlan = Vec<(Arc<View>, Vec<String>)>;
+pub type PrefetchPlan = Vec<(Arc<View>, Vec<CompactString>)>;
 
 impl PrefetchRequest {
     /// Checks the request against the registry and the limits: every entity known, every key valid, every
@@ -235,7 +236,7 @@ impl PrefetchRequest {
         // In name order, so of several bad entities the same one is reported each time.
         let mut entities: Vec<(&String, &EntityKeys)> = self.entities.iter().collect();
         entities.sort_unstable_by(|a, b| a.0.cmp(b.0));
-        let mut keys: HashMap<&str, Vec<String>> = HashMap::new();
+        let mut keys: HashMap<&str, Vec<CompactString>> = HashMap::new();
         for (name, sent) in entities {
             let Some(entity) = registry.entities.get(name.as_str()) else {
                 let known =
@@ -338,7 +339,8 @@ async fn run(
     deadline: Instant,
     _permit: OwnedSemaphorePermit,
 ) {
-    let views: Vec<(&Arc<View>, &[String])> = plan.iter().map(|(v, k)| (v, k.as_slice())).collect();
+    let views: Vec<(&Arc<View>, &[CompactString])> =
+        plan.iter().map(|(v, k)| (v, k.as_slice())).collect();
     let p = h.prefetch(&views, deadline).await;
     let stats = &h.telemetry().prefetch;
     stats.fetched.fetch_add(u64::from(p.fetched), Relaxed);

@@ -25,7 +25,9 @@ async fn open_loop_measures_the_known_delay() {
     .await;
     let s = scenario(
         &gw.url(),
-        "mode = \"open-loop\"\nrate = 100\nduration_s = 3",
+        // A 5 ms late threshold rather than 1 ms: what is checked is that a server that keeps up gets its
+        // sends on time, not how promptly a busy shared machine wakes the sender.
+        "mode = \"open-loop\"\nrate = 100\nduration_s = 3\nlate_threshold_ms = 5",
         "",
     );
     let out = run(s, &opts("known-delay"), Cancel::new())

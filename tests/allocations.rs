@@ -1,0 +1,71 @@
+//! How many heap allocations the gateway makes per request, counted (not timed) so the check is exact on
+//! any machine. The counting allocator sees this thread only: the test drives the gateway on a
+//! current-thread runtime, so decode, hydrate, assemble, postprocess and encode are all counted; the
+//! model run, on its session thread, is not.
+
+mod common;
+
+use axum::http::{HeaderMap, HeaderValue, header};
+use hydrant::app::Application;
+use hydrant::clock::Clock;
+
+const REQUESTS: u64 = 200;
+
+/// Allocations per request over [`REQUESTS`] requests of `body` to model `ctr`, every key cached.
+fn allocations_per_request(body: &[u8]) -> u64 {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (gw, _dir) = rt.block_on(async {
+        let (store, dir) = common::demo_store().await;
+        let app = Application::build_with_store(common::test_config(), store, Clock::default())
+            .await
+            .expect("the app builds");
+        (app.gateway(), dir)
+    });
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    // The first request fills the cache; the rest are the hot path.
+    let first = rt
+        .block_on(gw.predict("ctr", &headers, body))
+        .expect("predict");
+    assert_eq!(first.status(), 200);
+    let info = allocation_counter::measure(|| {
+        rt.block_on(async {
+            for _ in 0..REQUESTS {
+                let resp = gw.predict("ctr", &headers, body).await.expect("predict");
+                assert_eq!(resp.status(), 200);
+            }
+        })
+    });
+    info.count_total / REQUESTS
+}
+
+/// The hot path of the load tests (1 user, 1 candidate, 2 context fields) allocates a handful of times:
+/// the answer's body and headers, the hydrated rows, the reply channel. A dozen more would mean a
+/// per-field or per-key allocation crept back into decode or hydrate.
+#[test]
+fn a_cached_predict_allocates_a_handful_of_times() {
+    let body = br#"{"entities": {"user_id": "u_42"}, "context": {"hour_of_day": 13, "device": "ios"}, "candidates": [{"item_id": "i_7"}]}"#;
+    let n = allocations_per_request(body);
+    assert!(n <= 20, "{n} allocations per hot-path request");
+}
+
+/// A ranking request's cost must not grow by an allocation or more per candidate: 100 candidates stay
+/// within a few dozen allocations in all (one per candidate would be over a hundred).
+#[test]
+fn a_ranking_request_does_not_allocate_per_candidate() {
+    let candidates: Vec<String> = (0..100)
+        .map(|i| format!(r#"{{"item_id": "i_{}"}}"#, i % 20))
+        .collect();
+    let body = format!(
+        r#"{{"entities": {{"user_id": "u_42"}}, "context": {{"hour_of_day": 13, "device": "ios"}}, "candidates": [{}]}}"#,
+        candidates.join(",")
+    );
+    let n = allocations_per_request(body.as_bytes());
+    assert!(n <= 40, "{n} allocations per 100-candidate request");
+}
