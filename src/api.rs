@@ -90,24 +90,36 @@ fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes
 }
 
 async fn predict(State(gw): State<Arc<Gateway>>, req: Request) -> Result<Response, ApiError> {
-    let (headers, uri, body) = split(req, gw.config.limits.max_body_bytes).await?;
+    let (headers, uri, body) = split(req, &gw).await?;
     gw.predict(&path_segment(&uri, 3), &headers, &body).await
 }
 
 async fn features(State(gw): State<Arc<Gateway>>, req: Request) -> Result<Response, ApiError> {
-    let (headers, _, body) = split(req, gw.config.limits.max_body_bytes).await?;
+    let (headers, _, body) = split(req, &gw).await?;
     gw.features(&headers, &body).await
 }
 
-/// A request's headers, URI and body (read within `limit`), owned, for the hot handlers to borrow from.
-/// The `HeaderMap` and `Path<String>` extractors would copy the headers and the path segment on every
-/// request.
-async fn split(req: Request, limit: usize) -> Result<(HeaderMap, Uri, Bytes), ApiError> {
+/// A request's headers, URI and body, owned, for the handlers to borrow from. The `HeaderMap` and
+/// `Path<String>` extractors would copy the headers and the path segment on every request.
+///
+/// The body must fit `limits.max_body_bytes` (else 413) and arrive within `limits.request_timeout`
+/// (else 408: a client that stops sending mid-body is told so, rather than getting the 503 of a slow
+/// gateway). A body already received costs no timer: the timeout is armed only if the read waits.
+async fn split(req: Request, gw: &Gateway) -> Result<(HeaderMap, Uri, Bytes), ApiError> {
+    let limits = &gw.config.limits;
     let (mut parts, body) = req.into_parts();
     let headers = std::mem::take(&mut parts.headers);
     let uri = std::mem::take(&mut parts.uri);
-    let body = Bytes::from_request(Request::from_parts(parts, body), &()).await;
-    Ok((headers, uri, body_bytes(body, limit)?))
+    let read = Bytes::from_request(Request::from_parts(parts, body), &());
+    let body = tokio::time::timeout(limits.request_timeout, read)
+        .await
+        .map_err(|_| {
+            ApiError::BodyTimeout(format!(
+                "the request body did not arrive within the gateway's limit of {:?} (limits.request_timeout)",
+                limits.request_timeout
+            ))
+        })?;
+    Ok((headers, uri, body_bytes(body, limits.max_body_bytes)?))
 }
 
 /// Segment `i` of the URI's path (`/v1/models/ctr/predict`: 3 is `ctr`), percent-decoded as axum's
@@ -126,10 +138,9 @@ fn path_segment(uri: &Uri, i: usize) -> Cow<'_, str> {
 
 async fn v2_infer(
     State(gw): State<Arc<Gateway>>,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    req: Request,
 ) -> Result<Response, crate::oip::OipError> {
+    let headers = req.headers();
     // The Open Inference Protocol's REST binding is JSON only.
     if let Some(ct) = headers.get(header::CONTENT_TYPE) {
         let ct = ct.to_str().unwrap_or("");
@@ -142,7 +153,9 @@ async fn v2_infer(
             ));
         }
     }
-    let body = body.map_err(|r| crate::oip::OipError(r.status(), r.body_text()))?;
+    let (_, uri, body) = split(req, &gw)
+        .await
+        .map_err(|e| crate::oip::OipError(e.status(), e.to_string()))?;
     crate::oip::infer(&gw, &path_segment(&uri, 3), &body).await
 }
 
@@ -151,22 +164,13 @@ async fn server_metadata() -> Json<serde_json::Value> {
     Json(json!({"name": "hydrant", "version": env!("CARGO_PKG_VERSION"), "extensions": []}))
 }
 
-async fn prefetch(
-    State(gw): State<Arc<Gateway>>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let body = body_bytes(body, gw.config.limits.max_body_bytes)?;
+async fn prefetch(State(gw): State<Arc<Gateway>>, req: Request) -> Result<Response, ApiError> {
+    let (headers, _, body) = split(req, &gw).await?;
     gw.prefetch(&headers, &body).await
 }
 
-async fn write_rows(
-    State(gw): State<Arc<Gateway>>,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let body = body_bytes(body, gw.config.limits.max_body_bytes)?;
+async fn write_rows(State(gw): State<Arc<Gateway>>, req: Request) -> Result<Response, ApiError> {
+    let (headers, uri, body) = split(req, &gw).await?;
     gw.write_rows(&path_segment(&uri, 3), &headers, &body).await
 }
 

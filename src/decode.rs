@@ -96,6 +96,17 @@ impl Format {
 /// The common case decodes directly; only a body that fails is decoded again with path tracking, so the
 /// error can name the field without every good request paying for the bookkeeping.
 pub fn parse_body<T: DeserializeOwned>(format: Format, body: &[u8]) -> Result<T, ApiError> {
+    // serde takes a JSON array for a struct, field by field in order: `[{"user_id": "u_1"}]` would be
+    // read as `entities` alone. Every JSON body is an object. (MessagePack encoders write structs as
+    // arrays by default, so there an array stays a request.)
+    if format == Format::Json && body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+        return Err(ApiError::Malformed {
+            code: "invalid_json",
+            message: "the body is a JSON array: expected a JSON object (one request per call)"
+                .to_owned(),
+            field: None,
+        });
+    }
     let fast = match format {
         Format::Json => serde_json::from_slice::<T>(body).ok(),
         Format::Msgpack => {
@@ -809,6 +820,33 @@ impl FeaturesRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_json_array_is_not_a_request_but_a_msgpack_one_is() {
+        let e = parse_body::<PredictRequest>(Format::Json, br#" [{"user_id": "u_1"}]"#)
+            .expect_err("an array");
+        assert_eq!(e.code(), "invalid_json");
+        assert!(e.to_string().contains("expected a JSON object"), "{e}");
+        // The same request as an object is fine.
+        let ok = parse_body::<PredictRequest>(Format::Json, br#"{"entities": {"user_id": "u_1"}}"#)
+            .expect("an object");
+        assert_eq!(ok.entities.keys().collect::<Vec<_>>(), ["user_id"]);
+        // rmp-serde's default encoding of a struct is an array of its fields in order.
+        #[derive(serde::Serialize)]
+        struct Req {
+            entities: std::collections::BTreeMap<&'static str, &'static str>,
+        }
+        let packed = rmp_serde::to_vec(&Req {
+            entities: [("user_id", "u_1")].into(),
+        })
+        .expect("msgpack");
+        assert_eq!(packed[0] & 0xf0, 0x90, "a fixarray");
+        let req = parse_body::<PredictRequest>(Format::Msgpack, &packed).expect("msgpack array");
+        assert_eq!(
+            req.entities.get("user_id"),
+            Some(&EntityKey::Str("u_1".into()))
+        );
+    }
 
     #[test]
     fn the_answer_format_follows_accept_preferences() {

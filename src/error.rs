@@ -55,6 +55,9 @@ pub enum ApiError {
     /// The request's deadline or the gateway's request timeout passed.
     #[error("{0}")]
     Timeout(String),
+    /// The client did not send the whole body within the request timeout.
+    #[error("{0}")]
+    BodyTimeout(String),
     #[error("{0}")]
     NotReady(String),
     /// A bug or an unexpected failure: logged with its cause, answered generically.
@@ -96,6 +99,7 @@ impl ApiError {
             Self::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
+            Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::Overloaded(_)
             | Self::Timeout(_)
             | Self::NotReady(_)
@@ -115,6 +119,7 @@ impl ApiError {
             Self::TooManyRequests(_) => "too_many_requests",
             Self::StoreUnavailable(_) => "store_unavailable",
             Self::Timeout(_) => "deadline_exceeded",
+            Self::BodyTimeout(_) => "body_timeout",
             Self::NotReady(_) => "not_ready",
             Self::Internal(_) => "internal",
             Self::MethodNotAllowed { .. } => "method_not_allowed",
@@ -174,6 +179,12 @@ impl IntoResponse for ApiError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        // The rest of a body that stopped coming cannot be told from the next request: the connection
+        // ends with this answer.
+        if status == StatusCode::REQUEST_TIMEOUT {
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));

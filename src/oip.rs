@@ -20,6 +20,12 @@ pub struct OipError(pub StatusCode, pub String);
 impl IntoResponse for OipError {
     fn into_response(self) -> Response {
         let mut r = (self.0, Json(serde_json::json!({"error": self.1}))).into_response();
+        if self.0 == StatusCode::REQUEST_TIMEOUT {
+            r.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+        }
         if self.0 == StatusCode::SERVICE_UNAVAILABLE {
             r.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,

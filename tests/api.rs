@@ -973,3 +973,49 @@ async fn wrong_methods_undecodable_names_and_non_json_v2_bodies_get_json_errors(
             .is_some_and(|m| m.contains("application/json"))
     );
 }
+
+/// A client that stops sending mid-body gets 408 `body_timeout` once the request timeout has passed (not
+/// the 503 of a slow gateway), and the connection is closed: the rest of that body could not be told
+/// from a next request.
+#[tokio::test]
+async fn a_body_that_stops_coming_gets_408_and_the_connection_closes() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let mut config = common::test_config();
+    config.limits.request_timeout = std::time::Duration::from_millis(300);
+    let (store, dir) = common::demo_store().await;
+    let app = TestApp::spawn_with(config, store, Some(dir)).await;
+    app.wait_ready().await;
+    let mut s = tokio::net::TcpStream::connect(app.addr.trim_start_matches("http://"))
+        .await
+        .expect("connect");
+    s.write_all(
+        b"POST /v1/models/ctr/predict HTTP/1.1\r\nhost: hydrant\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"entities\": ",
+    )
+    .await
+    .expect("send");
+    let started = std::time::Instant::now();
+    let mut answer = Vec::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        s.read_to_end(&mut answer),
+    )
+    .await
+    .expect("the gateway answers and closes the connection")
+    .expect("read");
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 408 "), "{text}");
+    assert!(
+        text.to_ascii_lowercase()
+            .contains("\r\nconnection: close\r\n"),
+        "{text}"
+    );
+    assert!(text.contains(r#""code":"body_timeout""#), "{text}");
+    assert!(text.contains("limits.request_timeout"), "{text}");
+    assert!(
+        started.elapsed() >= std::time::Duration::from_millis(250),
+        "answered after {:?}, before the request timeout",
+        started.elapsed()
+    );
+    app.stop().await;
+}
