@@ -292,6 +292,27 @@ fn yes() -> bool {
     true
 }
 
+/// `options` as an object in JSON. serde would also fill the struct from an array, field by field
+/// (`[true]` setting `return_features`); MessagePack encoders write structs as arrays by default, so
+/// there both forms are read.
+fn options_object<'de, D: Deserializer<'de>>(d: D) -> Result<Options, D::Error> {
+    struct ObjectOnly;
+    impl<'de> Visitor<'de> for ObjectOnly {
+        type Value = Options;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Options, A::Error> {
+            Options::deserialize(de::value::MapAccessDeserializer::new(map))
+        }
+    }
+    if d.is_human_readable() {
+        d.deserialize_map(ObjectOnly)
+    } else {
+        Options::deserialize(d)
+    }
+}
+
 /// `POST /v1/models/{model}/predict`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -302,7 +323,7 @@ pub struct PredictRequest {
     pub context: Fields<Value>,
     #[serde(default)]
     pub candidates: Option<Vec<Fields<EntityKey>>>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "options_object")]
     pub options: Options,
 }
 
@@ -399,7 +420,7 @@ pub struct FeaturesRequest {
     pub entities: HashMap<String, EntityKeys>,
     /// `view` (all its features) or `view:feature`.
     pub features: Vec<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "options_object")]
     pub options: Options,
 }
 
@@ -827,6 +848,22 @@ mod tests {
             .expect_err("an array");
         assert_eq!(e.code(), "invalid_json");
         assert!(e.to_string().contains("expected a JSON object"), "{e}");
+        // Nor is `options` an array.
+        let e = parse_body::<PredictRequest>(
+            Format::Json,
+            br#"{"entities": {"user_id": "u_1"}, "options": [true]}"#,
+        )
+        .expect_err("options as an array");
+        assert_eq!(
+            e.to_string(),
+            "options: invalid type: sequence, expected an object"
+        );
+        let ok = parse_body::<PredictRequest>(
+            Format::Json,
+            br#"{"entities": {"user_id": "u_1"}, "options": {"timings": false}}"#,
+        )
+        .expect("options as an object");
+        assert!(!ok.options.timings && !ok.options.return_features);
         // The same request as an object is fine.
         let ok = parse_body::<PredictRequest>(Format::Json, br#"{"entities": {"user_id": "u_1"}}"#)
             .expect("an object");
@@ -835,9 +872,15 @@ mod tests {
         #[derive(serde::Serialize)]
         struct Req {
             entities: std::collections::BTreeMap<&'static str, &'static str>,
+            context: std::collections::BTreeMap<&'static str, i64>,
+            candidates: Option<Vec<()>>,
+            options: (bool, bool, Option<u64>),
         }
         let packed = rmp_serde::to_vec(&Req {
             entities: [("user_id", "u_1")].into(),
+            context: [("hour_of_day", 7)].into(),
+            candidates: None,
+            options: (true, false, Some(25)),
         })
         .expect("msgpack");
         assert_eq!(packed[0] & 0xf0, 0x90, "a fixarray");
@@ -846,6 +889,9 @@ mod tests {
             req.entities.get("user_id"),
             Some(&EntityKey::Str("u_1".into()))
         );
+        assert_eq!(req.context.get("hour_of_day"), Some(&Value::Int(7)));
+        assert!(req.options.return_features && !req.options.timings);
+        assert_eq!(req.options.deadline_ms, Some(25));
     }
 
     #[test]
