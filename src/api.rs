@@ -71,14 +71,18 @@ async fn stats(State(gw): State<Arc<Gateway>>) -> Json<serde_json::Value> {
     Json(crate::observe::stats(&gw))
 }
 
+fn body_too_large(limit: usize) -> ApiError {
+    ApiError::TooLarge {
+        code: "body_too_large",
+        message: format!("the request body is larger than the limit of {limit} bytes"),
+        field: None,
+    }
+}
+
 fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
     body.map_err(|r| {
         if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::TooLarge {
-                code: "body_too_large",
-                message: format!("the request body is larger than the limit of {limit} bytes"),
-                field: None,
-            }
+            body_too_large(limit)
         } else {
             ApiError::Malformed {
                 code: "invalid_body",
@@ -90,6 +94,8 @@ fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes
 }
 
 async fn predict(State(gw): State<Arc<Gateway>>, req: Request) -> Result<Response, ApiError> {
+    // An unknown model is known from the path: answered before waiting for the body.
+    gw.engine(&path_segment(req.uri(), 3))?;
     let (headers, uri, body) = split(req, &gw).await?;
     gw.predict(&path_segment(&uri, 3), &headers, &body).await
 }
@@ -108,6 +114,15 @@ async fn features(State(gw): State<Arc<Gateway>>, req: Request) -> Result<Respon
 /// costs nothing measurable per request (`scripts/bench-cpu.sh`).
 async fn split(req: Request, gw: &Gateway) -> Result<(HeaderMap, Uri, Bytes), ApiError> {
     let limits = &gw.config.limits;
+    // A body declared larger than the limit is refused at once, not after waiting for it.
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limits.max_body_bytes as u64) {
+        return Err(body_too_large(limits.max_body_bytes));
+    }
     let (mut parts, body) = req.into_parts();
     let headers = std::mem::take(&mut parts.headers);
     let uri = std::mem::take(&mut parts.uri);

@@ -47,3 +47,121 @@ impl Clock {
             .fetch_add(d.as_millis() as i64, Ordering::Relaxed);
     }
 }
+
+/// Milliseconds since the Unix epoch of an RFC 3339 date-time (`2026-11-01T12:00:00Z`,
+/// `2026-11-01T13:00:00.250+01:00`): `T` and `Z` in either case, or a space for `T` (RFC 3339 §5.6),
+/// a fraction of any length (truncated to milliseconds), and `Z` or a `±HH:MM` offset, which is applied.
+/// `None` for anything else, including a date that does not exist.
+pub fn rfc3339_ms(s: &str) -> Option<i64> {
+    let b = s.as_bytes();
+    let num = |from: usize, len: usize| -> Option<i64> {
+        let digits = b.get(from..from + len)?;
+        digits.iter().try_fold(0i64, |n, d| {
+            d.is_ascii_digit().then(|| n * 10 + i64::from(d - b'0'))
+        })
+    };
+    let at = |i: usize, c: &[u8]| b.get(i).is_some_and(|x| c.contains(x));
+    if !(at(4, b"-") && at(7, b"-") && at(10, b"Tt ") && at(13, b":") && at(16, b":")) {
+        return None;
+    }
+    let (year, month, day) = (num(0, 4)?, num(5, 2)?, num(8, 2)?);
+    let (hour, minute, second) = (num(11, 2)?, num(14, 2)?, num(17, 2)?);
+    if !(1..=12).contains(&month)
+        || day < 1
+        || day > days_in_month(year, month)
+        || hour > 23
+        || minute > 59
+        || second > 60
+    {
+        return None;
+    }
+    let mut i = 19;
+    let mut millis = 0;
+    if at(i, b".") {
+        let digits = b[i + 1..].iter().take_while(|d| d.is_ascii_digit()).count();
+        if digits == 0 {
+            return None;
+        }
+        for k in 0..3 {
+            millis = millis * 10 + if k < digits { num(i + 1 + k, 1)? } else { 0 };
+        }
+        i += 1 + digits;
+    }
+    let offset_minutes = match b.get(i)? {
+        b'Z' | b'z' if b.len() == i + 1 => 0,
+        sign @ (b'+' | b'-') if b.len() == i + 6 && at(i + 3, b":") => {
+            let (h, m) = (num(i + 1, 2)?, num(i + 4, 2)?);
+            if h > 23 || m > 59 {
+                return None;
+            }
+            if *sign == b'-' {
+                -(h * 60 + m)
+            } else {
+                h * 60 + m
+            }
+        }
+        _ => return None,
+    };
+    let days = days_from_civil(year, month, day);
+    let seconds = ((days * 24 + hour) * 60 + minute - offset_minutes) * 60 + second;
+    Some(seconds * 1000 + millis)
+}
+
+fn days_in_month(year: i64, month: i64) -> i64 {
+    match month {
+        2 if year % 4 == 0 && (year % 100 != 0 || year % 400 == 0) => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    }
+}
+
+/// Days from 1970-01-01 to the given proleptic Gregorian date (Howard Hinnant's `days_from_civil`).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_times_apply_their_offset() {
+        let utc = rfc3339_ms("2026-10-23T10:05:17.250Z");
+        assert_eq!(utc, Some(1_792_749_917_250));
+        for same in [
+            "2026-10-23T22:05:17.25+12:00",
+            "2026-10-23T05:05:17.250-05:00",
+            "2026-10-23t10:05:17.250z",
+            "2026-10-23 10:05:17.2509Z",
+            "2026-10-23T10:05:17.250-00:00",
+        ] {
+            assert_eq!(rfc3339_ms(same), utc, "{same}");
+        }
+        assert_eq!(rfc3339_ms("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(rfc3339_ms("2024-02-29T00:00:00Z"), Some(1_709_164_800_000));
+        assert_eq!(rfc3339_ms("1969-12-31T23:59:59Z"), Some(-1000));
+        for bad in [
+            "2026-10-23T12:00:00.Z",
+            "2026-10-23T12:00:00Z ",
+            "2026-10-23T12:00:00",
+            "2026-10-23",
+            "2025-02-29T00:00:00Z",
+            "2026-13-01T00:00:00Z",
+            "2026-10-23T24:00:00Z",
+            "2026-10-23T12:00:00+1:00",
+            "2026-10-23T12:00:00+01:60",
+            "2026-10-23T12:00:00+0100",
+            "2026-1O-23T12:00:00Z",
+            "",
+        ] {
+            assert_eq!(rfc3339_ms(bad), None, "{bad}");
+        }
+    }
+}

@@ -274,7 +274,8 @@ pub struct Options {
     pub return_features: bool,
     #[serde(default = "yes")]
     pub timings: bool,
-    #[serde(default)]
+    /// At least 1: a deadline of 0 could only ever be missed.
+    #[serde(default, deserialize_with = "positive_ms")]
     pub deadline_ms: Option<u64>,
 }
 
@@ -290,6 +291,40 @@ impl Default for Options {
 
 fn yes() -> bool {
     true
+}
+
+fn positive_ms<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    match Option::<u64>::deserialize(d)? {
+        Some(0) => Err(de::Error::custom(
+            "expected a deadline of at least 1 millisecond, got 0",
+        )),
+        ms => Ok(ms),
+    }
+}
+
+/// A map whose names must differ: a name given twice is an error, not last-wins.
+pub fn unique_names<'de, D: Deserializer<'de>, V: Deserialize<'de>>(
+    d: D,
+) -> Result<HashMap<String, V>, D::Error> {
+    struct Unique<V>(std::marker::PhantomData<V>);
+    impl<'de, V: Deserialize<'de>> Visitor<'de> for Unique<V> {
+        type Value = HashMap<String, V>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut out = HashMap::with_capacity(map.size_hint().unwrap_or(0).min(64));
+            while let Some(name) = map.next_key::<String>()? {
+                if out.contains_key(&name) {
+                    return Err(de::Error::custom(format_args!("`{name}` is given twice")));
+                }
+                let v = map.next_value()?;
+                out.insert(name, v);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_map(Unique(std::marker::PhantomData))
 }
 
 /// `options` as an object in JSON. serde would also fill the struct from an array, field by field
@@ -417,6 +452,7 @@ impl<'de, V: Deserialize<'de>> Deserialize<'de> for Fields<V> {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FeaturesRequest {
+    #[serde(deserialize_with = "unique_names")]
     pub entities: HashMap<String, EntityKeys>,
     /// `view` (all its features) or `view:feature`.
     pub features: Vec<String>,

@@ -48,7 +48,7 @@ impl Gateway {
         started + d
     }
 
-    fn engine(&self, model: &str) -> Result<&Arc<Engine>, ApiError> {
+    pub fn engine(&self, model: &str) -> Result<&Arc<Engine>, ApiError> {
         self.engines.get(model).ok_or_else(|| {
             let known = crate::schema::known_names(self.engines.keys().map(String::as_str));
             ApiError::NotFound {

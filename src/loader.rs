@@ -107,18 +107,26 @@ pub fn parse_row(
     let entity_key = key_string(entity, &k, &entity.name, limits).map_err(|e| e.to_string())?;
     let event_ts_ms = match row.get("event_timestamp") {
         None | Some(serde_json::Value::Null) => now_ms,
-        Some(serde_json::Value::Number(n)) => n.as_i64().filter(|ms| *ms >= 0).ok_or(
-            "`event_timestamp` must be whole milliseconds since the Unix epoch, not negative",
-        )?,
-        Some(serde_json::Value::String(s)) => humantime::parse_rfc3339_weak(s)
-            .map_err(|_| {
+        Some(serde_json::Value::Number(n)) => match n.as_i64() {
+            Some(ms) if ms >= 0 => ms,
+            Some(_) => return Err("`event_timestamp` is before 1970".to_owned()),
+            None => {
+                return Err(format!(
+                    "`event_timestamp` {n} is not whole milliseconds since the Unix epoch (an integer)"
+                ));
+            }
+        },
+        Some(serde_json::Value::String(s)) => {
+            let ms = crate::clock::rfc3339_ms(s).ok_or_else(|| {
                 format!(
-                    "`event_timestamp` `{s}` is not an RFC 3339 time (e.g. 2026-11-01T12:00:00Z)"
+                    "`event_timestamp` `{s}` is not an RFC 3339 time (e.g. 2026-11-01T12:00:00Z or 2026-11-01T13:00:00+01:00)"
                 )
-            })?
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_err(|_| "`event_timestamp` is before 1970".to_owned())?
-            .as_millis() as i64,
+            })?;
+            if ms < 0 {
+                return Err("`event_timestamp` is before 1970".to_owned());
+            }
+            ms
+        }
         Some(other) => {
             return Err(format!(
                 "`event_timestamp` must be a string or a number, got {other}"
@@ -361,10 +369,11 @@ fn json_rows<R: BufRead>(mut reader: R) -> impl Iterator<Item = std::io::Result<
             if text.trim().is_empty() {
                 continue;
             }
-            let parsed = match serde_json::from_str::<serde_json::Value>(text) {
-                Ok(serde_json::Value::Object(m)) => Ok(m),
-                Ok(_) => Err("expected a JSON object".to_owned()),
-                Err(e) => Err(format!("not valid JSON: {e}")),
+            let parsed = match serde_json::from_str::<FiniteRow>(text) {
+                Ok(FiniteRow(m)) => Ok(m),
+                Err(e) if e.is_syntax() || e.is_eof() => Err(format!("not valid JSON: {e}")),
+                // Not an object, or a name given twice.
+                Err(e) => Err(e.to_string()),
             };
             return Some(Ok((line, parsed)));
         }
@@ -482,6 +491,12 @@ impl<'de> serde::de::Visitor<'de> for FiniteVisitor {
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<FiniteJson, A::Error> {
         let mut out = serde_json::Map::new();
         while let Some((k, FiniteJson(v))) = map.next_entry::<String, FiniteJson>()? {
+            // Last-wins would store whichever came last, e.g. of two entity keys.
+            if out.contains_key(&k) {
+                return Err(serde::de::Error::custom(format_args!(
+                    "`{k}` is given twice"
+                )));
+            }
             out.insert(k, v);
         }
         Ok(FiniteJson(serde_json::Value::Object(out)))
@@ -597,6 +612,13 @@ fn csv_rows<'a, R: BufRead + 'a>(
 ) -> anyhow::Result<impl Iterator<Item = std::io::Result<ParsedLine>> + 'a> {
     let mut rdr = csv::ReaderBuilder::new().flexible(true).from_reader(reader);
     let headers = rdr.headers()?.clone();
+    if let Some(twice) = headers
+        .iter()
+        .enumerate()
+        .find_map(|(i, h)| headers.iter().skip(i + 1).any(|o| o == h).then_some(h))
+    {
+        anyhow::bail!("the CSV header names the column `{twice}` twice");
+    }
     // Each column's type, found once per file rather than once per cell.
     let columns: Vec<(String, Option<Dtype>)> = headers
         .iter()
@@ -962,6 +984,32 @@ mod tests {
                 (5, "2 cells, the header has 3"),
             ]
         );
+    }
+
+    #[tokio::test]
+    async fn a_name_given_twice_is_refused_not_last_wins() {
+        let (_dir, store) = store();
+        let jsonl = "{\"user_id\": \"a\", \"user_id\": \"b\", \"age\": 1}\n{\"user_id\": \"c\", \"age\": 1, \"age\": 2}\n{\"user_id\": \"d\", \"age\": 4}\n";
+        let report = load_users(&store, jsonl.as_bytes(), false)
+            .await
+            .expect("load");
+        assert_eq!(report.written, 1);
+        let reasons: Vec<&str> = report.rejected.iter().map(|r| r.reason.as_str()).collect();
+        assert!(
+            reasons[0].starts_with("`user_id` is given twice"),
+            "{reasons:?}"
+        );
+        assert!(
+            reasons[1].starts_with("`age` is given twice"),
+            "{reasons:?}"
+        );
+        assert_eq!(age_of(&store, "b").await, None);
+        assert_eq!(age_of(&store, "d").await, Some(Value::Int(4)));
+        let csv = "user_id,age,age\na,1,2\n";
+        let e = load_users(&store, csv.as_bytes(), true)
+            .await
+            .expect_err("a column twice");
+        assert!(e.to_string().contains("`age` twice"), "{e}");
     }
 
     #[test]

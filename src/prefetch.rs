@@ -209,6 +209,7 @@ pub async fn warm_start(h: &Arc<Hydrator>, registry: &Registry, cfg: &PrefetchCo
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PrefetchRequest {
+    #[serde(deserialize_with = "crate::decode::unique_names")]
     pub entities: HashMap<String, EntityKeys>,
     #[serde(default)]
     pub views: Option<Vec<String>>,

@@ -75,12 +75,14 @@ impl Dtype {
     pub fn coerce(self, v: Value) -> Result<Value, String> {
         match (self, v) {
             (_, Value::Null) => Ok(Value::Null),
-            (Self::Float32, Value::Float(f)) => to_float32(f).map(|_| Value::Float(f)),
+            // Kept as the float32 the model will see, so what is stored and shown is what is used.
+            (Self::Float32, Value::Float(f)) => to_float32(f).map(|x| Value::Float(f64::from(x))),
+            (Self::Float32, Value::Int(i)) => Ok(Value::Float(f64::from(i as f32))),
             (Self::Float64, Value::Float(f)) if !f.is_finite() => {
                 Err(format!("expected a finite number, got {f}"))
             }
             (Self::Float64, Value::Float(f)) => Ok(Value::Float(f)),
-            (Self::Float32 | Self::Float64, Value::Int(i)) => Ok(Value::Float(i as f64)),
+            (Self::Float64, Value::Int(i)) => Ok(Value::Float(i as f64)),
             (Self::Int64, Value::Int(i)) => Ok(Value::Int(i)),
             (Self::Int64, Value::Float(f)) if f.fract() == 0.0 && f.abs() < 9.0e15 => {
                 Ok(Value::Int(f as i64))
@@ -238,10 +240,12 @@ impl<'de> Deserialize<'de> for Value {
     }
 }
 
-/// `f` as float32: finite and within float32's range, or why not.
+/// `f` as float32 (rounded to the nearest): finite and within float32's range, or why not. A value that
+/// rounds to ±`f32::MAX`, such as `3.4028235e38` as Rust and numpy print it, is in range.
 fn to_float32(f: f64) -> Result<f32, String> {
-    if f.is_finite() && f.abs() <= f64::from(f32::MAX) {
-        Ok(f as f32)
+    let x = f as f32;
+    if f.is_finite() && x.is_finite() {
+        Ok(x)
     } else {
         Err(format!(
             "{f:e} is outside the float32 range (±{:e})",
@@ -326,7 +330,25 @@ mod tests {
         assert!(e.contains("outside the float32 range"), "{e}");
         assert_eq!(
             Dtype::Float32.coerce(Value::Float(-3.0e38)),
-            Ok(Value::Float(-3.0e38))
+            Ok(Value::Float(f64::from(-3.0e38f32)))
+        );
+        // float32's largest value as Rust and numpy print it rounds to it, so it is in range.
+        assert_eq!(
+            Dtype::Float32.coerce(Value::Float(3.4028235e38)),
+            Ok(Value::Float(f64::from(f32::MAX)))
+        );
+        // A float32 feature holds what the model will see, whether sent as JSON or MessagePack.
+        assert_eq!(
+            Dtype::Float32.coerce(Value::Float(0.1)),
+            Ok(Value::Float(f64::from(0.1f32)))
+        );
+        assert_eq!(
+            Dtype::Float32.coerce(Value::Int(16_777_217)),
+            Ok(Value::Float(16_777_216.0))
+        );
+        assert_eq!(
+            Dtype::Float64.coerce(Value::Int(16_777_217)),
+            Ok(Value::Float(16_777_217.0))
         );
         assert!(Dtype::Float64.coerce(Value::Float(1e300)).is_ok());
         assert!(Dtype::Float64.coerce(Value::Float(f64::NAN)).is_err());

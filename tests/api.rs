@@ -800,6 +800,42 @@ async fn bad_requests_get_documented_errors_and_the_gateway_keeps_serving() {
             code: "unknown_route",
             field: None,
         },
+        Case {
+            name: "an entity key given twice in a row",
+            path: "/v1/views/user_profile/rows",
+            content_type: "application/json",
+            body: br#"{"rows": [{"user_id": "u_dup2", "user_id": "u_dup3", "age": 1}]}"#.to_vec(),
+            status: 400,
+            code: "invalid_field",
+            field: Some("rows[0]"),
+        },
+        Case {
+            name: "an entity given twice to /v1/features",
+            path: "/v1/features",
+            content_type: "application/json",
+            body: br#"{"entities": {"user_id": ["u_1"], "user_id": ["u_2"]}, "features": ["user_profile:age"]}"#.to_vec(),
+            status: 400,
+            code: "invalid_field",
+            field: Some("entities"),
+        },
+        Case {
+            name: "an entity given twice to /v1/prefetch",
+            path: "/v1/prefetch",
+            content_type: "application/json",
+            body: br#"{"entities": {"user_id": ["u_1"], "user_id": ["u_2"]}}"#.to_vec(),
+            status: 400,
+            code: "invalid_field",
+            field: Some("entities"),
+        },
+        Case {
+            name: "a deadline of 0 ms",
+            path: "/v1/models/ctr/predict",
+            content_type: "application/json",
+            body: j(json!({"entities": {"user_id": "u_1"}, "candidates": [{"item_id": "i_1"}], "options": {"deadline_ms": 0}})),
+            status: 400,
+            code: "invalid_field",
+            field: Some("options.deadline_ms"),
+        },
     ];
     for c in cases {
         let r = app.post(c.path, c.content_type, c.body).await;
@@ -878,7 +914,7 @@ async fn an_extreme_event_timestamp_is_outside_max_age_not_a_crash() {
         common::load_rows(app.store.as_ref(), "user_profile", rows.as_bytes(), false).await;
     assert_eq!((report.written, report.rejected_rows), (0, 1));
     assert!(
-        report.rejected[0].reason.contains("not negative"),
+        report.rejected[0].reason.contains("before 1970"),
         "{:?}",
         report.rejected
     );
@@ -1017,5 +1053,91 @@ async fn a_body_that_stops_coming_gets_408_and_the_connection_closes() {
         "answered after {:?}, before the request timeout",
         started.elapsed()
     );
+    app.stop().await;
+}
+
+/// An `event_timestamp` with an offset means that instant: `+12:00` is 12 hours ahead of UTC. Read as
+/// UTC, an item 30 days and 10 hours old would look 30 days minus 2 hours old and be served as present.
+/// A float32 feature stores the float32 the model sees, whatever the wire format.
+#[tokio::test]
+async fn event_timestamps_apply_their_offset_and_float32_values_are_stored_as_float32() {
+    let app = TestApp::spawn().await;
+    let at = |age: std::time::Duration, offset_h: i64| {
+        let utc = std::time::SystemTime::now() - age;
+        let local = if offset_h >= 0 {
+            utc + std::time::Duration::from_secs(offset_h as u64 * 3600)
+        } else {
+            utc - std::time::Duration::from_secs(offset_h.unsigned_abs() * 3600)
+        };
+        let text = humantime::format_rfc3339_millis(local).to_string();
+        let sign = if offset_h >= 0 { '+' } else { '-' };
+        text.replace('Z', &format!("{sign}{:02}:00", offset_h.abs()))
+    };
+    let day = std::time::Duration::from_secs(86_400);
+    let hour = std::time::Duration::from_secs(3600);
+    let rows = json!({"rows": [
+        {"item_id": "ts_old", "ctr_7d": 0.5, "event_timestamp": at(day * 30 + hour * 10, 12)},
+        {"item_id": "ts_new", "ctr_7d": 0.1, "price": 16777217, "event_timestamp": at(day * 29, -5)},
+    ]});
+    let r = app.post_json("/v1/views/item_stats/rows", &rows).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let body = json!({"entities": {"item_id": ["ts_old", "ts_new"]}, "features": ["item_stats:ctr_7d", "item_stats:price"]});
+    let j = app.post_json("/v1/features", &body).await.json();
+    let ctr = &j["features"]["item_stats:ctr_7d"];
+    assert_eq!(
+        ctr["statuses"],
+        json!(["OUTSIDE_MAX_AGE", "PRESENT"]),
+        "{j}"
+    );
+    // float32 (ctr_7d) holds the float32 nearest 0.1; float64 (price) keeps every integer up to 2^53.
+    assert_eq!(ctr["values"][1], json!(f64::from(0.1f32)), "{j}");
+    assert_eq!(
+        j["features"]["item_stats:price"]["values"][1],
+        json!(16777217.0),
+        "{j}"
+    );
+    let r = app
+        .post_json(
+            "/v1/views/item_stats/rows",
+            &json!({"rows": [{"item_id": "ts_z", "price": 1, "event_timestamp": "2026-10-23T12:00:00.Z"}]}),
+        )
+        .await;
+    assert_eq!(r.status, 400, "a fraction with no digits");
+}
+
+/// What the headers alone settle is answered without waiting for the body: a body declared over
+/// `limits.max_body_bytes` (413), and a predict for a model that does not exist (404).
+#[tokio::test]
+async fn an_oversized_body_or_unknown_model_is_refused_before_the_body_arrives() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let app = TestApp::spawn().await;
+    app.wait_ready().await;
+    for (head, status, code) in [
+        (
+            "POST /v1/models/ctr/predict HTTP/1.1\r\nhost: h\r\ncontent-length: 1000000000\r\n\r\n",
+            "413",
+            "body_too_large",
+        ),
+        (
+            "POST /v1/models/nope/predict HTTP/1.1\r\nhost: h\r\ncontent-length: 100\r\n\r\n{",
+            "404",
+            "unknown_model",
+        ),
+    ] {
+        let mut s = tokio::net::TcpStream::connect(app.addr.trim_start_matches("http://"))
+            .await
+            .expect("connect");
+        s.write_all(head.as_bytes()).await.expect("send");
+        let mut answer = vec![0u8; 4096];
+        // Well inside limits.request_timeout (2 s), after which a stalled body would get 408.
+        let n = tokio::time::timeout(std::time::Duration::from_secs(1), s.read(&mut answer))
+            .await
+            .expect("answered before the body")
+            .expect("read");
+        let text = String::from_utf8_lossy(&answer[..n]);
+        assert!(text.starts_with(&format!("HTTP/1.1 {status} ")), "{text}");
+        assert!(text.contains(&format!(r#""code":"{code}""#)), "{text}");
+    }
     app.stop().await;
 }
