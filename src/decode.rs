@@ -125,8 +125,8 @@ pub fn parse_body<T: DeserializeOwned>(format: Format, body: &[u8]) -> Result<T,
 fn parse_body_tracked<T: DeserializeOwned>(format: Format, body: &[u8]) -> Result<T, ApiError> {
     let malformed = |code, message: String, path: String| ApiError::Malformed {
         code,
+        field: named_field(&path, &message).or((!path.is_empty() && path != ".").then_some(path)),
         message,
-        field: (!path.is_empty() && path != ".").then_some(path),
     };
     match format {
         Format::Json => {
@@ -184,6 +184,22 @@ fn parse_body_tracked<T: DeserializeOwned>(format: Format, body: &[u8]) -> Resul
             Ok(v)
         }
     }
+}
+
+/// The field a "missing field `x`" or "duplicate field `x`" error is about, under `path`: serde names
+/// it only in the message, since the error is raised by the object that lacks or repeats it.
+fn named_field(path: &str, message: &str) -> Option<String> {
+    let name = ["missing field `", "duplicate field `"]
+        .iter()
+        .find_map(|p| message.split_once(p))?
+        .1
+        .split('`')
+        .next()?;
+    Some(if path.is_empty() || path == "." {
+        name.to_owned()
+    } else {
+        format!("{path}.{name}")
+    })
 }
 
 fn strip_position(m: &str) -> String {

@@ -84,28 +84,47 @@ const DATATYPES: [&str; 13] = [
     "FP32", "FP64", "BYTES",
 ];
 
-/// Flattens row-major `data` (flat or nested lists) into `out`, checking each element is a float32 number.
-fn flatten(v: &Json_, out: &mut Vec<f32>, limit: usize) -> Result<(), String> {
-    match v {
-        Json_::Array(items) => {
-            for x in items {
-                flatten(x, out, limit)?;
+/// Flattens row-major `data` into `out`: a flat list of numbers, or a list of rows of exactly `width`
+/// numbers each. Each element must be a number within float32's range.
+fn flatten(v: &Json_, out: &mut Vec<f32>, limit: usize, width: usize) -> Result<(), String> {
+    let Json_::Array(items) = v else {
+        return Err(format!("expected a list of numbers, found {v}"));
+    };
+    if items.first().is_some_and(Json_::is_array) {
+        for (i, row) in items.iter().enumerate() {
+            let Json_::Array(row) = row else {
+                return Err(format!("row {i} is not a list"));
+            };
+            if row.len() != width {
+                return Err(format!(
+                    "row {i} has {} elements; the shape's rows have {width}",
+                    row.len()
+                ));
             }
-            Ok(())
+            for x in row {
+                number(x, out, limit)?;
+            }
         }
-        Json_::Number(n) => {
-            if out.len() >= limit {
-                return Err(format!("more elements than the shape's {limit}"));
-            }
-            let f = n.as_f64().ok_or("a number out of range")?;
-            if f.abs() > f64::from(f32::MAX) {
-                return Err(format!("{f} is outside the float32 range"));
-            }
-            out.push(f as f32);
-            Ok(())
-        }
-        other => Err(format!("expected numbers, found {other}")),
+        return Ok(());
     }
+    items.iter().try_for_each(|x| number(x, out, limit))
+}
+
+fn number(v: &Json_, out: &mut Vec<f32>, limit: usize) -> Result<(), String> {
+    let Json_::Number(n) = v else {
+        return Err(format!("expected numbers, found {v}"));
+    };
+    if out.len() >= limit {
+        return Err(format!("more elements than the shape's {limit}"));
+    }
+    let f = n.as_f64().ok_or("a number out of range")?;
+    // Rounded to the nearest float32; only what rounds past float32's largest value is out of range.
+    let x = f as f32;
+    if !x.is_finite() {
+        return Err(format!("{f} is outside the float32 range"));
+    }
+    out.push(x);
+    Ok(())
 }
 
 /// `POST /v2/models/{model}/infer`.
@@ -171,7 +190,7 @@ pub async fn infer(gw: &Gateway, model: &str, body: &[u8]) -> Result<Response, O
     let expected = rows * width;
     let mut buf = engine.take_buffer();
     buf.clear();
-    if let Err(e) = flatten(&input.data, &mut buf, expected) {
+    if let Err(e) = flatten(&input.data, &mut buf, expected, width) {
         engine.give_buffer(buf);
         return Err(bad(format!("input `{}` data: {e}", input.name)));
     }
@@ -200,6 +219,9 @@ pub async fn infer(gw: &Gateway, model: &str, body: &[u8]) -> Result<Response, O
                             names.join(", ")
                         ))
                     })?;
+                if v.contains(&i) {
+                    return Err(bad(format!("output `{}` is requested twice", o.name)));
+                }
                 v.push(i);
             }
             v

@@ -250,9 +250,23 @@ impl PrefetchRequest {
                     ),
                 ));
             };
+            if sent.0.is_empty() {
+                return Err(ApiError::invalid(
+                    "missing_entity",
+                    format!("entities.{name}"),
+                    format!("entities.{name}: expected at least one key"),
+                ));
+            }
             keys.insert(name.as_str(), entity_keys(entity, sent, limits)?);
         }
         let views: Vec<Arc<View>> = match &self.views {
+            Some(names) if names.is_empty() => {
+                return Err(ApiError::invalid(
+                    "invalid_field",
+                    "views",
+                    "views: expected at least one view (leave `views` out to warm every view keyed by these entities)",
+                ));
+            }
             Some(names) => {
                 let mut out = Vec::with_capacity(names.len());
                 for (i, vname) in names.iter().enumerate() {

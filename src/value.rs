@@ -230,13 +230,39 @@ impl<'de> Deserialize<'de> for Value {
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
                 let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(65_536));
-                while let Some(x) = seq.next_element::<f64>()? {
+                while let Some(ListNumber(x)) = seq.next_element()? {
                     out.push(list_element(out.len(), x).map_err(de::Error::custom)?);
                 }
                 Ok(Value::List(out.into_boxed_slice()))
             }
         }
         d.deserialize_any(V)
+    }
+}
+
+/// A list element: a number, and an error that says lists hold only numbers (a plain `f64` would say
+/// "expected f64", which reads oddly for `["ios"]`).
+struct ListNumber(f64);
+
+impl<'de> Deserialize<'de> for ListNumber {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct N;
+        impl Visitor<'_> for N {
+            type Value = ListNumber;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a number (a list holds numbers only)")
+            }
+            fn visit_i64<E: de::Error>(self, i: i64) -> Result<ListNumber, E> {
+                Ok(ListNumber(i as f64))
+            }
+            fn visit_u64<E: de::Error>(self, u: u64) -> Result<ListNumber, E> {
+                Ok(ListNumber(u as f64))
+            }
+            fn visit_f64<E: de::Error>(self, f: f64) -> Result<ListNumber, E> {
+                Ok(ListNumber(f))
+            }
+        }
+        d.deserialize_any(N)
     }
 }
 
@@ -354,6 +380,16 @@ mod tests {
         assert!(Dtype::Float64.coerce(Value::Float(f64::NAN)).is_err());
         let e = Value::from_json(&serde_json::json!([0.5, -1e300])).expect_err("too large");
         assert!(e.starts_with("list element 1:"), "{e}");
+    }
+
+    #[test]
+    fn a_list_of_strings_is_refused_saying_lists_hold_numbers() {
+        let e = serde_json::from_str::<Value>(r#"["ios"]"#).expect_err("strings");
+        assert!(e.to_string().contains("a list holds numbers only"), "{e}");
+        assert_eq!(
+            serde_json::from_str::<Value>("[1, 2.5]").expect("numbers"),
+            Value::List(vec![1.0, 2.5].into_boxed_slice())
+        );
     }
 
     #[test]

@@ -270,8 +270,18 @@ async fn v2_infer_rejects_bad_tensors_with_the_reason() {
         ),
         (
             "a string element",
-            json!({"inputs": [{"name": "features", "shape": [1, 27], "datatype": "FP32", "data": [["a"]]}]}),
+            json!({"inputs": [{"name": "features", "shape": [1, 27], "datatype": "FP32", "data": ["a"]}]}),
             "expected numbers",
+        ),
+        (
+            "ragged rows that add up",
+            json!({"inputs": [{"name": "features", "shape": [2, 27], "datatype": "FP32", "data": [vec![0.0; 28], vec![0.0; 26]]}]}),
+            "row 0 has 28 elements",
+        ),
+        (
+            "an output asked for twice",
+            json!({"inputs": [{"name": "features", "shape": [1, 27], "datatype": "FP32", "data": row}], "outputs": [{"name": "score"}, {"name": "score"}]}),
+            "requested twice",
         ),
         (
             "out of float32 range",
@@ -320,6 +330,11 @@ async fn v2_infer_rejects_bad_tensors_with_the_reason() {
             .expect("e")
             .contains("float32 range")
     );
+    // float32's largest value as Rust and numpy print it is in range.
+    let mut max = vec![json!(0.0); 27];
+    max[3] = json!(3.4028235e38);
+    let r = app.post("/v2/models/ctr/infer", "application/json", serde_json::to_vec(&json!({"inputs": [{"name": "features", "shape": [1, 27], "datatype": "FP32", "data": max}]})).expect("j")).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     // NaN and Infinity cannot be written in JSON at all: such a body is not a valid request.
     let r = app.post("/v2/models/ctr/infer", "application/json", b"{\"inputs\": [{\"name\": \"features\", \"shape\": [1, 1], \"datatype\": \"FP32\", \"data\": [NaN]}]}".to_vec()).await;
     assert_eq!(r.status, 400);
