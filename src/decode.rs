@@ -99,11 +99,40 @@ pub fn parse_body<T: DeserializeOwned>(format: Format, body: &[u8]) -> Result<T,
     // serde takes a JSON array for a struct, field by field in order: `[{"user_id": "u_1"}]` would be
     // read as `entities` alone. Every JSON body is an object. (MessagePack encoders write structs as
     // arrays by default, so there an array stays a request.)
-    if format == Format::Json && body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+    match (format, body.iter().find(|b| !b.is_ascii_whitespace())) {
+        (Format::Json, Some(b'[')) => {
+            return Err(ApiError::Malformed {
+                code: "invalid_json",
+                message: "the body is a JSON array: expected a JSON object (one request per call)"
+                    .to_owned(),
+                field: None,
+            });
+        }
+        (Format::Json, Some(&b)) if b != b'{' => {
+            return Err(ApiError::Malformed {
+                code: "invalid_json",
+                message: "the body is not a JSON object: expected `{...}`".to_owned(),
+                field: None,
+            });
+        }
+        _ => {}
+    }
+    // A MessagePack request is a map (or an array, the default encoding of a struct). Anything else,
+    // e.g. JSON sent with a MessagePack content type (`{` reads as the integer 123), says so.
+    if format == Format::Msgpack
+        && let Some(&first) = body.first()
+        && !matches!(first, 0x80..=0x9f | 0xdc..=0xdf)
+    {
         return Err(ApiError::Malformed {
-            code: "invalid_json",
-            message: "the body is a JSON array: expected a JSON object (one request per call)"
-                .to_owned(),
+            code: "invalid_msgpack",
+            message: format!(
+                "the body is not a MessagePack map (it starts with byte 0x{first:02x}{})",
+                if first == b'{' {
+                    ", as JSON does: is it JSON sent as application/msgpack?"
+                } else {
+                    ""
+                }
+            ),
             field: None,
         });
     }
@@ -893,6 +922,22 @@ impl FeaturesRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_body_that_is_not_an_object_says_so() {
+        for body in [&b"null"[..], b" 12", b"\"x\""] {
+            let e = parse_body::<PredictRequest>(Format::Json, body).expect_err("not an object");
+            assert_eq!(e.code(), "invalid_json");
+            assert!(e.to_string().contains("not a JSON object"), "{e}");
+        }
+        let e = parse_body::<PredictRequest>(Format::Msgpack, br#"{"entities": {}}"#)
+            .expect_err("JSON as MessagePack");
+        assert_eq!(e.code(), "invalid_msgpack");
+        assert!(
+            e.to_string().contains("JSON sent as application/msgpack"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn a_json_array_is_not_a_request_but_a_msgpack_one_is() {
