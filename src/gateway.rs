@@ -213,6 +213,7 @@ impl Gateway {
                 let mut col = Column {
                     values: Vec::with_capacity(resolved.len()),
                     statuses: Vec::with_capacity(resolved.len()),
+                    float32: feature.dtype == crate::value::Dtype::Float32,
                 };
                 for r in resolved {
                     let (v, st) = match r.found() {
@@ -267,10 +268,43 @@ impl From<Status> for FeatureStatusName {
     }
 }
 
-#[derive(Serialize)]
 struct Column {
     values: Vec<Value>,
     statuses: Vec<FeatureStatusName>,
+    /// The feature is float32: its values are written as float32 (`2.893027`, not the float64 digits
+    /// of the same number, `2.8930270671844482`).
+    float32: bool,
+}
+
+impl Serialize for Column {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("Column", 2)?;
+        if self.float32 {
+            st.serialize_field("values", &Float32Values(&self.values))?;
+        } else {
+            st.serialize_field("values", &self.values)?;
+        }
+        st.serialize_field("statuses", &self.statuses)?;
+        st.end()
+    }
+}
+
+struct Float32Values<'a>(&'a [Value]);
+
+impl Serialize for Float32Values<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let mut seq = s.serialize_seq(Some(self.0.len()))?;
+        for v in self.0 {
+            match v {
+                // Stored rounded to float32 already, so this loses nothing.
+                Value::Float(f) => seq.serialize_element(&(*f as f32))?,
+                other => seq.serialize_element(other)?,
+            }
+        }
+        seq.end()
+    }
 }
 
 struct ColumnsBody<'a>(&'a [(String, Column)]);

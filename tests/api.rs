@@ -1125,12 +1125,25 @@ async fn event_timestamps_apply_their_offset_and_float32_values_are_stored_as_fl
         json!(["OUTSIDE_MAX_AGE", "PRESENT"]),
         "{j}"
     );
-    // float32 (ctr_7d) holds the float32 nearest 0.1; float64 (price) keeps every integer up to 2^53.
-    assert_eq!(ctr["values"][1], json!(f64::from(0.1f32)), "{j}");
+    // float32 (ctr_7d) holds the float32 nearest 0.1, written with float32's digits; float64 (price)
+    // keeps every integer up to 2^53.
+    assert_eq!(ctr["values"][1], json!(0.1), "{j}");
     assert_eq!(
         j["features"]["item_stats:price"]["values"][1],
         json!(16777217.0),
         "{j}"
+    );
+    let r = app
+        .post(
+            "/v1/features",
+            "application/json",
+            serde_json::to_vec(&body).expect("j"),
+        )
+        .await;
+    assert!(
+        String::from_utf8_lossy(&r.body).contains(r#""values":[0.02,0.1]"#),
+        "{}",
+        String::from_utf8_lossy(&r.body)
     );
     let r = app
         .post_json(
