@@ -136,6 +136,16 @@ pub fn parse_body<T: DeserializeOwned>(format: Format, body: &[u8]) -> Result<T,
             field: None,
         });
     }
+    if format == Format::Msgpack && !msgpack_keys_are_strings(body) {
+        return Err(ApiError::Malformed {
+            code: "invalid_msgpack",
+            message:
+                "a MessagePack map key is not a string: field names are strings (serde would read \
+                      an integer key as a field's position)"
+                    .to_owned(),
+            field: None,
+        });
+    }
     let fast = match format {
         Format::Json => serde_json::from_slice::<T>(body).ok(),
         Format::Msgpack => {
@@ -213,6 +223,69 @@ fn parse_body_tracked<T: DeserializeOwned>(format: Format, body: &[u8]) -> Resul
             Ok(v)
         }
     }
+}
+
+/// Whether every map key in the MessagePack `body` is a string. One pass over the bytes, no allocation
+/// for bodies nested up to 8 deep. A body that ends early, or nests deeper than any request does, is
+/// left for the decoder to report.
+fn msgpack_keys_are_strings(b: &[u8]) -> bool {
+    const MAX_DEPTH: usize = 64;
+    // Per open container: items still to read, and whether it is a map (keys at even counts).
+    let mut open: SmallVec<[(u64, bool); 8]> = smallvec![(1, false)];
+    let mut i = 0usize;
+    while let Some(top) = open.last_mut() {
+        if top.0 == 0 {
+            open.pop();
+            continue;
+        }
+        let is_key = top.1 && top.0 % 2 == 0;
+        top.0 -= 1;
+        let Some(&m) = b.get(i) else { return true };
+        i += 1;
+        if is_key && !matches!(m, 0xa0..=0xbf | 0xd9..=0xdb) {
+            return false;
+        }
+        // A big-endian length of `n` bytes at `i`.
+        let len = |i: usize, n: usize| {
+            b.get(i..i + n)
+                .map(|s| s.iter().fold(0u64, |a, &x| a << 8 | u64::from(x)))
+        };
+        let (header, payload, container) = match m {
+            0x80..=0x8f => (0, 0, Some((u64::from(m & 0x0f) * 2, true))),
+            0x90..=0x9f => (0, 0, Some((u64::from(m & 0x0f), false))),
+            0xa0..=0xbf => (0, u64::from(m & 0x1f), None),
+            0xc4 | 0xd9 => (1, len(i, 1).unwrap_or(0), None),
+            0xc5 | 0xda => (2, len(i, 2).unwrap_or(0), None),
+            0xc6 | 0xdb => (4, len(i, 4).unwrap_or(0), None),
+            0xc7 => (1, len(i, 1).unwrap_or(0) + 1, None),
+            0xc8 => (2, len(i, 2).unwrap_or(0) + 1, None),
+            0xc9 => (4, len(i, 4).unwrap_or(0) + 1, None),
+            0xcc | 0xd0 => (0, 1, None),
+            0xcd | 0xd1 | 0xd4 => (0, 2, None),
+            0xd5 => (0, 3, None),
+            0xca | 0xce | 0xd2 => (0, 4, None),
+            0xd6 => (0, 5, None),
+            0xcb | 0xcf | 0xd3 => (0, 8, None),
+            0xd7 => (0, 9, None),
+            0xd8 => (0, 17, None),
+            0xdc => (2, 0, Some((len(i, 2).unwrap_or(0), false))),
+            0xdd => (4, 0, Some((len(i, 4).unwrap_or(0), false))),
+            0xde => (2, 0, Some((len(i, 2).unwrap_or(0) * 2, true))),
+            0xdf => (4, 0, Some((len(i, 4).unwrap_or(0) * 2, true))),
+            // Integers, nil, booleans, and the never-used 0xc1 (the decoder refuses it).
+            _ => (0, 0, None),
+        };
+        i = i
+            .saturating_add(header)
+            .saturating_add(usize::try_from(payload).unwrap_or(usize::MAX));
+        if let Some(c) = container {
+            if open.len() == MAX_DEPTH {
+                return true;
+            }
+            open.push(c);
+        }
+    }
+    true
 }
 
 /// The field a "missing field `x`" or "duplicate field `x`" error is about, under `path`: serde names
@@ -922,6 +995,42 @@ impl FeaturesRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn msgpack_map_keys_must_be_strings() {
+        let named = rmp_serde::to_vec_named(&serde_json::json!({
+            "entities": {"user_id": "u_1"},
+            "context": {"hour_of_day": 7, "device": "ios", "w": [0.5, 2.5]},
+            "options": {"timings": false, "deadline_ms": 70000},
+        }))
+        .expect("msgpack");
+        assert!(msgpack_keys_are_strings(&named));
+        assert!(parse_body::<PredictRequest>(Format::Msgpack, &named).is_ok());
+        // {0: {"user_id": "u_1"}}: serde would read key 0 as the first field, `entities`.
+        let by_index = [
+            0x81, 0x00, 0x81, 0xa7, b'u', b's', b'e', b'r', b'_', b'i', b'd', 0xa3, b'u', b'_',
+            b'1',
+        ];
+        assert!(!msgpack_keys_are_strings(&by_index));
+        let e = parse_body::<PredictRequest>(Format::Msgpack, &by_index).expect_err("integer key");
+        assert_eq!(e.code(), "invalid_msgpack");
+        // ...also inside: {"options": {0: true}}.
+        let inner = [
+            0x81, 0xa7, b'o', b'p', b't', b'i', b'o', b'n', b's', 0x81, 0x00, 0xc3,
+        ];
+        assert!(!msgpack_keys_are_strings(&inner));
+        // Strings, binary, extensions and every width of number are skipped correctly.
+        let mut mixed = vec![
+            0x92, 0xc4, 0x02, 0x00, 0x00, 0xd7, 0x01, 0, 0, 0, 0, 0, 0, 0, 0,
+        ];
+        mixed.extend([
+            0x82, 0xd9, 0x01, b'a', 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xa1, b'b', 0xcf,
+        ]);
+        mixed.extend([0u8; 8]);
+        assert!(msgpack_keys_are_strings(&mixed));
+        // A body that ends early is left to the decoder.
+        assert!(msgpack_keys_are_strings(&[0x81, 0xa1]));
+    }
 
     #[test]
     fn a_body_that_is_not_an_object_says_so() {
