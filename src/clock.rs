@@ -72,7 +72,9 @@ pub fn rfc3339_ms(s: &str) -> Option<i64> {
         || hour > 23
         || minute > 59
         || second > 60
+        || (second == 60 && (hour, minute) != (23, 59))
     {
+        // Second 60 exists only as a leap second, at 23:59:60.
         return None;
     }
     let mut i = 19;
@@ -145,6 +147,11 @@ mod tests {
             assert_eq!(rfc3339_ms(same), utc, "{same}");
         }
         assert_eq!(rfc3339_ms("1970-01-01T00:00:00Z"), Some(0));
+        // A leap second reads as the next second, the most a millisecond clock can say.
+        assert_eq!(
+            rfc3339_ms("2016-12-31T23:59:60Z"),
+            rfc3339_ms("2017-01-01T00:00:00Z")
+        );
         assert_eq!(rfc3339_ms("2024-02-29T00:00:00Z"), Some(1_709_164_800_000));
         assert_eq!(rfc3339_ms("1969-12-31T23:59:59Z"), Some(-1000));
         for bad in [
@@ -158,6 +165,7 @@ mod tests {
             "2026-10-23T12:00:00+1:00",
             "2026-10-23T12:00:00+01:60",
             "2026-10-23T12:00:00+0100",
+            "2026-11-22T10:00:60Z",
             "2026-1O-23T12:00:00Z",
             "",
         ] {

@@ -96,6 +96,11 @@ impl Format {
 /// The common case decodes directly; only a body that fails is decoded again with path tracking, so the
 /// error can name the field without every good request paying for the bookkeeping.
 pub fn parse_body<T: DeserializeOwned>(format: Format, body: &[u8]) -> Result<T, ApiError> {
+    // A UTF-8 byte order mark (some editors and Windows tools write one) is not part of the JSON.
+    let body = match format {
+        Format::Json => body.strip_prefix(b"\xef\xbb\xbf").unwrap_or(body),
+        Format::Msgpack => body,
+    };
     // serde takes a JSON array for a struct, field by field in order: `[{"user_id": "u_1"}]` would be
     // read as `entities` alone. Every JSON body is an object. (MessagePack encoders write structs as
     // arrays by default, so there an array stays a request.)
@@ -1039,6 +1044,13 @@ mod tests {
             assert_eq!(e.code(), "invalid_json");
             assert!(e.to_string().contains("not a JSON object"), "{e}");
         }
+        // A byte order mark before the object is skipped.
+        let bom = parse_body::<PredictRequest>(
+            Format::Json,
+            b"\xef\xbb\xbf{\"entities\": {\"user_id\": \"u_1\"}}",
+        )
+        .expect("an object after a BOM");
+        assert!(bom.entities.contains_key("user_id"));
         let e = parse_body::<PredictRequest>(Format::Msgpack, br#"{"entities": {}}"#)
             .expect_err("JSON as MessagePack");
         assert_eq!(e.code(), "invalid_msgpack");

@@ -110,11 +110,22 @@ pub fn parse_row(
         Some(serde_json::Value::Number(n)) => match n.as_i64() {
             Some(ms) if ms >= 0 => ms,
             Some(_) => return Err("`event_timestamp` is before 1970".to_owned()),
-            None => {
+            None if n.is_u64() => {
                 return Err(format!(
-                    "`event_timestamp` {n} is not whole milliseconds since the Unix epoch (an integer)"
+                    "`event_timestamp` {n} is too far in the future (milliseconds since the Unix epoch)"
                 ));
             }
+            // A whole number written as a float (MessagePack encoders do that) is the same instant.
+            None => match n.as_f64() {
+                Some(f) if f.fract() == 0.0 && (0.0..=9_007_199_254_740_992.0).contains(&f) => {
+                    f as i64
+                }
+                _ => {
+                    return Err(format!(
+                        "`event_timestamp` {n} is not whole milliseconds since the Unix epoch (an integer)"
+                    ));
+                }
+            },
         },
         Some(serde_json::Value::String(s)) => {
             let ms = crate::clock::rfc3339_ms(s).ok_or_else(|| {
@@ -440,7 +451,9 @@ struct FiniteJson(serde_json::Value);
 
 impl<'de> Deserialize<'de> for FiniteJson {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(FiniteVisitor("a JSON value"))
+        d.deserialize_any(FiniteVisitor(
+            "a feature value (null, a boolean, a number, a string or a list of numbers)",
+        ))
     }
 }
 
@@ -610,7 +623,9 @@ fn csv_rows<'a, R: BufRead + 'a>(
     view: &'a View,
     reader: R,
 ) -> anyhow::Result<impl Iterator<Item = std::io::Result<ParsedLine>> + 'a> {
-    let mut rdr = csv::ReaderBuilder::new().flexible(true).from_reader(reader);
+    let mut rdr = csv::ReaderBuilder::new()
+        .flexible(true)
+        .from_reader(LineStarts::new(reader));
     let headers = rdr.headers()?.clone();
     if let Some(twice) = headers
         .iter()
@@ -618,6 +633,17 @@ fn csv_rows<'a, R: BufRead + 'a>(
         .find_map(|(i, h)| headers.iter().skip(i + 1).any(|o| o == h).then_some(h))
     {
         anyhow::bail!("the CSV header names the column `{twice}` twice");
+    }
+    // A column the view does not have would be refused in every row: say it once, for the file.
+    if let Some(unknown) = headers.iter().find(|h| {
+        *h != view.entity.name && *h != "event_timestamp" && view.feature_index(h).is_none()
+    }) {
+        anyhow::bail!(
+            "the CSV header names `{unknown}`, which is not a column of view `{}` (it takes `{}`, `event_timestamp` and its features: {})",
+            view.name,
+            view.entity.name,
+            feature_names(view)
+        );
     }
     // Each column's type, found once per file rather than once per cell.
     let columns: Vec<(String, Option<Dtype>)> = headers
@@ -631,21 +657,83 @@ fn csv_rows<'a, R: BufRead + 'a>(
             (h.to_owned(), dtype)
         })
         .collect();
-    Ok(rdr.into_records().map(move |rec| {
-        let rec = match rec {
-            Ok(r) => r,
+    let mut rec = csv::StringRecord::new();
+    Ok(std::iter::from_fn(move || {
+        // The line a row starts on, from where the parser says it starts (the end of the row before).
+        let line_of = |rdr: &csv::Reader<LineStarts<R>>, p: Option<&csv::Position>| {
+            p.map_or(0, |p| rdr.get_ref().line_at(p.byte(), p.line() as usize))
+        };
+        match rdr.read_record(&mut rec) {
+            Ok(false) => None,
+            Ok(true) => {
+                let line = line_of(&rdr, rec.position());
+                Some(Ok((line, csv_row(&columns, &rec))))
+            }
             Err(e) => {
-                let line = e.position().map_or(0, |p| p.line() as usize);
+                let line = line_of(&rdr, e.position());
                 let reason = format!("not valid CSV: {e}");
-                return match e.into_kind() {
+                Some(match e.into_kind() {
                     csv::ErrorKind::Io(io) => Err(io),
                     _ => Ok((line, Err(reason))),
-                };
+                })
             }
-        };
-        let line = rec.position().map_or(0, |p| p.line() as usize);
-        Ok((line, csv_row(&columns, &rec)))
+        }
     }))
+}
+
+/// Passes a CSV file through to the parser, noting where each line's content starts, so a row is
+/// numbered by the line it starts on. The parser's own count runs behind by the line ends it has yet to
+/// skip: one per CRLF, and every blank line.
+struct LineStarts<R> {
+    inner: R,
+    /// Bytes passed through so far.
+    offset: u64,
+    /// The line `offset` is on (1-based).
+    line: usize,
+    /// Whether the last byte ended a line (or nothing has been read).
+    at_line_start: bool,
+    /// Offsets where a line's content starts, with that line, from the parser's position on.
+    starts: std::cell::RefCell<std::collections::VecDeque<(u64, usize)>>,
+}
+
+impl<R> LineStarts<R> {
+    fn new(inner: R) -> Self {
+        Self {
+            inner,
+            offset: 0,
+            line: 1,
+            at_line_start: true,
+            starts: Default::default(),
+        }
+    }
+
+    /// The line of the first content at or after byte `at`, where a row the parser places at `at`
+    /// starts; `fallback` when the file ends first.
+    fn line_at(&self, at: u64, fallback: usize) -> usize {
+        let mut starts = self.starts.borrow_mut();
+        while starts.front().is_some_and(|(o, _)| *o < at) {
+            starts.pop_front();
+        }
+        starts.front().map_or(fallback, |(_, line)| *line)
+    }
+}
+
+impl<R: std::io::Read> std::io::Read for LineStarts<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        let starts = self.starts.get_mut();
+        for &b in &buf[..n] {
+            if b == b'\n' {
+                self.line += 1;
+                self.at_line_start = true;
+            } else if b != b'\r' && self.at_line_start {
+                starts.push_back((self.offset, self.line));
+                self.at_line_start = false;
+            }
+            self.offset += 1;
+        }
+        Ok(n)
+    }
 }
 
 /// One CSV record as a JSON object, against the file's `columns` (name and type).
@@ -1010,6 +1098,36 @@ mod tests {
             .await
             .expect_err("a column twice");
         assert!(e.to_string().contains("`age` twice"), "{e}");
+        let csv = "user_id, age\na,1\nb,2\n";
+        let e = load_users(&store, csv.as_bytes(), true)
+            .await
+            .expect_err("an unknown column");
+        assert!(
+            e.to_string()
+                .contains("names ` age`, which is not a column"),
+            "{e}"
+        );
+    }
+
+    #[tokio::test]
+    async fn csv_rows_are_numbered_right_with_crlf_and_blank_lines() {
+        let (_dir, store) = store();
+        for csv in [
+            "user_id,age\r\nr_2,x\r\nr_3,y\r\n",
+            "user_id,age\nr_2,x\nr_3,y\n\n\n\nr_7,z\n",
+            "user_id,age\r\n\r\nr_3,\"x\r\n\"\r\nr_5,y",
+        ] {
+            let report = load_users(&store, csv.as_bytes(), true)
+                .await
+                .expect("load");
+            let lines: Vec<usize> = report.rejected.iter().map(|r| r.line).collect();
+            let want = match csv.lines().count() {
+                3 => vec![2, 3],
+                7 => vec![2, 3, 7],
+                _ => vec![3, 5],
+            };
+            assert_eq!(lines, want, "{csv:?}: {:?}", report.rejected);
+        }
     }
 
     #[test]

@@ -84,7 +84,10 @@ impl Dtype {
             (Self::Float64, Value::Float(f)) => Ok(Value::Float(f)),
             (Self::Float64, Value::Int(i)) => Ok(Value::Float(i as f64)),
             (Self::Int64, Value::Int(i)) => Ok(Value::Int(i)),
-            (Self::Int64, Value::Float(f)) if f.fract() == 0.0 && f.abs() < 9.0e15 => {
+            // Whole numbers up to 2^53, where float64 still holds every integer exactly.
+            (Self::Int64, Value::Float(f))
+                if f.fract() == 0.0 && f.abs() <= 9_007_199_254_740_992.0 =>
+            {
                 Ok(Value::Int(f as i64))
             }
             (Self::Bool, Value::Bool(b)) => Ok(Value::Bool(b)),
@@ -343,6 +346,12 @@ mod tests {
     fn coerce_checks_types_and_list_length() {
         assert_eq!(Dtype::Float32.coerce(Value::Int(2)), Ok(Value::Float(2.0)));
         assert!(Dtype::Int64.coerce(Value::Float(2.5)).is_err());
+        // Whole floats up to 2^53 are integers; past it float64 no longer holds every integer.
+        assert_eq!(
+            Dtype::Int64.coerce(Value::Float(9_007_199_254_740_992.0)),
+            Ok(Value::Int(9_007_199_254_740_992))
+        );
+        assert!(Dtype::Int64.coerce(Value::Float(2e16)).is_err());
         assert!(Dtype::String.coerce(Value::Int(1)).is_err());
         let e = Dtype::Float32List(4)
             .coerce(Value::List(vec![1.0].into_boxed_slice()))
