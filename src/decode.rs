@@ -63,31 +63,67 @@ impl Format {
 
     /// The answer's format: the supported type `Accept` prefers (highest `q`, then first; `q=0` refuses a
     /// type; `*/*` and `application/*` mean the request's format), else the request's format.
-    pub fn of_response(headers: &HeaderMap, request: Self) -> Self {
+    ///
+    /// A type named with `q=0`, or covered only by a wildcard with `q=0`, is never sent; when both are
+    /// refused that way the answer is 406. A header that names neither type (`text/html`) gets the
+    /// request's format.
+    pub fn of_response(headers: &HeaderMap, request: Self) -> Result<Self, ApiError> {
         let Some(accept) = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()) else {
-            return request;
+            return Ok(request);
         };
-        let mut best: Option<(f32, Self)> = None;
-        for part in accept.split(',') {
+        // Per format: the q it was named with and where (first wins), and the q of a wildcard.
+        let mut named: [Option<(f32, usize)>; 2] = [None, None];
+        let mut wildcard: Option<f32> = None;
+        for (pos, part) in accept.split(',').enumerate() {
             let mut params = part.split(';');
             let media = params.next().unwrap_or("").trim();
-            let q = params
+            let Some(q) = params
                 .find_map(|p| p.trim().strip_prefix("q="))
                 .map_or(Some(1.0), |q| q.trim().parse::<f32>().ok())
-                .unwrap_or(0.0);
-            if q.is_nan() || q <= 0.0 {
+                .filter(|q| (0.0..=1.0).contains(q))
+            else {
                 continue;
-            }
-            let format = match Self::parse(media) {
-                Some(f) => f,
-                None if media == "*/*" || media.eq_ignore_ascii_case("application/*") => request,
-                None => continue,
             };
-            if best.is_none_or(|(b, _)| q > b) {
-                best = Some((q, format));
+            match Self::parse(media) {
+                Some(f) => {
+                    let slot = &mut named[f as usize];
+                    if slot.is_none_or(|(b, _)| q > b) {
+                        *slot = Some((q, slot.map_or(pos, |(_, p)| p)));
+                    }
+                }
+                None if media == "*/*" || media.eq_ignore_ascii_case("application/*") => {
+                    wildcard = Some(wildcard.map_or(q, |w: f32| w.max(q)));
+                }
+                None => {}
             }
         }
-        best.map_or(request, |(_, f)| f)
+        // Named types first in the order named; a wildcard's types after, the request's first.
+        let rank = |f: Self| -> Option<(f32, usize)> {
+            named[f as usize].or(wildcard.map(|q| (q, usize::MAX - usize::from(f == request))))
+        };
+        let mut best: Option<(f32, usize, Self)> = None;
+        for f in [Self::Json, Self::Msgpack] {
+            if let Some((q, order)) = rank(f).filter(|(q, _)| *q > 0.0)
+                && best.is_none_or(|(bq, bo, _)| q > bq || (q == bq && order < bo))
+            {
+                best = Some((q, order, f));
+            }
+        }
+        if let Some((_, _, f)) = best {
+            return Ok(f);
+        }
+        let refused = |f: Self| rank(f).is_some_and(|(q, _)| q == 0.0);
+        let other = match request {
+            Self::Json => Self::Msgpack,
+            Self::Msgpack => Self::Json,
+        };
+        if !refused(request) {
+            Ok(request)
+        } else if !refused(other) {
+            Ok(other)
+        } else {
+            Err(ApiError::NotAcceptable(accept.to_owned()))
+        }
     }
 }
 
@@ -1120,7 +1156,7 @@ mod tests {
                 header::ACCEPT,
                 header::HeaderValue::from_str(accept).expect("header"),
             );
-            Format::of_response(&h, request)
+            Format::of_response(&h, request).expect("acceptable")
         };
         assert_eq!(pick("application/msgpack", Format::Json), Format::Msgpack);
         assert_eq!(
@@ -1141,6 +1177,26 @@ mod tests {
             pick("application/json;q=x", Format::Msgpack),
             Format::Msgpack
         );
+        // q=0 refuses a type, also where only a wildcard would have allowed it.
+        assert_eq!(pick("application/json;q=0", Format::Json), Format::Msgpack);
+        assert_eq!(
+            pick("application/json;q=0, */*", Format::Json),
+            Format::Msgpack
+        );
+        assert_eq!(
+            pick("application/msgpack, application/json", Format::Json),
+            Format::Msgpack,
+            "equal q: the first named"
+        );
+        let mut h = HeaderMap::new();
+        for refuse_both in ["*/*;q=0", "application/json;q=0, application/msgpack;q=0"] {
+            h.insert(
+                header::ACCEPT,
+                header::HeaderValue::from_static(refuse_both),
+            );
+            let e = Format::of_response(&h, Format::Json).expect_err(refuse_both);
+            assert_eq!(e.status(), axum::http::StatusCode::NOT_ACCEPTABLE);
+        }
     }
 
     #[test]

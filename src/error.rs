@@ -43,6 +43,11 @@ pub enum ApiError {
     },
     #[error("unsupported content type `{0}`: send `application/json` or `application/msgpack`")]
     UnsupportedMediaType(String),
+    /// `Accept` refuses (`q=0`) both answer formats.
+    #[error(
+        "`Accept: {0}` refuses both answer formats: accept `application/json` or `application/msgpack`"
+    )]
+    NotAcceptable(String),
     /// Load shed: the model's queue is full.
     #[error("{0}")]
     Overloaded(String),
@@ -98,6 +103,7 @@ impl ApiError {
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::NotAcceptable(_) => StatusCode::NOT_ACCEPTABLE,
             Self::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::Overloaded(_)
@@ -115,6 +121,7 @@ impl ApiError {
             | Self::NotFound { code, .. }
             | Self::TooLarge { code, .. } => code,
             Self::UnsupportedMediaType(_) => "unsupported_media_type",
+            Self::NotAcceptable(_) => "not_acceptable",
             Self::Overloaded(_) => "overloaded",
             Self::TooManyRequests(_) => "too_many_requests",
             Self::StoreUnavailable(_) => "store_unavailable",

@@ -88,7 +88,7 @@ impl Gateway {
 
         // decode
         let format = Format::of_request(headers)?;
-        let answer = Format::of_response(headers, format);
+        let answer = Format::of_response(headers, format)?;
         let mut req: PredictRequest = parse_body(format, body)?;
         let plan = req.plan(model, &self.config.limits)?;
         let deadline = self.deadline(started, req.options.deadline_ms);
@@ -188,7 +188,7 @@ impl Gateway {
         let mut t = Timings::default();
         let mut laps = Laps::from(started);
         let format = Format::of_request(headers)?;
-        let answer = Format::of_response(headers, format);
+        let answer = Format::of_response(headers, format)?;
         let req: FeaturesRequest = parse_body(format, body)?;
         let plan = req.plan(&self.registry, &self.config.limits)?;
         let deadline = self.deadline(started, req.options.deadline_ms);
