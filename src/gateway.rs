@@ -130,6 +130,14 @@ impl Gateway {
             .await?;
         t.set(Stage::Queue, laps.lap().saturating_sub(out.infer_us));
         t.set(Stage::Infer, out.infer_us);
+        if let Some((o, row)) = out.outputs.first_non_finite() {
+            let name = model.outputs.get(o).map_or("?", String::as_str);
+            engine.recycle(out);
+            return Err(ApiError::Internal(format!(
+                "model `{}` gave a non-finite `{name}` (NaN or infinity) for row {row}: check the features it was given (`options.return_features` shows them)",
+                model.name
+            )));
+        }
 
         // postprocess
         let outputs = Outputs {

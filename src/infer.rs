@@ -143,6 +143,15 @@ impl OutputRows {
         (width, &self.data[start..end])
     }
 
+    /// The first number that is NaN or infinite: its output and row. JSON cannot carry one, and a score
+    /// of NaN is no score.
+    pub fn first_non_finite(&self) -> Option<(usize, usize)> {
+        self.iter().enumerate().find_map(|(o, (width, data))| {
+            let at = data.iter().position(|x| !x.is_finite())?;
+            Some((o, at / width.max(1)))
+        })
+    }
+
     /// Every output in order, as [`OutputRows::get`] gives them.
     pub fn iter(&self) -> impl Iterator<Item = (usize, &[f32])> {
         (0..self.len()).map(|i| self.get(i))

@@ -244,6 +244,13 @@ pub async fn infer(gw: &Gateway, model: &str, body: &[u8]) -> Result<Response, O
                 )
             }
         })?;
+    if let Some((o, row)) = out.outputs.first_non_finite() {
+        let name = info.outputs.get(o).map_or("?", |x| x.name.as_str());
+        engine.recycle(out);
+        return Err(bad(format!(
+            "the model gave a non-finite `{name}` (NaN or infinity) for row {row} of these inputs"
+        )));
+    }
     let outputs = wanted
         .iter()
         .map(|&i| {

@@ -1190,3 +1190,42 @@ async fn an_oversized_body_or_unknown_model_is_refused_before_the_body_arrives()
     }
     app.stop().await;
 }
+
+/// Stored features that drive the model to NaN or infinity get an error naming the output and the row,
+/// not a `null` score in a 200 that says nothing was degraded.
+#[tokio::test]
+async fn a_non_finite_score_is_an_error_not_a_null() {
+    let app = TestApp::spawn().await;
+    let rows =
+        json!({"rows": [{"user_id": "u_huge", "embedding": [3.4e38, -3.4e38, 3.4e38, -3.4e38]}]});
+    assert_eq!(
+        app.post_json("/v1/views/user_profile/rows", &rows)
+            .await
+            .status,
+        200
+    );
+    let rows =
+        json!({"rows": [{"item_id": "i_huge", "embedding": [3.4e38, 3.4e38, 3.4e38, 3.4e38]}]});
+    assert_eq!(
+        app.post_json("/v1/views/item_stats/rows", &rows)
+            .await
+            .status,
+        200
+    );
+    let r = app
+        .predict(
+            "ctr",
+            &json!({"entities": {"user_id": "u_huge"}, "candidates": [{"item_id": "i_1"}, {"item_id": "i_huge"}]}),
+        )
+        .await;
+    assert_eq!(r.status, 500, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.code(), "internal");
+    // The cause, with the output and row, is in the log; the body says only that there is one.
+    let ok = app
+        .predict(
+            "ctr",
+            &json!({"entities": {"user_id": "u_1"}, "candidates": [{"item_id": "i_1"}]}),
+        )
+        .await;
+    assert_eq!(ok.status, 200);
+}

@@ -335,6 +335,18 @@ async fn v2_infer_rejects_bad_tensors_with_the_reason() {
     max[3] = json!(3.4028235e38);
     let r = app.post("/v2/models/ctr/infer", "application/json", serde_json::to_vec(&json!({"inputs": [{"name": "features", "shape": [1, 27], "datatype": "FP32", "data": max}]})).expect("j")).await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    // Inputs that drive the model to NaN or infinity get a 400 saying so, not a `null` score.
+    let huge = vec![json!(3.4e38); 27];
+    let r = app.post("/v2/models/ctr/infer", "application/json", serde_json::to_vec(&json!({"inputs": [{"name": "features", "shape": [1, 27], "datatype": "FP32", "data": huge}]})).expect("j")).await;
+    assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
+    assert!(
+        r.json()["error"]
+            .as_str()
+            .expect("e")
+            .contains("non-finite `score` (NaN or infinity) for row 0"),
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
     // NaN and Infinity cannot be written in JSON at all: such a body is not a valid request.
     let r = app.post("/v2/models/ctr/infer", "application/json", b"{\"inputs\": [{\"name\": \"features\", \"shape\": [1, 1], \"datatype\": \"FP32\", \"data\": [NaN]}]}".to_vec()).await;
     assert_eq!(r.status, 400);
