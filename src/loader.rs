@@ -749,10 +749,17 @@ fn csv_row(
         ));
     }
     let mut m = serde_json::Map::new();
-    for ((h, dtype), cell) in columns.iter().zip(rec.iter()) {
-        if cell.is_empty() {
+    for ((h, dtype), raw) in columns.iter().zip(rec.iter()) {
+        if raw.is_empty() {
             continue;
         }
+        // Spaces around a number, boolean or timestamp are layout, as JSON numbers already allow;
+        // a string keeps them.
+        let cell = if *dtype == Some(Dtype::String) {
+            raw
+        } else {
+            raw.trim()
+        };
         let v = match dtype {
             Some(Dtype::String) => serde_json::Value::String(cell.to_owned()),
             Some(Dtype::Bool) => match cell.to_ascii_lowercase().as_str() {
@@ -1098,6 +1105,12 @@ mod tests {
             .await
             .expect_err("a column twice");
         assert!(e.to_string().contains("`age` twice"), "{e}");
+        let csv = "user_id,is_premium,age\ns, true , 46 \n";
+        let report = load_users(&store, csv.as_bytes(), true)
+            .await
+            .expect("load");
+        assert_eq!(report.written, 1, "{:?}", report.rejected);
+        assert_eq!(age_of(&store, "s").await, Some(Value::Int(46)));
         let csv = "user_id, age\na,1\nb,2\n";
         let e = load_users(&store, csv.as_bytes(), true)
             .await
