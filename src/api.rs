@@ -95,9 +95,9 @@ fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes
 
 async fn predict(State(gw): State<Arc<Gateway>>, req: Request) -> Result<Response, ApiError> {
     // An unknown model is known from the path: answered before waiting for the body.
-    gw.engine(&path_segment(req.uri(), 3))?;
-    let (headers, uri, body) = split(req, &gw).await?;
-    gw.predict(&path_segment(&uri, 3), &headers, &body).await
+    let engine = gw.engine(&path_segment(req.uri(), 3))?;
+    let (headers, _, body) = split(req, &gw).await?;
+    gw.predict(engine, &headers, &body).await
 }
 
 async fn features(State(gw): State<Arc<Gateway>>, req: Request) -> Result<Response, ApiError> {

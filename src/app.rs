@@ -181,11 +181,7 @@ impl Application {
         });
         let _abort_upkeep = AbortOnDrop(upkeep);
         let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-        let server_cfg = &self.gateway.config.server;
-        let limits = crate::serve::ConnLimits {
-            idle_timeout: server_cfg.idle_timeout,
-            max_connections: server_cfg.max_connections,
-        };
+        let limits = crate::serve::ConnLimits::from(&self.gateway.config.server);
         let server = crate::serve::serve(self.listener, self.router, limits, async move {
             shutdown.await;
             gateway.ready.store(false, Relaxed);

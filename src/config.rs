@@ -541,12 +541,7 @@ impl Config {
             ),
             ("prefetch.hot_keep", count(prefetch.hot_keep), 1, 1_000_000),
         ] {
-            if !(min..=max).contains(&v) {
-                return Err((
-                    key,
-                    format!("{v} is out of range: must be between {min} and {max}"),
-                ));
-            }
+            in_range(v, min, max).map_err(|e| (key, e))?;
         }
         // (key, value, whether 0 means something)
         for (key, d, zero_ok) in [
@@ -744,6 +739,21 @@ pub mod duration {
                 "`{s}` is not a valid duration (expected e.g. `250ms`, `2s`, `5m`, `1h`, `30d`)"
             )
         })
+    }
+}
+
+/// `v` within `min..=max`, or the message every size and count bound gives.
+pub fn in_range<T: PartialOrd + Copy + std::fmt::Display>(
+    v: T,
+    min: T,
+    max: T,
+) -> Result<(), String> {
+    if (min..=max).contains(&v) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{v} is out of range: must be between {min} and {max}"
+        ))
     }
 }
 

@@ -461,6 +461,12 @@ fn positive_ms<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error>
     }
 }
 
+/// The error for a field name sent twice in one object: every request and row refuses that rather
+/// than letting the last one win.
+pub fn given_twice<E: de::Error>(name: &str) -> E {
+    E::custom(format_args!("`{name}` is given twice"))
+}
+
 /// A map whose names must differ: a name given twice is an error, not last-wins.
 pub fn unique_names<'de, D: Deserializer<'de>, V: Deserialize<'de>>(
     d: D,
@@ -475,7 +481,7 @@ pub fn unique_names<'de, D: Deserializer<'de>, V: Deserialize<'de>>(
             let mut out = HashMap::with_capacity(map.size_hint().unwrap_or(0).min(64));
             while let Some(name) = map.next_key::<String>()? {
                 if out.contains_key(&name) {
-                    return Err(de::Error::custom(format_args!("`{name}` is given twice")));
+                    return Err(given_twice(&name));
                 }
                 let v = map.next_value()?;
                 out.insert(name, v);
@@ -589,7 +595,7 @@ impl<'de, V: Deserialize<'de>> Deserialize<'de> for Fields<V> {
                         None => out.iter().any(|(n, _)| *n == name),
                     };
                     if twice {
-                        return Err(de::Error::custom(format_args!("`{name}` is given twice")));
+                        return Err(given_twice(&name));
                     }
                     if seen.is_none() && out.len() == 16 {
                         let mut set: std::collections::HashSet<CompactString> =

@@ -58,15 +58,15 @@ impl Gateway {
         })
     }
 
-    /// `POST /v1/models/{model}/predict`.
+    /// `POST /v1/models/{model}/predict`, on the model's engine ([`Gateway::engine`], looked up from the
+    /// path before the body is read).
     pub async fn predict(
         &self,
-        model: &str,
+        engine: &Arc<Engine>,
         headers: &HeaderMap,
         body: &[u8],
     ) -> Result<Response, ApiError> {
         let started = Instant::now();
-        let engine = self.engine(model)?;
         let stats = engine.stats();
         let result = self.run_predict(engine, headers, body, started).await;
         if result.is_err() {

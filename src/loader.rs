@@ -23,7 +23,7 @@ use crate::config::LimitsConfig;
 use crate::decode::{EntityKey, key_string};
 use crate::error::ApiError;
 use crate::hydrate::Hydrator;
-use crate::schema::View;
+use crate::schema::{EVENT_TIMESTAMP, View};
 use crate::store::{Store, StoreError, Writes, key};
 use crate::telemetry::{StoreOutcome, us_since};
 use crate::value::{Dtype, Record, Value};
@@ -105,21 +105,19 @@ pub fn parse_row(
         }
     };
     let entity_key = key_string(entity, &k, &entity.name, limits).map_err(|e| e.to_string())?;
-    let event_ts_ms = match row.get("event_timestamp") {
+    let event_ts_ms = match row.get(EVENT_TIMESTAMP) {
         None | Some(serde_json::Value::Null) => now_ms,
         Some(serde_json::Value::Number(n)) => match n.as_i64() {
-            Some(ms) if ms >= 0 => ms,
-            Some(_) => return Err("`event_timestamp` is before 1970".to_owned()),
+            Some(ms) => ms,
             None if n.is_u64() => {
                 return Err(format!(
                     "`event_timestamp` {n} is too far in the future (milliseconds since the Unix epoch)"
                 ));
             }
-            // A whole number written as a float (MessagePack encoders do that) is the same instant.
-            None => match n.as_f64() {
-                Some(f) if f.fract() == 0.0 && (0.0..=9_007_199_254_740_992.0).contains(&f) => {
-                    f as i64
-                }
+            // A whole number written as a float (MessagePack encoders do that) is the same instant,
+            // by the rule an int64 feature follows.
+            None => match Dtype::Int64.coerce(Value::Float(n.as_f64().unwrap_or(f64::NAN))) {
+                Ok(Value::Int(ms)) => ms,
                 _ => {
                     return Err(format!(
                         "`event_timestamp` {n} is not whole milliseconds since the Unix epoch (an integer)"
@@ -127,23 +125,20 @@ pub fn parse_row(
                 }
             },
         },
-        Some(serde_json::Value::String(s)) => {
-            let ms = crate::clock::rfc3339_ms(s).ok_or_else(|| {
-                format!(
-                    "`event_timestamp` `{s}` is not an RFC 3339 time (e.g. 2026-11-01T12:00:00Z or 2026-11-01T13:00:00+01:00)"
-                )
-            })?;
-            if ms < 0 {
-                return Err("`event_timestamp` is before 1970".to_owned());
-            }
-            ms
-        }
+        Some(serde_json::Value::String(s)) => crate::clock::rfc3339_ms(s).ok_or_else(|| {
+            format!(
+                "`event_timestamp` `{s}` is not an RFC 3339 time (e.g. 2026-11-01T12:00:00Z or 2026-11-01T13:00:00+01:00)"
+            )
+        })?,
         Some(other) => {
             return Err(format!(
                 "`event_timestamp` must be a string or a number, got {other}"
             ));
         }
     };
+    if event_ts_ms < 0 {
+        return Err("`event_timestamp` is before 1970".to_owned());
+    }
     // A time in the future would never grow older than the view's `max_age`.
     if event_ts_ms > now_ms.saturating_add(MAX_FUTURE_SKEW_MS) {
         return Err(format!(
@@ -151,7 +146,7 @@ pub fn parse_row(
         ));
     }
     for name in row.keys() {
-        if name != &entity.name && name != "event_timestamp" && view.feature_index(name).is_none() {
+        if !takes_column(view, name) {
             return Err(format!(
                 "unknown feature `{name}` (view `{}` has: {})",
                 view.name,
@@ -177,6 +172,11 @@ pub fn parse_row(
             values,
         },
     ))
+}
+
+/// Whether a row of `view` may name `name`: its entity key, `event_timestamp`, or one of its features.
+fn takes_column(view: &View, name: &str) -> bool {
+    name == view.entity.name || name == EVENT_TIMESTAMP || view.feature_index(name).is_some()
 }
 
 fn feature_names(view: &View) -> String {
@@ -350,19 +350,8 @@ fn json_rows<R: BufRead>(mut reader: R) -> impl Iterator<Item = std::io::Result<
             line += 1;
             if buf.len() > MAX_LINE_BYTES {
                 // Skip the rest of the line without holding it.
-                loop {
-                    let skipped = match reader.fill_buf() {
-                        Ok([]) => break,
-                        Ok(rest) => match rest.iter().position(|b| *b == b'\n') {
-                            Some(i) => {
-                                reader.consume(i + 1);
-                                break;
-                            }
-                            None => rest.len(),
-                        },
-                        Err(e) => return Some(Err(e)),
-                    };
-                    reader.consume(skipped);
+                if let Err(e) = reader.skip_until(b'\n') {
+                    return Some(Err(e));
                 }
                 let reason = format!("longer than {MAX_LINE_BYTES} bytes");
                 return Some(Ok((line, Err(reason))));
@@ -506,9 +495,7 @@ impl<'de> serde::de::Visitor<'de> for FiniteVisitor {
         while let Some((k, FiniteJson(v))) = map.next_entry::<String, FiniteJson>()? {
             // Last-wins would store whichever came last, e.g. of two entity keys.
             if out.contains_key(&k) {
-                return Err(serde::de::Error::custom(format_args!(
-                    "`{k}` is given twice"
-                )));
+                return Err(crate::decode::given_twice(&k));
             }
             out.insert(k, v);
         }
@@ -635,9 +622,7 @@ fn csv_rows<'a, R: BufRead + 'a>(
         anyhow::bail!("the CSV header names the column `{twice}` twice");
     }
     // A column the view does not have would be refused in every row: say it once, for the file.
-    if let Some(unknown) = headers.iter().find(|h| {
-        *h != view.entity.name && *h != "event_timestamp" && view.feature_index(h).is_none()
-    }) {
+    if let Some(unknown) = headers.iter().find(|h| !takes_column(view, h)) {
         anyhow::bail!(
             "the CSV header names `{unknown}`, which is not a column of view `{}` (it takes `{}`, `event_timestamp` and its features: {})",
             view.name,
@@ -660,17 +645,17 @@ fn csv_rows<'a, R: BufRead + 'a>(
     let mut rec = csv::StringRecord::new();
     Ok(std::iter::from_fn(move || {
         // The line a row starts on, from where the parser says it starts (the end of the row before).
-        let line_of = |rdr: &csv::Reader<LineStarts<R>>, p: Option<&csv::Position>| {
-            p.map_or(0, |p| rdr.get_ref().line_at(p.byte(), p.line() as usize))
+        let line_of = |rdr: &mut csv::Reader<LineStarts<R>>, p: Option<&csv::Position>| {
+            p.map_or(0, |p| rdr.get_mut().line_at(p.byte(), p.line() as usize))
         };
         match rdr.read_record(&mut rec) {
             Ok(false) => None,
             Ok(true) => {
-                let line = line_of(&rdr, rec.position());
+                let line = line_of(&mut rdr, rec.position());
                 Some(Ok((line, csv_row(&columns, &rec))))
             }
             Err(e) => {
-                let line = line_of(&rdr, e.position());
+                let line = line_of(&mut rdr, e.position());
                 let reason = format!("not valid CSV: {e}");
                 Some(match e.into_kind() {
                     csv::ErrorKind::Io(io) => Err(io),
@@ -693,7 +678,7 @@ struct LineStarts<R> {
     /// Whether the last byte ended a line (or nothing has been read).
     at_line_start: bool,
     /// Offsets where a line's content starts, with that line, from the parser's position on.
-    starts: std::cell::RefCell<std::collections::VecDeque<(u64, usize)>>,
+    starts: std::collections::VecDeque<(u64, usize)>,
 }
 
 impl<R> LineStarts<R> {
@@ -709,8 +694,8 @@ impl<R> LineStarts<R> {
 
     /// The line of the first content at or after byte `at`, where a row the parser places at `at`
     /// starts; `fallback` when the file ends first.
-    fn line_at(&self, at: u64, fallback: usize) -> usize {
-        let mut starts = self.starts.borrow_mut();
+    fn line_at(&mut self, at: u64, fallback: usize) -> usize {
+        let starts = &mut self.starts;
         while starts.front().is_some_and(|(o, _)| *o < at) {
             starts.pop_front();
         }
@@ -721,7 +706,7 @@ impl<R> LineStarts<R> {
 impl<R: std::io::Read> std::io::Read for LineStarts<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = self.inner.read(buf)?;
-        let starts = self.starts.get_mut();
+        let starts = &mut self.starts;
         for &b in &buf[..n] {
             if b == b'\n' {
                 self.line += 1;
@@ -770,7 +755,7 @@ fn csv_row(
             Some(_) => serde_json::from_str(cell).map_err(|_| {
                 format!("`{h}`: `{cell}` is not a number (lists are written as [0.1, 0.2])")
             })?,
-            // event_timestamp or an unknown column: parse_row reports unknown names.
+            // event_timestamp (the header has no other columns without a type).
             None => serde_json::from_str(cell)
                 .unwrap_or_else(|_| serde_json::Value::String(cell.to_owned())),
         };

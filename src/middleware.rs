@@ -113,9 +113,12 @@ where
 
     fn call(&mut self, mut req: Request) -> Self::Future {
         let started = Instant::now();
-        let body_read = BodyRead::default();
-        req.extensions_mut().insert(body_read.clone());
         let route = route_label(&req);
+        // Only the routes that take a body get the flag (and its allocation).
+        let body_read = reads_body(route).then(BodyRead::default);
+        if let Some(b) = &body_read {
+            req.extensions_mut().insert(b.clone());
+        }
         // The model label is a registered name, or empty for unknown names.
         let model = if route.contains("{model}") {
             let segment = req.uri().path().split('/').nth(3).unwrap_or("");
@@ -155,7 +158,7 @@ pin_project_lite::pin_project! {
         route: &'static str,
         model: Option<usize>,
         id: Option<HeaderValue>,
-        body_read: BodyRead,
+        body_read: Option<BodyRead>,
         shared: Arc<Shared>,
     }
 }
@@ -174,7 +177,7 @@ where
             Ok(Poll::Ready(Err(never))) => match never {},
             Ok(Poll::Pending) => match this.backstop.poll(cx) {
                 Poll::Pending => return Poll::Pending,
-                Poll::Ready(()) if this.body_read.0.load(Relaxed) => {
+                Poll::Ready(()) if this.body_read.as_ref().is_some_and(|b| b.0.load(Relaxed)) => {
                     ApiError::BodyTimeout(format!(
                         "the request body did not arrive within the gateway's limit of {:?} (limits.request_timeout)",
                         this.shared.limit
@@ -203,6 +206,18 @@ where
         }
         Poll::Ready(Ok(resp))
     }
+}
+
+/// Whether `route` (a [`route_label`]) reads a request body.
+fn reads_body(route: &str) -> bool {
+    matches!(
+        route,
+        "/v1/models/{model}/predict"
+            | "/v1/features"
+            | "/v2/models/{model}/infer"
+            | "/v1/prefetch"
+            | "/v1/views/{view}/rows"
+    )
 }
 
 /// The matched route as a static label (bounded cardinality).

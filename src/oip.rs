@@ -20,12 +20,6 @@ pub struct OipError(pub StatusCode, pub String);
 impl IntoResponse for OipError {
     fn into_response(self) -> Response {
         let mut r = (self.0, Json(serde_json::json!({"error": self.1}))).into_response();
-        if self.0 == StatusCode::REQUEST_TIMEOUT {
-            r.headers_mut().insert(
-                axum::http::header::CONNECTION,
-                axum::http::HeaderValue::from_static("close"),
-            );
-        }
         if self.0 == StatusCode::SERVICE_UNAVAILABLE {
             r.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,
@@ -118,12 +112,7 @@ fn number(v: &Json_, out: &mut Vec<f32>, limit: usize) -> Result<(), String> {
         return Err(format!("more elements than the shape's {limit}"));
     }
     let f = n.as_f64().ok_or("a number out of range")?;
-    // Rounded to the nearest float32; only what rounds past float32's largest value is out of range.
-    let x = f as f32;
-    if !x.is_finite() {
-        return Err(format!("{f} is outside the float32 range"));
-    }
-    out.push(x);
+    out.push(crate::value::to_float32(f)?);
     Ok(())
 }
 

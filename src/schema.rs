@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::config::{MAX_CONFIG_DURATION, MAX_SESSIONS, duration};
+use crate::config::{MAX_CONFIG_DURATION, MAX_SESSIONS, duration, in_range};
 use crate::value::{Dtype, Value};
 
 /// Reserved source name for request-time features in a model binding (`context:hour_of_day`).
@@ -1099,22 +1099,11 @@ fn compile_model(
             "the binding needs at least one input".into(),
         );
     }
-    if let Some(n) = d.sessions
-        && !(1..=MAX_SESSIONS).contains(&n)
-    {
-        errs.push(
-            file,
-            "sessions",
-            format!("{n} is out of range: must be between 1 and {MAX_SESSIONS}"),
-        );
+    if let Some(Err(e)) = d.sessions.map(|n| in_range(n, 1, MAX_SESSIONS)) {
+        errs.push(file, "sessions", e);
     }
-    let rows = d.batching.max_batch_rows;
-    if !(1..=MAX_BATCH_ROWS).contains(&rows) {
-        errs.push(
-            file,
-            "batching.max_batch_rows",
-            format!("{rows} is out of range: must be between 1 and {MAX_BATCH_ROWS}"),
-        );
+    if let Err(e) = in_range(d.batching.max_batch_rows, 1, MAX_BATCH_ROWS) {
+        errs.push(file, "batching.max_batch_rows", e);
     }
     if d.batching.max_delay_us > 1_000_000 {
         errs.push(

@@ -35,12 +35,19 @@ pub struct ConnLimits {
     pub max_connections: usize,
 }
 
+impl From<&crate::config::ServerConfig> for ConnLimits {
+    fn from(c: &crate::config::ServerConfig) -> Self {
+        Self {
+            idle_timeout: c.idle_timeout,
+            max_connections: c.max_connections,
+        }
+    }
+}
+
+/// The `server.idle_timeout` and `server.max_connections` defaults.
 impl Default for ConnLimits {
     fn default() -> Self {
-        Self {
-            idle_timeout: Duration::from_secs(75),
-            max_connections: 10_000,
-        }
+        Self::from(&crate::config::ServerConfig::default())
     }
 }
 

@@ -271,7 +271,7 @@ impl<'de> Deserialize<'de> for ListNumber {
 
 /// `f` as float32 (rounded to the nearest): finite and within float32's range, or why not. A value that
 /// rounds to ±`f32::MAX`, such as `3.4028235e38` as Rust and numpy print it, is in range.
-fn to_float32(f: f64) -> Result<f32, String> {
+pub(crate) fn to_float32(f: f64) -> Result<f32, String> {
     let x = f as f32;
     if f.is_finite() && x.is_finite() {
         Ok(x)

@@ -41,13 +41,16 @@ fn allocations_per_request(body: &[u8]) -> u64 {
     );
     // The first request fills the cache; the rest are the hot path.
     let first = rt
-        .block_on(gw.predict("ctr", &headers, body))
+        .block_on(gw.predict(gw.engine("ctr").expect("ctr"), &headers, body))
         .expect("predict");
     assert_eq!(first.status(), 200);
     let info = allocation_counter::measure(|| {
         rt.block_on(async {
             for _ in 0..REQUESTS {
-                let resp = gw.predict("ctr", &headers, body).await.expect("predict");
+                let resp = gw
+                    .predict(gw.engine("ctr").expect("ctr"), &headers, body)
+                    .await
+                    .expect("predict");
                 assert_eq!(resp.status(), 200);
             }
         })
