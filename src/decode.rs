@@ -909,12 +909,19 @@ pub fn unknown_view(registry: &Registry, field: &str, name: &str) -> ApiError {
     )
 }
 
-/// Checks each of an entity's keys (`entities.<entity>[j]` in errors), returning them as strings.
+/// Checks an entity's keys (at least one; `entities.<entity>[j]` in errors), returning them as strings.
 pub fn entity_keys(
     entity: &Entity,
     keys: &EntityKeys,
     limits: &LimitsConfig,
 ) -> Result<Vec<CompactString>, ApiError> {
+    if keys.0.is_empty() {
+        return Err(ApiError::invalid(
+            "missing_entity",
+            format!("entities.{}", entity.name),
+            format!("entities.{}: expected at least one key", entity.name),
+        ));
+    }
     keys.0
         .iter()
         .enumerate()
@@ -993,13 +1000,6 @@ impl FeaturesRequest {
                             ),
                         )
                     })?;
-                    if keys.0.is_empty() {
-                        return Err(ApiError::invalid(
-                            "missing_entity",
-                            format!("entities.{}", entity.name),
-                            format!("entities.{}: expected at least one key", entity.name),
-                        ));
-                    }
                     let ks = entity_keys(entity, keys, limits)?;
                     views.push((view.clone(), ks, Vec::new()));
                     views.len() - 1

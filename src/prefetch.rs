@@ -250,13 +250,6 @@ impl PrefetchRequest {
                     ),
                 ));
             };
-            if sent.0.is_empty() {
-                return Err(ApiError::invalid(
-                    "missing_entity",
-                    format!("entities.{name}"),
-                    format!("entities.{name}: expected at least one key"),
-                ));
-            }
             keys.insert(name.as_str(), entity_keys(entity, sent, limits)?);
         }
         let views: Vec<Arc<View>> = match &self.views {
