@@ -77,12 +77,6 @@ pub enum RunError {
     Task(String),
     #[error("client set-up failed: {0}")]
     Client(#[from] ExchangeError),
-    #[error("cannot write {path}: {source}")]
-    Write {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
     /// The output directory cannot be created or written; found before any load was sent.
     #[error("output directory {path} is not writable: {source}")]
     OutDir {
@@ -417,14 +411,13 @@ pub async fn run(
 pub fn write_outputs(result: RunResult, out_dir: &Path) -> Result<RunOutput, RunError> {
     let files = match write_files(&result, out_dir) {
         Ok(files) => files,
-        Err(RunError::Write { path, source }) => {
+        Err((path, source)) => {
             return Err(RunError::ReportNotWritten {
                 result: Box::new(result),
                 path,
                 source,
             });
         }
-        Err(e) => return Err(e),
     };
     Ok(RunOutput {
         result,
@@ -433,11 +426,15 @@ pub fn write_outputs(result: RunResult, out_dir: &Path) -> Result<RunOutput, Run
     })
 }
 
-/// Writes the JSON and HTML files for `result` into `out_dir`; returns their paths.
-pub fn write_files(result: &RunResult, out_dir: &Path) -> Result<(PathBuf, PathBuf), RunError> {
+/// Writes the JSON and HTML files for `result` into `out_dir`; returns their paths, or the path that
+/// could not be written and why.
+fn write_files(
+    result: &RunResult,
+    out_dir: &Path,
+) -> Result<(PathBuf, PathBuf), (String, std::io::Error)> {
     let write_err = |path: &Path| {
         let path = path.display().to_string();
-        move |source| RunError::Write { path, source }
+        move |source| (path, source)
     };
     std::fs::create_dir_all(out_dir).map_err(write_err(out_dir))?;
     let json_path = out_dir.join(format!("{}.json", result.scenario));
