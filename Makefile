@@ -9,7 +9,7 @@ CARGO ?= cargo
 BIN := target/release/hydrant
 DATA := data/hydrant.redb
 
-.PHONY: run test ort ort-gpu system-deps build demo-data lint fmt validate clean loadtest
+.PHONY: run test ort ort-gpu check-gpu system-deps build demo-data lint fmt validate clean loadtest
 
 # REDIS_URL=redis://HOST:PORT makes `run` (and `demo-data`) use that Redis instead of the embedded store.
 REDIS_URL ?=
@@ -43,6 +43,10 @@ $(ORT_LIB):
 ## ort-gpu: the onnxruntime-gpu wheel's libraries instead (CUDA provider beside libonnxruntime.so)
 ort-gpu:
 	scripts/install-ort.sh gpu $(ORT_DIR)
+
+## check-gpu: on a machine with an NVIDIA GPU, the CUDA tests and ranking on cpu vs cuda (scripts/check-gpu.sh)
+check-gpu: system-deps ort-gpu
+	scripts/check-gpu.sh
 
 ## system-deps: tools the tests start for real (redis-server; openssl makes the TLS test's certificates), installed from Debian when missing
 system-deps:

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Checks the CUDA path on a machine with an NVIDIA GPU, then measures it beside the CPU:
+#   1. tests/gpu.rs with TEST_HAS_CUDA=1: cuda scores equal cpu scores (alone and batched), V2 infer,
+#      and `device: auto` choosing the GPU;
+#   2. the ranking scenario at each rate in RATES, with the ctr model on cpu and then on cuda, one
+#      after the other on the same machine over the embedded store, and a table of both.
+# Needs the onnxruntime-gpu libraries in .ort/lib (`make ort-gpu`) and CUDA 13 with cuDNN 9, from the
+# system or from pip's nvidia-* packages (found through python3 and put on LD_LIBRARY_PATH).
+#   scripts/check-gpu.sh                              builds with cargo
+#   BIN=DIR GPU_TEST=FILE scripts/check-gpu.sh        prebuilt hydrant and loadtest in DIR, and the
+#                                                     tests/gpu.rs test binary (a machine without Rust)
+# RATES (default "200 1000") and DURATION_S (default 15) shape the load; SESSIONS sets
+# inference.default_sessions (default: one per core).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rates="${RATES:-200 1000}" secs="${DURATION_S:-15}"
+[ -f .ort/lib/libonnxruntime_providers_cuda.so ] ||
+  { echo "no CUDA provider in .ort/lib: run \`make ort-gpu\` first" >&2; exit 2; }
+source scripts/lib.sh
+
+# CUDA libraries that pip installed (nvidia-cublas, nvidia-cudnn-cu13, ...) are not on the loader path.
+pip_cuda="$(python3 - 2>/dev/null <<'PY' || true
+import glob, os
+import nvidia
+print(":".join(sorted(d for p in nvidia.__path__ for d in glob.glob(os.path.join(p, "*", "lib")))))
+PY
+)"
+[ -n "$pip_cuda" ] && export LD_LIBRARY_PATH="$pip_cuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+
+if [ -n "${BIN:-}" ]; then
+  bin="$BIN"
+else
+  cargo build --release --bin hydrant && cargo build --release -p loadtest
+  bin=target/release
+fi
+[ -n "${SESSIONS:-}" ] && export HYDRANT_INFERENCE__DEFAULT_SESSIONS="$SESSIONS"
+
+echo "== tests/gpu.rs" >&2
+if [ -n "${GPU_TEST:-}" ]; then
+  TEST_HAS_CUDA=1 "$GPU_TEST" --test-threads 1 --nocapture
+else
+  TEST_HAS_CUDA=1 cargo test --release --test gpu -- --test-threads 1 --nocapture
+fi
+
+echo "== ranking, cpu then cuda, at ${rates// /, } requests/s for ${secs}s each" >&2
+export HYDRANT_STORE__EMBEDDED__PATH="$work/store.redb" HYDRANT_TELEMETRY__LOG_LEVEL=warn
+"$bin/hydrant" load --view user_profile demo/rows/user_profile.jsonl >/dev/null
+"$bin/hydrant" load --view item_stats demo/rows/item_stats.jsonl >/dev/null
+out=target/loadtest/gpu
+for device in cpu cuda; do
+  cp -r schemas "$work/schemas-$device"
+  sed -i "s/^device: cpu/device: $device/" "$work/schemas-$device/ctr.yaml"
+  port="$(free_port)"
+  HYDRANT_REGISTRY__SCHEMAS="$work/schemas-$device" HYDRANT_SERVER__BIND="127.0.0.1:$port" \
+    "$bin/hydrant" serve >"$work/hydrant-$device.log" 2>&1 &
+  pid=$!
+  pids+=("$pid")
+  wait_ready "$port" "$work/hydrant-$device.log"
+  curl -sf "http://127.0.0.1:$port/v2/models/ctr" | grep -q "\"device\":\"$device\"" ||
+    { echo "the gateway did not put ctr on $device:" >&2; cat "$work/hydrant-$device.log" >&2; exit 1; }
+  for rate in $rates; do
+    sed "s/^rate = .*/rate = $rate/" loadtest/scenarios/ranking.toml >"$work/ranking-$rate.toml"
+    "$bin/loadtest" run "$work/ranking-$rate.toml" --target "http://127.0.0.1:$port" \
+      --duration-s "$secs" --quiet --out-dir "$out/$device" >/dev/null
+  done
+  kill "$pid" && wait "$pid" 2>/dev/null || true
+done
+python3 - "$out" $rates <<'PY'
+import json, sys
+out, rates = sys.argv[1], sys.argv[2:]
+print(f"{'device':<7}{'rate':>6}{'achieved':>10}{'p50 µs':>9}{'p99 µs':>9}{'infer p99':>11}{'queue p99':>11}{'errors':>8}")
+for device in ("cpu", "cuda"):
+    for rate in rates:
+        r = json.load(open(f"{out}/{device}/ranking-{rate}.json"))
+        s = r["stages_p99_us"]
+        print(f"{device:<7}{rate:>6}{r['achieved_rps']:>10.0f}{r['p50_us']:>9}{r['p99_us']:>9}"
+              f"{s.get('infer', 0):>11}{s.get('queue', 0):>11}{r['errors']:>8}")
+PY
