@@ -34,6 +34,6 @@ wait_ready "$fport" "$work/floor.log"
 # The scenario, pointed at the pinned floor instead of one spawned inside the load tester.
 name="$(basename "$scenario" .toml)"
 sed "/^\[floor\]/a url = \"http://127.0.0.1:$fport\"" "$scenario" >"$work/$name.toml"
-grep -q "^url = " "$work/$name.toml" || echo -e "\n[floor]\nurl = \"http://127.0.0.1:$fport\"" >>"$work/$name.toml"
+grep -q "^url = " "$work/$name.toml" || echo -e "\n[floor]\nenabled = true\nurl = \"http://127.0.0.1:$fport\"" >>"$work/$name.toml"
 taskset -c "4-$((cores - 1))" "$bin/loadtest" run "$work/$name.toml" --target "http://127.0.0.1:$hport" \
   --out-dir target/loadtest/pinned

@@ -4,6 +4,9 @@
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
+# Load tests hold many connections: lift the soft open-file limit to the hard one.
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+
 work="$(mktemp -d)"
 pids=()
 cleanup() {

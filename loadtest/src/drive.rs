@@ -33,6 +33,9 @@ const MAX_SLEEP: Duration = Duration::from_millis(50);
 const MIN_SLEEP: Duration = Duration::from_micros(100);
 /// Pause after a refused connection in closed loop, so a dead target is not hammered in a spin.
 const CONNECT_BACKOFF: Duration = Duration::from_millis(10);
+/// After Ctrl-C, how long requests still in flight get to finish before they are abandoned (and
+/// not counted), so the report is written promptly even against a server that hangs.
+const CANCEL_GRACE: Duration = Duration::from_millis(500);
 
 /// Cooperative cancellation (Ctrl-C), visible to async tasks and to the scheduler thread.
 #[derive(Debug, Clone)]
@@ -66,6 +69,18 @@ impl Cancel {
         let mut rx = self.tx.subscribe();
         // The sender lives in `self`, so this only returns once the value is true.
         let _ = rx.wait_for(|v| *v).await;
+    }
+
+    /// Runs `work` to its end, or until [`CANCEL_GRACE`] after a cancellation, whichever is first.
+    /// Returns whether `work` finished.
+    async fn or_grace(&self, work: impl std::future::Future<Output = ()>) -> bool {
+        tokio::select! {
+            () = work => true,
+            () = async {
+                self.cancelled().await;
+                tokio::time::sleep(CANCEL_GRACE).await;
+            } => false,
+        }
     }
 }
 
@@ -114,13 +129,16 @@ impl Driver {
     }
 }
 
-/// Open loop at `rate` for `duration`; `stream` seeds the request mix. Returns the time the
-/// schedule covered (shorter when cancelled). In-flight requests are awaited before returning.
+/// Open loop at `rate` for `duration`; `stream` seeds the request mix. In-flight requests are
+/// awaited before returning (after Ctrl-C, for [`CANCEL_GRACE`] at most). Returns the time from the
+/// first send to the last answer: a server that falls behind stretches it past the schedule, so
+/// answers per second over it are what the server delivered, not what was offered.
 ///
 /// The schedule thread builds the bodies and hands the due sends over in batches; this task
 /// (on a runtime worker) spawns them, so a spawn goes to the worker's local queue instead of
 /// waking a worker from outside once per request.
 pub async fn open_loop(d: &Arc<Driver>, rate: f64, duration: Duration, stream: u64) -> Duration {
+    let start = Instant::now();
     let cap = d.scenario.load.max_in_flight.max(1);
     let sem = Arc::new(Semaphore::new(cap));
     let (tx, mut rx) = mpsc::unbounded_channel::<Vec<(Instant, Bytes)>>();
@@ -155,8 +173,18 @@ pub async fn open_loop(d: &Arc<Driver>, rate: f64, duration: Duration, stream: u
     // Every request is bounded by the request timeout, so the drain is too.
     let drain = d.scenario.timeout + Duration::from_secs(2);
     let permits = u32::try_from(cap).unwrap_or(u32::MAX);
-    let _ = tokio::time::timeout(drain, sem.acquire_many(permits)).await;
-    covered
+    let drained = d
+        .cancel
+        .or_grace(async {
+            let _ = tokio::time::timeout(drain, sem.acquire_many(permits)).await;
+        })
+        .await;
+    if drained {
+        start.elapsed().max(covered)
+    } else {
+        // Cancelled: the answers counted are those of the schedule up to Ctrl-C (and the grace).
+        covered
+    }
 }
 
 /// Runs the fixed schedule on a blocking thread: every due send (intended time, body) goes to
@@ -200,7 +228,8 @@ fn schedule(
 }
 
 /// Closed loop with `concurrency` workers for `duration`. Returns the time until the last worker
-/// finished its last request.
+/// finished its last request (after Ctrl-C, requests still open after [`CANCEL_GRACE`] are
+/// abandoned).
 pub async fn closed_loop(
     d: &Arc<Driver>,
     concurrency: usize,
@@ -241,6 +270,12 @@ pub async fn closed_loop(
             }
         });
     }
-    while set.join_next().await.is_some() {}
+    let finished = d
+        .cancel
+        .or_grace(async { while set.join_next().await.is_some() {} })
+        .await;
+    if !finished {
+        set.abort_all();
+    }
     start.elapsed()
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::DefaultBodyLimit;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use tokio::sync::oneshot;
@@ -20,8 +20,13 @@ const MAX_BODY: usize = 64 << 20;
 /// Grace given to open connections when the floor shuts down.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
-/// A fixed answer shaped like a real predict answer with `scores` scores.
+/// A fixed answer shaped like a real predict answer with `scores` scores, as JSON.
 pub fn answer_body(scores: usize) -> Bytes {
+    answer_bodies(scores).0
+}
+
+/// The fixed answer as JSON and as MessagePack (what hydrant answers a MessagePack request with).
+pub fn answer_bodies(scores: usize) -> (Bytes, Bytes) {
     let score: Vec<f64> = (0..scores)
         .map(|i| ((i * 7919) % 1000) as f64 / 1000.0 + 0.0005)
         .collect();
@@ -35,21 +40,37 @@ pub fn answer_body(scores: usize) -> Bytes {
         "timings_us": {"decode": 0, "hydrate": 0, "assemble": 0, "queue": 0, "infer": 0,
                        "postprocess": 0, "encode": 0, "total": 0}
     });
-    Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
+    // Plain numbers and strings: encoding cannot fail.
+    (
+        Bytes::from(serde_json::to_vec(&body).unwrap_or_default()),
+        Bytes::from(rmp_serde::to_vec_named(&body).unwrap_or_default()),
+    )
 }
 
 /// The floor's routes: predict (any model), readiness, and an empty stats document.
 pub fn router(scores: usize) -> Router {
-    let answer = answer_body(scores);
+    let (json, msgpack) = answer_bodies(scores);
     Router::new()
         .route(
             "/v1/models/{model}/predict",
-            post(move |body: Bytes| {
-                let answer = answer.clone();
+            post(move |headers: HeaderMap, body: Bytes| {
+                // Like hydrant: a MessagePack request (or one that accepts only MessagePack) gets a
+                // MessagePack answer, so a `format = "msgpack"` run compares like with like.
+                let wants_msgpack = [header::ACCEPT, header::CONTENT_TYPE].iter().any(|h| {
+                    headers
+                        .get(h)
+                        .and_then(|v| v.to_str().ok())
+                        .is_some_and(|v| v.contains("msgpack"))
+                });
+                let answer = if wants_msgpack {
+                    ("application/msgpack", msgpack.clone())
+                } else {
+                    ("application/json", json.clone())
+                };
                 async move {
                     // The body is read in full by the extractor; its length keeps it "used".
                     let _ = body.len();
-                    ([(header::CONTENT_TYPE, "application/json")], answer)
+                    ([(header::CONTENT_TYPE, answer.0)], answer.1)
                 }
             }),
         )

@@ -182,6 +182,12 @@ fn run(
         eprintln!("error: {e}");
         return ExitCode::from(2);
     }
+    if let Some(u) = &redis_url
+        && let Err(e) = loadtest::redis_probe::check_url(u, allow_remote)
+    {
+        eprintln!("error: --redis-url {e}");
+        return ExitCode::from(2);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(s.client_threads)
         .enable_all()
@@ -257,8 +263,16 @@ fn run(
             // The measurements are not lost: the table goes to the terminal all the same.
             print!("{}", report::table::render(&result));
             eprintln!("error: cannot write {path}: {source}");
-            eprintln!("error: the report files were not written; the table above is the result");
+            eprintln!(
+                "error: not every report file was written (see above); the table above is the result"
+            );
             ExitCode::from(1)
+        }
+        Err(RunError::Interrupted) => {
+            eprintln!(
+                "interrupted before the target was ready: nothing was measured, so no report was written"
+            );
+            ExitCode::from(130)
         }
         Err(e @ RunError::UnknownModel { .. }) => {
             eprintln!("error: {e}");
@@ -281,17 +295,26 @@ fn run(
 }
 
 fn serve_floor(bind: &str, scores: usize, threads: usize, for_s: u64) -> anyhow::Result<()> {
-    let addr: SocketAddr = bind
-        .parse()
-        .with_context(|| format!("--bind {bind:?} is not an address like 127.0.0.1:9100"))?;
-    // Same rule as targets: this tool only ever listens and sends on loopback.
-    parse_loopback_url(&format!("http://{addr}"))
-        .map_err(|reason| anyhow::anyhow!("--bind {bind}: {reason}"))?;
+    // Same rule and host syntax as targets (localhost included): this tool only listens on
+    // loopback. Port 0 picks a free port.
+    let Some((host, port)) = bind.rsplit_once(':').filter(|(h, _)| !h.is_empty()) else {
+        bail!("--bind {bind:?} needs a host and a port, e.g. 127.0.0.1:9100");
+    };
+    let Ok(port) = port.parse::<u16>() else {
+        bail!("--bind {bind:?}: the port must be 0-65535 (0 picks a free one)");
+    };
+    let mut addr: SocketAddr = parse_loopback_url(&format!("http://{host}"))
+        .map_err(|reason| anyhow::anyhow!("--bind {bind:?}: {reason}"))?
+        .addr;
+    addr.set_port(port);
     if !(1..=10_000).contains(&scores) {
         bail!("--scores must be between 1 and 10000");
     }
+    if !(1..=64).contains(&threads) {
+        bail!("--threads must be between 1 and 64 (got {threads})");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads.clamp(1, 64))
+        .worker_threads(threads)
         .enable_all()
         .build()
         .context("cannot start the runtime")?;

@@ -188,13 +188,9 @@ impl Segment {
         if s > 0.0 { self.ok as f64 / s } else { 0.0 }
     }
 
-    /// Latency at `q` (0..=1) in microseconds; 0 when nothing succeeded.
-    pub fn quantile_us(&self, q: f64) -> u64 {
-        if self.hist.is_empty() {
-            0
-        } else {
-            self.hist.value_at_quantile(q)
-        }
+    /// Latency at `q` (0..=1) in microseconds; `None` when nothing succeeded.
+    pub fn quantile_us(&self, q: f64) -> Option<u64> {
+        (!self.hist.is_empty()).then(|| self.hist.value_at_quantile(q))
     }
 }
 
@@ -283,7 +279,7 @@ pub struct Progress {
     pub errors: u64,
     pub late: u64,
     pub sent: u64,
-    pub p99_us: u64,
+    pub p99_us: Option<u64>,
 }
 
 /// Everything recorded so far in a run.
@@ -361,12 +357,13 @@ pub fn lock(c: &SharedCollector) -> std::sync::MutexGuard<'_, Collector> {
     c.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Convenience for refused sends.
+/// A send refused at `load.max_in_flight`. It counts as late: it never went out on schedule, and a
+/// generator that refuses most of its sends is as far behind as one that sends them late.
 pub fn overload_sample(at: Instant) -> Sample {
     Sample {
         at,
         latency: Duration::ZERO,
-        late: false,
+        late: true,
         outcome: Outcome::Failed {
             kind: ErrorKind::Overload,
             code: None,
@@ -406,10 +403,17 @@ mod tests {
         let seg = c.end(Duration::from_secs(2)).expect("segment");
         assert_eq!((seg.ok, seg.sent, seg.error_count()), (100, 101, 1));
         assert_eq!(seg.errors.get("overload"), Some(&1));
+        assert_eq!(seg.late, 1, "a refused send never went out on time");
         assert_eq!(seg.cache, [100, 0, 100]);
         assert!((seg.achieved_rps() - 50.0).abs() < 1e-9);
-        let p50 = seg.quantile_us(0.5);
+        let p50 = seg.quantile_us(0.5).expect("answers were measured");
         assert!((9_900..=10_100).contains(&p50), "{p50}");
+        let empty = Segment::new(Which::Floor, "b", true);
+        assert_eq!(
+            empty.quantile_us(0.99),
+            None,
+            "nothing measured is not 0 µs"
+        );
         assert_eq!(seg.stages[0].value_at_quantile(0.99), 0);
         assert_eq!(seg.stages[1].value_at_quantile(0.5), 40);
         assert!(seg.stages[2].is_empty());

@@ -25,6 +25,12 @@ struct Url {
     db: Option<u32>,
 }
 
+/// Checks a `--redis-url` before any load is sent: its syntax, and that it is loopback unless
+/// `allow_remote`.
+pub fn check_url(url: &str, allow_remote: bool) -> Result<(), String> {
+    parse(url, allow_remote).map(|_| ())
+}
+
 fn parse(url: &str, allow_remote: bool) -> Result<Url, String> {
     let rest = url
         .strip_prefix("redis://")
@@ -44,7 +50,10 @@ fn parse(url: &str, allow_remote: bool) -> Result<Url, String> {
         Some((h, _)) => (h, None),
         None => (hostpart, None),
     };
-    let host = hostport.rsplit_once(':').map_or(hostport, |(h, _)| h);
+    let host = match hostport.find(']') {
+        Some(i) if hostport.starts_with('[') => &hostport[..=i],
+        _ => hostport.rsplit_once(':').map_or(hostport, |(h, _)| h),
+    };
     let loopback = host == "localhost"
         || host
             .trim_start_matches('[')
@@ -56,10 +65,13 @@ fn parse(url: &str, allow_remote: bool) -> Result<Url, String> {
             "{url:?}: only loopback Redis servers are probed (pass --allow-remote to lift this)"
         ));
     }
-    let addr = if hostport.contains(':') {
-        hostport.to_string()
-    } else {
-        format!("{hostport}:6379")
+    let addr = match hostport.rsplit_once(':') {
+        // An IPv6 address without a port ends in `]`, and its colons are not a port separator.
+        Some((_, port)) if !hostport.ends_with(']') => match port.parse::<u16>() {
+            Ok(p) if p > 0 => hostport.to_string(),
+            _ => return Err(format!("{url:?}: the port must be 1-65535 (got {port:?})")),
+        },
+        _ => format!("{hostport}:6379"),
     };
     let password = auth.map(|a| match a.split_once(':') {
         Some((u, p)) if !u.is_empty() => (Some(u.to_string()), p.to_string()),
@@ -174,5 +186,21 @@ mod tests {
         assert!(parse("redis://10.0.0.5:6379", false).is_err());
         assert!(parse("redis://redis:6379", true).is_ok());
         assert!(parse("http://127.0.0.1:6379", false).is_err());
+        for bad in [
+            "redis://127.0.0.1:99999",
+            "redis://127.0.0.1:x",
+            "redis://127.0.0.1:",
+        ] {
+            let e = check_url(bad, false).expect_err(bad);
+            assert!(e.contains("port must be 1-65535"), "{e}");
+        }
+        assert_eq!(
+            parse("redis://[::1]", false).expect("v6").addr,
+            "[::1]:6379"
+        );
+        assert_eq!(
+            parse("redis://[::1]:7000", false).expect("v6").addr,
+            "[::1]:7000"
+        );
     }
 }

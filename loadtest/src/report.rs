@@ -22,13 +22,14 @@ pub struct LatencySummary {
     pub error_rate: f64,
     pub measured_s: f64,
     pub achieved_rps: f64,
-    pub p50_us: u64,
-    pub p90_us: u64,
-    pub p95_us: u64,
-    pub p99_us: u64,
-    pub p999_us: u64,
-    pub max_us: u64,
-    pub mean_us: f64,
+    /// Latencies: `None` (JSON `null`) when no answer succeeded, so nothing was measured.
+    pub p50_us: Option<u64>,
+    pub p90_us: Option<u64>,
+    pub p95_us: Option<u64>,
+    pub p99_us: Option<u64>,
+    pub p999_us: Option<u64>,
+    pub max_us: Option<u64>,
+    pub mean_us: Option<f64>,
     pub late_sends: u64,
     pub late_share: f64,
     pub errors_by_kind: BTreeMap<String, u64>,
@@ -164,7 +165,7 @@ pub fn in_stage_order<V>(m: &BTreeMap<String, V>) -> Vec<(&String, &V)> {
 }
 
 /// Reads one latency out of a summary.
-pub type Pick = fn(&LatencySummary) -> u64;
+pub type Pick = fn(&LatencySummary) -> Option<u64>;
 
 /// The latency rows of both reports, in order.
 pub const LATENCY_ROWS: [(&str, Pick); 6] = [
@@ -175,6 +176,11 @@ pub const LATENCY_ROWS: [(&str, Pick); 6] = [
     ("p99.9", |s| s.p999_us),
     ("max", |s| s.max_us),
 ];
+
+/// A latency for formatting: NaN (shown as `-`) when nothing was measured.
+pub fn us_or_nan(v: Option<u64>) -> f64 {
+    v.map_or(f64::NAN, |v| v as f64)
+}
 
 /// `850 µs`, `1.23 ms`, `2.50 s`.
 pub fn fmt_us(us: f64) -> String {
@@ -193,8 +199,10 @@ pub fn fmt_us(us: f64) -> String {
 pub fn fmt_rate(rps: f64) -> String {
     if rps >= 100.0 {
         format!("{rps:.0} rps")
-    } else {
+    } else if rps >= 1.0 {
         format!("{rps:.1} rps")
+    } else {
+        format!("{rps:.3} rps")
     }
 }
 
@@ -203,7 +211,10 @@ pub fn fmt_pct(share: f64) -> String {
 }
 
 pub fn fmt_ratio(r: Option<f64>) -> String {
-    r.map_or_else(|| "-".to_string(), |r| format!("{r:.2}x"))
+    match r {
+        Some(r) if r.is_finite() => format!("{r:.2}x"),
+        _ => "-".to_string(),
+    }
 }
 
 /// UTC timestamp, e.g. `2026-11-22T04:08:00Z`.

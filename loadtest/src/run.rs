@@ -21,6 +21,7 @@ use crate::floor::FloorHandle;
 use crate::record::{Collector, Progress, STAGES, Segment, SharedCollector, Which, lock};
 use crate::report::{
     self, HistBin, LatencyRatio, LatencySummary, RunResult, SegmentSpan, StageSummary, StepResult,
+    us_or_nan,
 };
 use crate::sample::stream_seed;
 use crate::scenario::{Mode, Scenario, TargetUrl};
@@ -73,6 +74,12 @@ pub enum RunError {
     Interrupted,
     #[error("cannot start the floor server: {0}")]
     Floor(String),
+    /// `floor.url` names a floor that is not there.
+    #[error("floor.url: {0}")]
+    FloorUnreachable(String),
+    /// `--redis-url` names a server that does not answer a GET.
+    #[error("--redis-url: {0}")]
+    Redis(String),
     #[error("the run task failed: {0}")]
     Task(String),
     #[error("client set-up failed: {0}")]
@@ -156,7 +163,10 @@ pub async fn wait_ready(pool: &Pool, wait: Duration, cancel: &Cancel) -> Result<
             Err(e @ ExchangeError::Timeout(_)) if start.elapsed() >= wait => {
                 return Err(RunError::Unreachable {
                     target,
-                    reason: e.to_string(),
+                    reason: format!(
+                        "it takes connections but GET /v2/health/ready got {e} in any try over {:.0} s (ready_timeout_s)",
+                        start.elapsed().as_secs_f64()
+                    ),
                 });
             }
             Err(ExchangeError::Timeout(_)) => {}
@@ -186,6 +196,11 @@ pub fn check_out_dir(dir: &Path) -> Result<(), RunError> {
         path: dir.display().to_string(),
         source,
     };
+    if dir.exists() && !dir.is_dir() {
+        return Err(err(std::io::Error::other(
+            "it is a file, not a folder: name a folder (it is created when missing)",
+        )));
+    }
     std::fs::create_dir_all(dir).map_err(err)?;
     let probe = dir.join(format!(".loadtest-write-probe-{}", std::process::id()));
     if let Err(e) = std::fs::write(&probe, b"probe") {
@@ -194,6 +209,37 @@ pub fn check_out_dir(dir: &Path) -> Result<(), RunError> {
         return Err(err(e));
     }
     std::fs::remove_file(&probe).map_err(err)
+}
+
+/// The soft limit on open files (Linux: `/proc/self/limits`); `None` where it cannot be read or is
+/// unlimited.
+fn open_file_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line["Max open files".len()..]
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// A warning when the open-file limit cannot hold `load.max_in_flight` connections (and the
+/// floor's, in the same process): past it, connects fail with EMFILE and show up as `connect`
+/// errors that look like the target refusing.
+fn fd_limit_warning(s: &Scenario) -> Option<String> {
+    let limit = open_file_limit()?;
+    let floor = if s.floor.as_ref().is_some_and(|f| f.url.is_none()) {
+        2
+    } else {
+        1
+    };
+    let need = (s.load.max_in_flight as u64) * floor + 64;
+    (limit < need).then(|| {
+        format!(
+            "the open-file limit ({limit}) is below what load.max_in_flight ({}) may need (~{need}): connections past it fail as `connect` errors; raise it (`ulimit -n {need}`) or lower load.max_in_flight",
+            s.load.max_in_flight
+        )
+    })
 }
 
 /// Longest part of an error body quoted in [`RunError::UnknownModel`].
@@ -284,6 +330,19 @@ pub async fn run(
     let wall = Instant::now();
 
     check_out_dir(&opts.out_dir)?;
+    if let Some(w) = fd_limit_warning(&scenario) {
+        eprintln!("warning: {w}");
+    }
+    if let Some(url) = &opts.redis_url {
+        // One GET now, so a Redis that is not there is found before the load, not after it.
+        let key = |_| "hy:loadtest:probe".to_string();
+        let one = crate::redis_probe::probe(url, opts.allow_remote, 1, Duration::from_secs(2), key);
+        match tokio::time::timeout(Duration::from_secs(3), one).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(RunError::Redis(e)),
+            Err(_) => return Err(RunError::Redis(format!("{url}: no answer within 3 s"))),
+        }
+    }
     let hydrant_pool = Arc::new(Pool::new(&scenario.target)?);
     wait_ready(&hydrant_pool, scenario.ready_timeout, &cancel).await?;
     probe_model(&hydrant_pool, &scenario, &cancel).await?;
@@ -308,7 +367,16 @@ pub async fn run(
                 }
             };
             let p = Arc::new(Pool::new(&url)?);
-            wait_ready(&p, scenario.ready_timeout, &cancel).await?;
+            wait_ready(&p, scenario.ready_timeout, &cancel)
+                .await
+                .map_err(|e| match e {
+                    RunError::Interrupted => e,
+                    e if f.url.is_some() => RunError::FloorUnreachable(format!(
+                        "{e}; start it (`loadtest floor --bind {}`) or remove floor.url to run one inside the load tester",
+                        url.addr
+                    )),
+                    e => RunError::Floor(e.to_string()),
+                })?;
             Some(p)
         }
     };
@@ -667,7 +735,8 @@ fn spawn_progress(collector: SharedCollector, stop: Cancel, bound: Duration) -> 
 pub fn progress_line(p: &Progress) -> String {
     let secs = p.elapsed.as_secs_f64();
     let rps = if secs > 0.0 { p.ok as f64 / secs } else { 0.0 };
-    let late = if p.sent > 0 {
+    // Only open loop has a schedule to be late for; a closed loop's sends are never late.
+    let late = if p.sent > 0 && p.late > 0 {
         format!("  late {:.1}%", 100.0 * p.late as f64 / p.sent as f64)
     } else {
         String::new()
@@ -679,7 +748,7 @@ pub fn progress_line(p: &Progress) -> String {
         p.label,
         secs,
         rps,
-        report::fmt_us(p.p99_us as f64),
+        report::fmt_us(us_or_nan(p.p99_us)),
         p.errors,
         late
     )
@@ -704,16 +773,8 @@ fn summary(seg: &Segment) -> LatencySummary {
         p95_us: seg.quantile_us(0.95),
         p99_us: seg.quantile_us(0.99),
         p999_us: seg.quantile_us(0.999),
-        max_us: if seg.hist.is_empty() {
-            0
-        } else {
-            seg.hist.max()
-        },
-        mean_us: if seg.hist.is_empty() {
-            0.0
-        } else {
-            seg.hist.mean()
-        },
+        max_us: (!seg.hist.is_empty()).then(|| seg.hist.max()),
+        mean_us: (!seg.hist.is_empty()).then(|| seg.hist.mean()),
         late_sends: seg.late,
         late_share: if requests > 0 {
             seg.late as f64 / requests as f64
@@ -840,7 +901,7 @@ fn assemble(
         None
     };
 
-    let mut warnings = Vec::new();
+    let mut warnings: Vec<String> = fd_limit_warning(s).into_iter().collect();
     let late_limit = 0.05;
     for (name, sum) in
         std::iter::once(("hydrant", &hydrant)).chain(floor.iter().map(|f| ("floor", f)))
@@ -875,8 +936,8 @@ fn assemble(
         ),
     };
     let latency_ratio_to_floor = floor.as_ref().map(|f| LatencyRatio {
-        p50: ratio(hydrant.p50_us as f64, f.p50_us as f64),
-        p99: ratio(hydrant.p99_us as f64, f.p99_us as f64),
+        p50: ratio(us_or_nan(hydrant.p50_us), us_or_nan(f.p50_us)),
+        p99: ratio(us_or_nan(hydrant.p99_us), us_or_nan(f.p99_us)),
     });
 
     let steps = if ex.sweep {

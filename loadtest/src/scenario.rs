@@ -139,6 +139,22 @@ impl<'de> Deserialize<'de> for CandidatesSpec {
     }
 }
 
+/// The keys of [`RawScenario`] that are not tables.
+const TOP_LEVEL_KEYS: [&str; 12] = [
+    "name",
+    "target",
+    "model",
+    "format",
+    "timeout_ms",
+    "timings",
+    "seed",
+    "client_threads",
+    "max_error_rate",
+    "ready_timeout_s",
+    "candidates",
+    "distinct_candidates",
+];
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawScenario {
@@ -254,13 +270,27 @@ pub fn parse_loopback_url(text: &str) -> Result<TargetUrl, String> {
             "host {host} is not a loopback address; only 127.0.0.0/8, [::1] and localhost are allowed"
         ));
     }
-    let port = authority.port_u16().unwrap_or(80);
+    let port = url_port(authority)?;
     let base_path = uri.path().trim_end_matches('/').to_string();
     Ok(TargetUrl {
         addr: SocketAddr::new(ip, port),
         authority: authority.as_str().to_string(),
         base_path,
     })
+}
+
+/// The URL's port, 80 when it names none. (`Authority::port` is `None` both for no port and for one
+/// past 65535, which would silently load port 80; so the text after the host is read here.)
+fn url_port(authority: &hyper::http::uri::Authority) -> Result<u16, String> {
+    let text = authority.as_str();
+    let after_host = text.rfind(']').map_or(text, |i| &text[i + 1..]);
+    match after_host.rsplit_once(':') {
+        None => Ok(80),
+        Some((_, p)) => match p.parse::<u16>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(format!("port must be 1-65535 (got {p:?})")),
+        },
+    }
 }
 
 /// A key space: `{prefix}{index}` for index in `0..keys`, drawn by Zipf rank (rank 1 = index 0).
@@ -528,9 +558,21 @@ impl Scenario {
         origin: &str,
         default_name: &str,
     ) -> Result<Scenario, ScenarioError> {
-        let raw: RawScenario = toml::from_str(text).map_err(|e| ScenarioError::Parse {
-            origin: origin.to_string(),
-            message: e.to_string().trim_end().to_string(),
+        let raw: RawScenario = toml::from_str(text).map_err(|e| {
+            let mut message = e.to_string().trim_end().to_string();
+            // A top-level key written after a `[table]` header lands in that table.
+            if let Some(key) = TOP_LEVEL_KEYS
+                .iter()
+                .find(|k| message.contains(&format!("unknown field `{k}`")))
+            {
+                message.push_str(&format!(
+                    "\nhint: `{key}` is a top-level key: write it above the first [table] header"
+                ));
+            }
+            ScenarioError::Parse {
+                origin: origin.to_string(),
+                message,
+            }
         })?;
         validate(raw, text, origin, default_name)
     }
@@ -541,6 +583,7 @@ impl Scenario {
             origin: "command line",
         };
         self.target = check.target("--target", url)?;
+        self.note_override(&format!("--target {url}"));
         Ok(())
     }
 
@@ -560,7 +603,7 @@ impl Scenario {
         let authority = uri
             .authority()
             .ok_or_else(|| fail(format!("has no host: {url:?}")))?;
-        let port = authority.port_u16().unwrap_or(80);
+        let port = url_port(authority).map_err(fail)?;
         let host = authority
             .host()
             .trim_start_matches('[')
@@ -574,6 +617,7 @@ impl Scenario {
             authority: authority.as_str().to_string(),
             base_path: uri.path().trim_end_matches('/').to_string(),
         };
+        self.note_override(&format!("--target {url} --allow-remote"));
         Ok(())
     }
 
@@ -590,7 +634,17 @@ impl Scenario {
         if let Mode::MaxThenFraction { step, .. } = &mut self.load.mode {
             *step = (*step).min(d);
         }
+        self.note_override(&format!("--duration-s {s}"));
         Ok(())
+    }
+
+    /// Records a command-line override under the echoed TOML, so the report says what really ran.
+    fn note_override(&mut self, flag: &str) {
+        if !self.source.ends_with('\n') {
+            self.source.push('\n');
+        }
+        self.source
+            .push_str(&format!("# overridden on the command line: {flag}\n"));
     }
 
     /// Roughly how long the run takes, floor alternation included.
@@ -619,8 +673,28 @@ fn validate(
     default_name: &str,
 ) -> Result<Scenario, ScenarioError> {
     let c = Check { origin };
-    let name = raw.name.unwrap_or_else(|| default_name.to_string());
-    c.name_like("name", &name)?;
+    let name = match raw.name {
+        Some(name) => {
+            c.name_like("name", &name)?;
+            name
+        }
+        // The name comes from the file: say so, since the user never wrote a `name`.
+        None => {
+            c.name_like("name", default_name).or_else(|_| {
+                c.fail(
+                    "name",
+                    format!(
+                        "is taken from the file name, {default_name:?}, which is not 1-128 characters of A-Z a-z 0-9 _ - . (and names the result files): rename the file or set `name`"
+                    ),
+                )
+            })?;
+            default_name.to_string()
+        }
+    };
+    // `.` and `..` would name hidden or parent-relative result files.
+    if name.trim_matches('.').is_empty() {
+        return c.fail("name", format!("must not be only dots (got {name:?})"));
+    }
     let target = c.target("target", &raw.target)?;
     c.name_like("model", &raw.model)?;
     let timeout_ms = c.int_in("timeout_ms", raw.timeout_ms.unwrap_or(2_000), 1, 600_000)?;
@@ -663,9 +737,16 @@ fn validate(
             let Some(rate) = l.rate else {
                 return c.fail("load.rate", "is required when load.mode = \"open-loop\"");
             };
-            Mode::OpenLoop {
-                rate: c.positive_f64("load.rate", rate, 1_000_000.0)?,
+            let rate = c.positive_f64("load.rate", rate, 1_000_000.0)?;
+            if rate * duration_s < 1.0 {
+                return c.fail(
+                    "load.rate",
+                    format!(
+                        "x load.duration_s must schedule at least one request (got {rate} rps x {duration_s} s)"
+                    ),
+                );
             }
+            Mode::OpenLoop { rate }
         }
         ModeName::ClosedLoop => {
             let mode = "closed-loop";
@@ -935,6 +1016,17 @@ keys = 2000
         assert!(parse_loopback_url("http://0.0.0.0:80").is_err());
         assert!(parse_loopback_url("http://192.168.1.1:80").is_err());
         assert!(parse_loopback_url("127.0.0.1:80").is_err());
+        for port in ["99999", "65536", "0"] {
+            let e = parse_loopback_url(&format!("http://127.0.0.1:{port}")).expect_err(port);
+            assert!(e.contains("port must be 1-65535"), "{e}");
+        }
+        assert_eq!(
+            parse_loopback_url("http://127.0.0.1")
+                .expect("no port")
+                .addr
+                .port(),
+            80
+        );
         assert_eq!(
             parse_loopback_url("http://127.0.0.1:1/x/")
                 .expect("url")
@@ -947,8 +1039,15 @@ keys = 2000
     fn overrides_are_validated() {
         let mut s = parse(BASE).expect("base");
         assert!(s.override_target("http://8.8.8.8:80").is_err());
+        assert!(s.override_target_remote("http://127.0.0.1:99999").is_err());
         s.override_duration_s(2.0).expect("duration");
         assert_eq!(s.load.duration, Duration::from_secs(2));
+        assert!(
+            s.source
+                .ends_with("# overridden on the command line: --duration-s 2\n"),
+            "the report echoes the override: {}",
+            s.source
+        );
         assert!(s.override_duration_s(0.0).is_err());
     }
 }

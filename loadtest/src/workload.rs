@@ -20,6 +20,7 @@ struct Keys {
     entity: Arc<str>,
     prefix: Arc<str>,
     zipf: Zipf,
+    keys: u64,
 }
 
 impl Keys {
@@ -30,6 +31,7 @@ impl Keys {
             entity: Arc::from(k.entity.as_str()),
             prefix: Arc::from(k.prefix.as_str()),
             zipf,
+            keys: k.keys.max(1),
         }
     }
 
@@ -130,16 +132,26 @@ impl Workload {
             self.cands.push(String::new());
         }
         self.seen.clear();
-        // Distinct draws from a steep Zipf head repeat often; bound the retries, then accept
-        // duplicates rather than loop (validate() guarantees n <= keys when distinct).
+        // Distinct draws from a steep Zipf head repeat often; after a bounded number of retries the
+        // rest are the next unused keys after a random one (validate() guarantees n <= keys when
+        // distinct, so there always are enough).
         let max_tries = n.saturating_mul(50).max(100);
         let mut tries = 0;
         let mut i = 0;
         while i < n {
-            let idx = self.items.draw_index(&mut self.rng);
+            let mut idx = self.items.draw_index(&mut self.rng);
             tries += 1;
-            if self.distinct && !self.seen.insert(idx) && tries < max_tries {
-                continue;
+            if self.distinct && self.seen.contains(&idx) {
+                if tries < max_tries {
+                    continue;
+                }
+                let keys = self.items.keys;
+                while self.seen.contains(&idx) {
+                    idx = (idx + 1) % keys;
+                }
+            }
+            if self.distinct {
+                self.seen.insert(idx);
             }
             self.items.format(idx, &mut self.cands[i]);
             i += 1;
@@ -297,6 +309,25 @@ device = {{ one_of = ["ios", "android", "web"] }}
                     .contains(&v["context"]["device"].as_str().expect("device"))
             );
             assert_eq!(v["options"]["timings"], true);
+        }
+    }
+
+    #[test]
+    fn candidates_stay_distinct_when_a_steep_head_asks_for_the_whole_key_space() {
+        let text = scenario("", "50")
+            .source
+            .replace("keys = 2000", "keys = 50\nzipf = 1.5");
+        let s = Scenario::from_toml_str(&text, "t", "t").expect("scenario");
+        let mut w = Workload::new(&s, 7);
+        for _ in 0..100 {
+            let v: serde_json::Value = serde_json::from_slice(&w.next_body()).expect("json");
+            let items: HashSet<&str> = v["candidates"]
+                .as_array()
+                .expect("candidates")
+                .iter()
+                .map(|c| c["item_id"].as_str().expect("item"))
+                .collect();
+            assert_eq!(items.len(), 50, "all 50 keys, none twice");
         }
     }
 

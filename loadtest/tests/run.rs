@@ -115,6 +115,77 @@ async fn unreachable_target_is_an_error() {
     assert!(msg.contains("unreachable") && msg.contains(&url), "{msg}");
 }
 
+/// A Redis or a floor that is not there is found before any load is sent, and named as such.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_absent_redis_or_floor_fails_before_the_load() {
+    let gw = FakeGateway::start(FakeConfig::default()).await;
+    let load = "mode = \"open-loop\"\nrate = 10\nduration_s = 30";
+    let redis = format!("redis://{}", closed_port().trim_start_matches("http://"));
+    let started = Instant::now();
+    let opts = RunOptions {
+        redis_url: Some(redis.clone()),
+        ..quiet(temp_dir("no-redis"))
+    };
+    let err = run(scenario(&gw.url(), load, ""), &opts, Cancel::new())
+        .await
+        .expect_err("no Redis there");
+    assert!(matches!(err, RunError::Redis(_)), "{err:?}");
+    assert!(err.to_string().contains("--redis-url"), "{err}");
+
+    let floor = closed_port();
+    let s = scenario(
+        &gw.url(),
+        load,
+        &format!("\n[floor]\nenabled = true\nurl = \"{floor}\""),
+    );
+    let err = run(s, &quiet(temp_dir("no-floor")), Cancel::new())
+        .await
+        .expect_err("no floor there");
+    assert!(matches!(err, RunError::FloorUnreachable(_)), "{err:?}");
+    assert!(err.to_string().starts_with("floor.url"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "no load was run"
+    );
+}
+
+/// Ctrl-C against a server that holds every request: the report comes promptly, not after the
+/// requests' 30 s timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_does_not_wait_for_requests_a_hung_server_holds() {
+    for load in [
+        "mode = \"open-loop\"\nrate = 20\nduration_s = 30",
+        "mode = \"closed-loop\"\nconcurrency = [4]\nduration_s = 30",
+    ] {
+        // Answers the readiness probe, then holds every request from 0.5 s on.
+        let gw = FakeGateway::start(FakeConfig {
+            delay: Duration::from_millis(1),
+            stall: Some((Duration::from_millis(500), Duration::from_secs(120))),
+            ..FakeConfig::default()
+        })
+        .await;
+        let mut s = scenario(&gw.url(), load, "");
+        s.timeout = Duration::from_secs(30);
+        let cancel = Cancel::new();
+        let c2 = cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            c2.cancel();
+        });
+        let started = Instant::now();
+        let out = run(s, &quiet(temp_dir("cancel-hung")), cancel)
+            .await
+            .expect("partial run");
+        assert!(
+            started.elapsed() < Duration::from_secs(6),
+            "{load}: the report took {:?}",
+            started.elapsed()
+        );
+        assert!(out.result.interrupted, "{load}");
+        assert!(out.json_path.exists(), "{load}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_writes_a_partial_report() {
     let gw = FakeGateway::start(FakeConfig {
@@ -429,4 +500,38 @@ async fn binary_refuses_an_unknown_model() {
         "before the warm-up"
     );
     assert_eq!(gw.predicts(), 1, "one probe, no load");
+}
+
+/// The floor answers a MessagePack request in MessagePack, as hydrant does, so a `format =
+/// "msgpack"` run compares like with like.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_floor_answers_in_the_format_it_was_asked() {
+    use loadtest::client::Pool;
+    use loadtest::floor::FloorHandle;
+    use loadtest::scenario::{Format, parse_loopback_url};
+
+    let floor = FloorHandle::spawn("127.0.0.1:0".parse().expect("addr"), 3, 1).expect("floor");
+    let pool = Pool::new(&parse_loopback_url(&format!("http://{}", floor.addr)).expect("url"))
+        .expect("pool");
+    let uri = pool.uri("/v1/models/ctr/predict").expect("uri");
+    for (format, msgpack) in [(Format::Json, false), (Format::Msgpack, true)] {
+        let r = pool
+            .send(
+                hyper::Method::POST,
+                uri.clone(),
+                Some(format),
+                hyper::body::Bytes::from_static(b"{}"),
+                Duration::from_secs(5),
+            )
+            .await
+            .expect("answer");
+        assert_eq!(r.status, 200);
+        assert_eq!(r.msgpack, msgpack, "{format:?}");
+        let v: serde_json::Value = if msgpack {
+            rmp_serde::from_slice(&r.body).expect("msgpack body")
+        } else {
+            serde_json::from_slice(&r.body).expect("json body")
+        };
+        assert_eq!(v["outputs"]["score"].as_array().map(Vec::len), Some(3));
+    }
 }

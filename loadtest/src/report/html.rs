@@ -4,7 +4,9 @@
 use std::fmt::Write as _;
 
 use super::svg::{Axis, Band, Series, bar_chart, esc, hbar_chart, line_chart};
-use super::{LatencySummary, RunResult, fmt_pct, fmt_rate, fmt_ratio, fmt_us};
+use super::{
+    LatencySummary, RunResult, SegmentSpan, fmt_pct, fmt_rate, fmt_ratio, fmt_us, us_or_nan,
+};
 use crate::record::{STAGES, TimelinePoint, Which};
 
 const HYDRANT: &str = "#1f6feb";
@@ -69,9 +71,9 @@ fn latency_table(
     for (name, get) in super::LATENCY_ROWS {
         row(
             name,
-            fmt_us(get(h) as f64),
-            f.map(|f| fmt_us(get(f) as f64)),
-            f.map(|f| r(get(h) as f64, get(f) as f64)),
+            fmt_us(us_or_nan(get(h))),
+            f.map(|f| fmt_us(us_or_nan(get(f)))),
+            f.map(|f| r(us_or_nan(get(h)), us_or_nan(get(f)))),
         );
     }
     row(
@@ -97,10 +99,19 @@ fn latency_table(
     out.push_str("</table>");
 }
 
+/// `3`, `2.5`: whole seconds without a fraction, half-second ticks of a short run with one.
+fn fmt_seconds(v: f64) -> String {
+    if (v - v.round()).abs() < 1e-6 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.1}")
+    }
+}
+
 fn seconds_axis() -> Axis {
     Axis {
         label: "seconds since start (by intended send time)".into(),
-        fmt: |v| format!("{v:.0}"),
+        fmt: fmt_seconds,
         log: false,
         zero: true,
     }
@@ -108,6 +119,16 @@ fn seconds_axis() -> Axis {
 
 /// One value per timeline second; a second with no answers breaks the line (so a floor line does
 /// not bridge the hydrant segments between its own).
+/// The share of second `[t, t + 1)` that `which`'s segments cover (0 to 1).
+fn coverage(spans: &[SegmentSpan], which: Which, t: f64) -> f64 {
+    spans
+        .iter()
+        .filter(|s| s.which == which)
+        .map(|s| (s.end_s.min(t + 1.0) - s.start_s.max(t)).max(0.0))
+        .sum::<f64>()
+        .min(1.0)
+}
+
 fn per_second(
     points: &[TimelinePoint],
     f: impl Fn(&TimelinePoint) -> Option<f64>,
@@ -201,9 +222,9 @@ pub fn render(r: &RunResult) -> String {
     let h = &r.hydrant;
     out.push_str(r#"<div class="cards">"#);
     card(&mut out, "achieved rps", &format!("{:.1}", h.achieved_rps));
-    card(&mut out, "p50", &fmt_us(h.p50_us as f64));
-    card(&mut out, "p99", &fmt_us(h.p99_us as f64));
-    card(&mut out, "p99.9", &fmt_us(h.p999_us as f64));
+    card(&mut out, "p50", &fmt_us(us_or_nan(h.p50_us)));
+    card(&mut out, "p99", &fmt_us(us_or_nan(h.p99_us)));
+    card(&mut out, "p99.9", &fmt_us(us_or_nan(h.p999_us)));
     card(
         &mut out,
         "errors",
@@ -279,18 +300,25 @@ pub fn render(r: &RunResult) -> String {
         &bands,
     ));
 
-    // Throughput over time.
+    // Throughput over time: a second the server's segments only partly cover (where hydrant and the
+    // floor take turns) is scaled to a full second rather than drawn as a dip.
+    let rate = |which: Which, n: fn(&TimelinePoint) -> u64| {
+        move |p: &TimelinePoint| {
+            let covered = coverage(&r.segments, which, p.t_s);
+            (covered >= 0.05).then(|| n(p) as f64 / covered)
+        }
+    };
     let mut tput = vec![Series {
         name: "hydrant ok/s".into(),
         color: HYDRANT,
-        points: per_second(&r.timeline, |p| Some(p.ok as f64)),
+        points: per_second(&r.timeline, rate(Which::Hydrant, |p| p.ok)),
         dashed: false,
     }];
     if !r.floor_timeline.is_empty() {
         tput.push(Series {
             name: "floor ok/s".into(),
             color: FLOOR,
-            points: per_second(&r.floor_timeline, |p| Some(p.ok as f64)),
+            points: per_second(&r.floor_timeline, rate(Which::Floor, |p| p.ok)),
             dashed: true,
         });
     }
@@ -298,7 +326,7 @@ pub fn render(r: &RunResult) -> String {
         tput.push(Series {
             name: "hydrant errors/s".into(),
             color: "#cf222e",
-            points: per_second(&r.timeline, |p| Some(p.errors as f64)),
+            points: per_second(&r.timeline, rate(Which::Hydrant, |p| p.errors)),
             dashed: false,
         });
     }
@@ -443,7 +471,7 @@ pub fn render(r: &RunResult) -> String {
         "Cache hit rate per second, from /v1/stats counter deltas (all views)",
         &Axis {
             label: "seconds since start".into(),
-            fmt: |v| format!("{v:.0}"),
+            fmt: fmt_seconds,
             log: false,
             zero: true,
         },
@@ -495,39 +523,39 @@ pub fn render(r: &RunResult) -> String {
             log: true,
             zero: false,
         };
-        let pts = |f: fn(&LatencySummary) -> f64, floor: bool| -> Vec<(f64, Option<f64>)> {
+        let pts = |f: fn(&LatencySummary) -> Option<f64>, floor: bool| -> Vec<(f64, Option<f64>)> {
             r.steps
                 .iter()
                 .filter_map(|s| {
                     let c = s.concurrency? as f64;
                     let summary = if floor { s.floor.as_ref()? } else { &s.hydrant };
-                    Some((c, Some(f(summary))))
+                    Some((c, f(summary)))
                 })
                 .collect()
         };
         let mut rps = vec![Series {
             name: "hydrant rps".into(),
             color: HYDRANT,
-            points: pts(|s| s.achieved_rps, false),
+            points: pts(|s| Some(s.achieved_rps), false),
             dashed: false,
         }];
         let mut p99 = vec![Series {
             name: "hydrant p99".into(),
             color: HYDRANT,
-            points: pts(|s| s.p99_us as f64, false),
+            points: pts(|s| s.p99_us.map(|v| v as f64), false),
             dashed: false,
         }];
         if r.steps.iter().any(|s| s.floor.is_some()) {
             rps.push(Series {
                 name: "floor rps".into(),
                 color: FLOOR,
-                points: pts(|s| s.achieved_rps, true),
+                points: pts(|s| Some(s.achieved_rps), true),
                 dashed: true,
             });
             p99.push(Series {
                 name: "floor p99".into(),
                 color: FLOOR,
-                points: pts(|s| s.p99_us as f64, true),
+                points: pts(|s| s.p99_us.map(|v| v as f64), true),
                 dashed: true,
             });
         }
@@ -564,15 +592,15 @@ pub fn render(r: &RunResult) -> String {
                 "<tr><td>{}</td><td>{:.1}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                 s.concurrency.map_or_else(|| "-".into(), |c| c.to_string()),
                 s.hydrant.achieved_rps,
-                fmt_us(s.hydrant.p50_us as f64),
-                fmt_us(s.hydrant.p99_us as f64),
+                fmt_us(us_or_nan(s.hydrant.p50_us)),
+                fmt_us(us_or_nan(s.hydrant.p99_us)),
                 s.hydrant.errors,
                 s.floor
                     .as_ref()
                     .map_or_else(|| "-".into(), |f| format!("{:.1}", f.achieved_rps)),
                 s.floor
                     .as_ref()
-                    .map_or_else(|| "-".into(), |f| fmt_us(f.p99_us as f64)),
+                    .map_or_else(|| "-".into(), |f| fmt_us(us_or_nan(f.p99_us))),
             );
         }
         out.push_str("</table>");
@@ -603,4 +631,43 @@ pub fn render(r: &RunResult) -> String {
         esc(&r.scenario)
     );
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn span(which: Which, start_s: f64, end_s: f64) -> SegmentSpan {
+        SegmentSpan {
+            label: String::new(),
+            which,
+            measured: true,
+            start_s,
+            end_s,
+        }
+    }
+
+    #[test]
+    fn a_second_shared_by_two_segments_is_scaled_not_dipped() {
+        // Hydrant 0-2.5 s, the floor 2.5-5 s, hydrant again 5-7.5 s.
+        let spans = [
+            span(Which::Hydrant, 0.0, 2.5),
+            span(Which::Floor, 2.5, 5.0),
+            span(Which::Hydrant, 5.0, 7.5),
+        ];
+        assert_eq!(coverage(&spans, Which::Hydrant, 1.0), 1.0);
+        assert_eq!(coverage(&spans, Which::Hydrant, 2.0), 0.5);
+        assert_eq!(coverage(&spans, Which::Floor, 2.0), 0.5);
+        assert_eq!(coverage(&spans, Which::Hydrant, 3.0), 0.0);
+        assert_eq!(coverage(&spans, Which::Hydrant, 4.0), 0.0);
+        assert_eq!(coverage(&spans, Which::Floor, 4.0), 1.0);
+        assert_eq!(coverage(&spans, Which::Hydrant, 7.0), 0.5);
+    }
+
+    #[test]
+    fn half_second_ticks_keep_their_fraction() {
+        assert_eq!(fmt_seconds(0.5), "0.5");
+        assert_eq!(fmt_seconds(2.0), "2");
+        assert_eq!(fmt_seconds(12.0), "12");
+    }
 }

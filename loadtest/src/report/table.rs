@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use super::{LatencySummary, RunResult, fmt_pct, fmt_rate, fmt_ratio, fmt_us};
+use super::{LatencySummary, RunResult, fmt_pct, fmt_rate, fmt_ratio, fmt_us, us_or_nan};
 
 fn row(out: &mut String, name: &str, h: String, f: Option<String>, r: Option<String>) {
     let _ = write!(out, "  {name:<14}{h:>14}");
@@ -17,8 +17,8 @@ fn row(out: &mut String, name: &str, h: String, f: Option<String>, r: Option<Str
 
 fn lat_rows(out: &mut String, h: &LatencySummary, f: Option<&LatencySummary>) {
     for (name, get) in super::LATENCY_ROWS {
-        let hv = get(h) as f64;
-        let fv = f.map(|f| get(f) as f64);
+        let hv = us_or_nan(get(h));
+        let fv = f.map(|f| us_or_nan(get(f)));
         row(
             out,
             name,
@@ -61,15 +61,15 @@ pub fn render(r: &RunResult) -> String {
                 s.concurrency
                     .map_or_else(|| "-".to_string(), |c| c.to_string()),
                 s.hydrant.achieved_rps,
-                fmt_us(s.hydrant.p50_us as f64),
-                fmt_us(s.hydrant.p99_us as f64),
+                fmt_us(us_or_nan(s.hydrant.p50_us)),
+                fmt_us(us_or_nan(s.hydrant.p99_us)),
                 s.hydrant.errors,
                 s.floor
                     .as_ref()
                     .map_or_else(|| "-".to_string(), |f| format!("{:.1}", f.achieved_rps)),
                 s.floor
                     .as_ref()
-                    .map_or_else(|| "-".to_string(), |f| fmt_us(f.p99_us as f64)),
+                    .map_or_else(|| "-".to_string(), |f| fmt_us(us_or_nan(f.p99_us))),
             );
         }
         if let Some(m) = r.max_rps {

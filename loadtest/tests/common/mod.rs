@@ -26,6 +26,8 @@ pub struct FakeConfig {
     pub delay: Duration,
     /// (start after server start, length): every predict arriving inside waits until its end.
     pub stall: Option<(Duration, Duration)>,
+    /// Answer one predict at a time (the others wait their turn), so throughput is 1 / `delay`.
+    pub serial: bool,
     /// Serve `/v1/stats` (404 otherwise).
     pub stats: bool,
     /// The models served (predict for any other answers 404 `unknown_model`, as hydrant does);
@@ -42,6 +44,7 @@ struct Fake {
     hits: AtomicU64,
     misses: AtomicU64,
     seen: Mutex<HashSet<String>>,
+    one_at_a_time: tokio::sync::Mutex<()>,
 }
 
 pub struct FakeGateway {
@@ -61,6 +64,7 @@ impl FakeGateway {
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             seen: Mutex::new(HashSet::new()),
+            one_at_a_time: tokio::sync::Mutex::new(()),
         });
         let app = Router::new()
             .route("/v1/models/{model}/predict", post(predict))
@@ -157,7 +161,13 @@ async fn predict(
             }
         }
     }
+    let turn = if st.cfg.serial {
+        Some(st.one_at_a_time.lock().await)
+    } else {
+        None
+    };
     tokio::time::sleep(st.cfg.delay).await;
+    drop(turn);
     if let Some((at, len)) = st.cfg.stall {
         let (start, end) = (st.started + at, st.started + at + len);
         let now = Instant::now();
