@@ -524,12 +524,13 @@ impl Check<'_> {
             ContextGen::IntRange([lo, hi]) if lo > hi => {
                 self.fail(key, format!("int_range needs lo <= hi (got [{lo}, {hi}])"))
             }
-            ContextGen::FloatRange([lo, hi]) if !(lo.is_finite() && hi.is_finite() && lo <= hi) => {
-                self.fail(
-                    key,
-                    format!("float_range needs finite lo <= hi (got [{lo}, {hi}])"),
-                )
-            }
+            // hi - lo must be finite too: the draw is lo + (hi - lo) * u.
+            ContextGen::FloatRange([lo, hi]) if !(lo <= hi && (hi - lo).is_finite()) => self.fail(
+                key,
+                format!(
+                    "float_range needs finite lo <= hi, less than 1.7e308 apart (got [{lo}, {hi}])"
+                ),
+            ),
             ContextGen::OneOf(v) if v.is_empty() => {
                 self.fail(key, "one_of needs at least one value")
             }
@@ -1001,6 +1002,12 @@ keys = 2000
         assert_eq!(s.context.len(), 2);
         let (key, _) = invalid(&text.replace("[0, 23]", "[23, 0]"));
         assert_eq!(key, "context.hour_of_day");
+        let wide = text.replace(
+            "{ int_range = [0, 23] }",
+            "{ float_range = [-1e308, 1e308] }",
+        );
+        let (key, reason) = invalid(&wide);
+        assert_eq!(key, "context.hour_of_day", "{reason}");
         let bad = BASE.replace("candidates = 1", "candidates = \"many\"");
         let msg = parse(&bad).expect_err("bad type").to_string();
         assert!(msg.contains("[min, max]"), "{msg}");
