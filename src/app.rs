@@ -53,15 +53,26 @@ pub fn load_models(
     let mut engines = HashMap::new();
     let mut names: Vec<_> = registry.models.keys().cloned().collect();
     names.sort();
+    // Every model is tried, so one start-up (or `hydrant validate`) names every model that cannot load.
+    let mut problems = Vec::new();
     for name in names {
         let model = registry.models[&name].clone();
         let stats = telemetry.model(&name);
-        engines.insert(
-            name,
-            Arc::new(Engine::start(env, model, &config.inference, stats)?),
-        );
+        match Engine::start(env, model, &config.inference, stats) {
+            Ok(engine) => {
+                engines.insert(name, Arc::new(engine));
+            }
+            Err(e) => problems.push(format!("{e:#}")),
+        }
     }
-    Ok((Arc::new(registry), engines))
+    match problems.len() {
+        0 => Ok((Arc::new(registry), engines)),
+        1 => Err(anyhow::anyhow!(problems.remove(0))),
+        n => Err(anyhow::anyhow!(
+            "{n} models cannot be loaded:\n  {}",
+            problems.join("\n  ")
+        )),
+    }
 }
 
 impl Application {

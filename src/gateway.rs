@@ -383,7 +383,12 @@ impl Gateway {
                 .await
                 .map_err(|e| ApiError::Internal(format!("the write task failed: {e}")))?
                 .map_err(|e| {
-                    ApiError::StoreUnavailable(format!("the rows were not written: {e}"))
+                    ApiError::StoreUnavailable(match e {
+                        crate::store::StoreError::Timeout => format!(
+                            "the store did not confirm the write in time ({e}): the rows may have been written, and sending them again is safe"
+                        ),
+                        e => format!("the rows were not written: {e}"),
+                    })
                 })?;
         Ok(axum::Json(serde_json::json!({
             "written": written.rows,

@@ -225,6 +225,7 @@ impl Engine {
             sessions.push(s);
         }
         let info = inspect(&sessions[0], &model, device, n).map_err(load_err)?;
+        trial_run(&mut sessions[0], &info, model.width).map_err(load_err)?;
         let (tx, rx) = crossbeam_channel::bounded::<Job>(cfg.max_queue);
         let depth = Arc::new(AtomicUsize::new(0));
         let mut workers = Vec::with_capacity(n);
@@ -638,6 +639,21 @@ impl Worker {
 }
 
 /// Runs one forward pass; puts, per requested output, its width and all rows' numbers in `out`.
+/// Runs the model once on 1 row and once on 2 rows of zeros, so a model that cannot serve is refused at
+/// start-up rather than answering every request with 500: an input the binding does not fill, a fixed
+/// batch dimension, a symbolic width the binding does not match.
+fn trial_run(session: &mut Session, info: &ModelInfo, width: usize) -> Result<(), String> {
+    let zeros = vec![0f32; 2 * width];
+    let mut out = OutputRows::default();
+    run_session(session, info, &zeros[..width], 1, width, &mut out)
+        .map_err(|e| format!("a trial run on one row of zeros failed: {e}"))?;
+    run_session(session, info, &zeros, 2, width, &mut out).map_err(|e| {
+        format!(
+            "a trial run on two rows failed ({e}): hydrant runs several rows (candidates, batched requests) at once, so the input's first dimension must be dynamic"
+        )
+    })
+}
+
 fn run_session(
     session: &mut Session,
     info: &ModelInfo,

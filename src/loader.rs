@@ -78,6 +78,9 @@ pub struct FailedBatch {
     pub last_line: usize,
     pub rows: usize,
     pub reason: String,
+    /// The store did not answer in time: the batch may have been written all the same (its keys were
+    /// announced to the replicas, in case). Re-running the load for these lines is safe.
+    pub unconfirmed: bool,
 }
 
 /// Turns one JSON object into the store key and record of `view`.
@@ -392,11 +395,17 @@ async fn write_batch(store: &dyn Store, b: Batch, ttl: Option<Duration>) -> Batc
     let rows = b.writes.len();
     let keys: Vec<String> = b.writes.iter().map(|(k, _)| k.clone()).collect();
     if let Err(e) = store.put_many(b.writes, ttl).await {
+        let unconfirmed = matches!(e, StoreError::Timeout);
+        if unconfirmed {
+            // It may land yet: replicas that cached these keys must not keep the old values.
+            let _ = store.publish_invalidations(&keys).await;
+        }
         let failed = FailedBatch {
             first_line: b.first_line,
             last_line: b.last_line,
             rows,
             reason: e.to_string(),
+            unconfirmed,
         };
         return (keys, Err(failed));
     }
@@ -580,7 +589,15 @@ pub async fn write_through(
         Err(_) => StoreOutcome::Error,
     };
     stats.writes.record(outcome, keys.len(), us_since(started));
-    result?;
+    if let Err(e) = result {
+        if matches!(e, StoreError::Timeout) {
+            // The batch may still be applied: drop and announce the keys all the same, so no replica
+            // keeps serving what it cached before.
+            h.invalidate(&keys);
+            let _ = store.publish_invalidations(&keys).await;
+        }
+        return Err(e);
+    }
     h.invalidate(&keys);
     let inv = &h.telemetry().invalidation;
     let announced = match store.publish_invalidations(&keys).await {

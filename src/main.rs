@@ -163,13 +163,27 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     );
                 }
                 for b in &report.failed {
+                    let what = if b.unconfirmed {
+                        "not confirmed, may have been written"
+                    } else {
+                        "not written"
+                    };
                     eprintln!(
-                        "{}:{}-{}: not written ({} rows): {}",
+                        "{}:{}-{}: {what} ({} rows): {}",
                         file.display(),
                         b.first_line,
                         b.last_line,
                         b.rows,
                         b.reason
+                    );
+                }
+                let (unconfirmed, not_written): (Vec<_>, Vec<_>) =
+                    report.failed.iter().partition(|b| b.unconfirmed);
+                if !unconfirmed.is_empty() {
+                    eprintln!(
+                        "{}: {} batch(es) timed out (store.redis.write_timeout): they may still be applied; loading those lines again is safe",
+                        file.display(),
+                        unconfirmed.len()
                     );
                 }
                 if report.unannounced > 0 {
@@ -179,12 +193,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         report.unannounced
                     );
                 }
+                let rows = |v: &[&hydrant::loader::FailedBatch]| v.iter().map(|b| b.rows).sum::<usize>();
                 println!(
-                    "{}: {} rows written to view `{view}`, {} rejected, {} not written",
+                    "{}: {} rows written to view `{view}`, {} rejected, {} not written, {} not confirmed",
                     file.display(),
                     report.written,
                     report.rejected_rows,
-                    report.failed.iter().map(|b| b.rows).sum::<usize>()
+                    rows(&not_written),
+                    rows(&unconfirmed)
                 );
                 failed |= report.rejected_rows > 0 || !report.failed.is_empty();
             }

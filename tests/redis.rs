@@ -850,6 +850,57 @@ async fn the_rows_api_writes_all_rows_or_none() {
     assert_eq!(r.json()["error"]["field"], "rows[0]");
 }
 
+/// A Redis that stops answering mid-load: each batch gives up after `store.redis.write_timeout`
+/// and is reported as unconfirmed (it may still land when Redis wakes), and the load ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_against_a_frozen_redis_ends_and_reports_its_batches_unconfirmed() {
+    let redis = RedisServer::start();
+    let mut c = config_for(&redis);
+    c.store.redis.write_timeout = Duration::from_millis(300);
+    let store = open_store(&c).await.expect("store");
+    redis.pause();
+    let rows = (0..5)
+        .map(|i| format!("{{\"user_id\": \"u_f{i}\", \"age\": {i}}}\n"))
+        .collect::<String>();
+    let started = std::time::Instant::now();
+    let report = tokio::time::timeout(
+        Duration::from_secs(20),
+        common::load_rows(store.as_ref(), "user_profile", rows.as_bytes(), false),
+    )
+    .await;
+    redis.resume();
+    let report = report.expect("the load ends while Redis is frozen");
+    assert_eq!(report.written, 0);
+    assert_eq!(report.failed.len(), 1, "{:?}", report.failed);
+    let b = &report.failed[0];
+    assert!(b.unconfirmed, "a timed-out batch may have been written");
+    assert_eq!((b.first_line, b.last_line, b.rows), (1, 5, 5));
+    assert!(b.reason.contains("deadline"), "{}", b.reason);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "bounded by write_timeout (and the announcement's): {:?}",
+        started.elapsed()
+    );
+
+    // Killed: the client reconnects forever, and each batch still gives up in time.
+    let mut redis = redis;
+    redis.stop();
+    let started = std::time::Instant::now();
+    let report = tokio::time::timeout(
+        Duration::from_secs(20),
+        common::load_rows(store.as_ref(), "user_profile", rows.as_bytes(), false),
+    )
+    .await
+    .expect("the load ends while Redis is down");
+    assert_eq!(report.written, 0);
+    assert_eq!(report.failed.len(), 1, "{:?}", report.failed);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
 #[tokio::test]
 async fn the_loader_reports_bad_rows_by_line_loads_the_good_ones_and_invalidates_them() {
     let redis = RedisServer::start();

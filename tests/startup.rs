@@ -143,6 +143,31 @@ async fn a_model_may_not_start_more_threads_than_the_bound() {
     assert!(e.contains("inference.default_sessions"), "{e}");
 }
 
+/// Models that load and look right but cannot serve the binding are refused at start-up, not answered
+/// with 500 on every request (tests/models/make.py writes them).
+#[tokio::test]
+async fn a_model_that_cannot_run_the_binding_is_refused_at_start_up() {
+    for (file, why) in [
+        ("fixed_batch.onnx", "first dimension must be dynamic"),
+        ("two_inputs.onnx", "extra"),
+        ("symbolic_width.onnx", "trial run on one row"),
+    ] {
+        let dir = workspace(|s, m| {
+            std::fs::copy(root().join("tests/models").join(file), m.join(file)).expect("copy");
+            replace(
+                &s.join("ctr.yaml"),
+                "file: ctr.onnx",
+                &format!("file: {file}"),
+            );
+        });
+        let e = build_error(&dir).await;
+        assert!(
+            e.contains(file) && e.contains("trial run") && e.contains(why),
+            "{file}: {e}"
+        );
+    }
+}
+
 /// Set on a GPU machine to skip the test below. Not HYDRANT_*: every HYDRANT_ variable is read as a config
 /// key, and an unknown one stops start-up.
 const CUDA_SWITCH: &str = "TEST_HAS_CUDA";

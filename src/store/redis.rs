@@ -49,6 +49,9 @@ pub struct RedisStore {
     clustered: bool,
     /// Options of every read: fail fast, one attempt, `command_timeout`.
     read: Options,
+    /// Longest wait for a write batch or an announcement, whatever fred does meanwhile (a transaction
+    /// queued behind a reconnection does not time out by itself).
+    write_timeout: Duration,
     /// The fred configuration, to open the subscriber's own connection with the same settings.
     builder: Builder,
     prefix: String,
@@ -134,6 +137,7 @@ impl RedisStore {
                 fail_fast: true,
                 ..Options::default()
             },
+            write_timeout: cfg.write_timeout,
             builder,
             prefix: prefix.to_owned(),
             hot_views: Mutex::new(std::collections::BTreeSet::new()),
@@ -180,7 +184,15 @@ impl RedisStore {
         Ok(out)
     }
 
+    /// Writes a batch, or answers [`StoreError::Timeout`] after `write_timeout`. A timed-out batch may
+    /// still be applied later (fred keeps it queued for the reconnection): its outcome is unknown.
     async fn write(&self, writes: Writes, ttl: Option<Duration>) -> Result<(), StoreError> {
+        tokio::time::timeout(self.write_timeout, self.write_now(writes, ttl))
+            .await
+            .unwrap_or(Err(StoreError::Timeout))
+    }
+
+    async fn write_now(&self, writes: Writes, ttl: Option<Duration>) -> Result<(), StoreError> {
         let expire = ttl.map(|t| Expiration::PX(i64::try_from(t.as_millis()).unwrap_or(i64::MAX)));
         if self.clustered {
             let pipeline = self.pool.next().pipeline();
@@ -201,13 +213,14 @@ impl RedisStore {
             return Ok(());
         }
         let message = keys.join("\n");
-        let _: i64 = self
+        let publish = self
             .pool
             .next()
-            .publish(self.channel.as_str(), message)
-            .await
-            .map_err(store_error)?;
-        Ok(())
+            .publish::<i64, _, _>(self.channel.as_str(), message);
+        match tokio::time::timeout(self.write_timeout, publish).await {
+            Ok(r) => r.map(|_| ()).map_err(store_error),
+            Err(_) => Err(StoreError::Timeout),
+        }
     }
 
     async fn subscribe(&self, sink: InvalidationSink) -> Result<(), StoreError> {

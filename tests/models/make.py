@@ -1,0 +1,38 @@
+"""Writes the small ONNX models the start-up tests refuse (python3 -m pip install onnx numpy).
+
+Each takes the demo binding's 27 float32 columns and is well-formed, yet cannot serve it:
+  fixed_batch.onnx     input [1, 27]: runs one row, never a request with several candidates
+  two_inputs.onnx      a second required input, `extra`, that the binding does not fill
+  symbolic_width.onnx  input [batch, width] with weights for 26 columns: the width shows only when it runs
+"""
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def save(name, inputs, nodes, weights):
+    out = helper.make_tensor_value_info("score", TensorProto.FLOAT, ["batch", 1])
+    graph = helper.make_graph(nodes, name, inputs, [out], initializer=[weights])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, f"{name}.onnx")
+
+
+def weights(rows):
+    return numpy_helper.from_array(np.full((rows, 1), 0.01, dtype=np.float32), "W")
+
+
+def features(shape):
+    return helper.make_tensor_value_info("features", TensorProto.FLOAT, shape)
+
+
+matmul = helper.make_node("MatMul", ["features", "W"], ["score"])
+save("fixed_batch", [features([1, 27])], [matmul], weights(27))
+save(
+    "two_inputs",
+    [features(["batch", 27]), helper.make_tensor_value_info("extra", TensorProto.FLOAT, ["batch", 1])],
+    [helper.make_node("MatMul", ["features", "W"], ["m"]), helper.make_node("Add", ["m", "extra"], ["score"])],
+    weights(27),
+)
+save("symbolic_width", [features(["batch", "width"])], [matmul], weights(26))
