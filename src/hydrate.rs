@@ -537,6 +537,14 @@ pub fn decode_record(view: &View, bytes: &[u8]) -> Result<Found, String> {
             record.schema_version, view.name, view.version
         ));
     }
+    if record.layout != 0 && record.layout != view.layout {
+        return Err(format!(
+            "written under another layout of version {} of view `{}`: its features were reordered, renamed or retyped without a new version; bump `version` in {} and reload the rows",
+            view.version,
+            view.name,
+            view.file.display()
+        ));
+    }
     if record.values.len() != view.features.len() {
         return Err(format!(
             "has {} values, view `{}` has {} features",
@@ -640,6 +648,7 @@ mod tests {
                 Value::Null,
                 Value::Null,
             ],
+            layout: 0,
         }
         .encode()
     }

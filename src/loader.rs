@@ -173,6 +173,7 @@ pub fn parse_row(
             schema_version: view.version,
             event_ts_ms,
             values,
+            layout: view.layout,
         },
     ))
 }

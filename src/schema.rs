@@ -275,6 +275,8 @@ pub struct View {
     pub entity: Entity,
     pub description: Option<String>,
     pub features: Vec<Feature>,
+    /// [`crate::value::layout`] of `features`, stored in every record.
+    pub layout: u32,
     pub policy: Policy,
     pub file: PathBuf,
 }
@@ -808,6 +810,7 @@ fn compile_view(
         version: d.version,
         entity: entity?,
         description: d.description,
+        layout: crate::value::layout(features.iter().map(|f| (f.name.as_str(), f.dtype))),
         features,
         policy,
         file: file.to_owned(),

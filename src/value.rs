@@ -1,7 +1,9 @@
 //! Feature values, their declared types, and the stored record format (MessagePack).
 //!
-//! A record is the MessagePack array `[schema_version, event_timestamp_ms, [value, ...]]` with the values in
-//! the view's feature order. Values are MessagePack natives: nil, bool, int, float, string, or an array of
+//! A record is the MessagePack array `[schema_version, event_timestamp_ms, [value, ...], layout]` with the
+//! values in the view's feature order, and `layout` a hash of that order (names and types), so records read
+//! under a reordered view that kept its version are refused rather than read into the wrong features.
+//! Records without `layout` (written before it existed) are read by version alone. Values are MessagePack natives: nil, bool, int, float, string, or an array of
 //! floats for `float32[N]`. One record per entity per view keeps a view to one GET.
 
 use std::fmt;
@@ -296,6 +298,29 @@ pub struct Record {
     /// When the values were true (milliseconds since the Unix epoch); `max_age` is measured from it.
     pub event_ts_ms: i64,
     pub values: Vec<Value>,
+    /// The view's [`layout`] when written; 0 for records written before layouts existed.
+    #[serde(default)]
+    pub layout: u32,
+}
+
+/// A hash of a view's features in order (FNV-1a over each name and type): two views with the same
+/// version but features reordered, renamed or retyped have different layouts.
+pub fn layout<'a>(features: impl IntoIterator<Item = (&'a str, Dtype)>) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    let mut eat = |bytes: &[u8]| {
+        for b in bytes {
+            h ^= u32::from(*b);
+            h = h.wrapping_mul(0x0100_0193);
+        }
+    };
+    for (name, dtype) in features {
+        eat(name.as_bytes());
+        eat(b"\0");
+        eat(dtype.to_string().as_bytes());
+        eat(b"\n");
+    }
+    // 0 is reserved for "no layout recorded".
+    h.max(1)
 }
 
 impl Record {
@@ -323,6 +348,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_layout_changes_with_the_order_names_and_types_of_the_features() {
+        use Dtype::*;
+        let base = layout([("category", String), ("brand", String), ("price", Float64)]);
+        assert_eq!(
+            base,
+            layout([("category", String), ("brand", String), ("price", Float64)])
+        );
+        for other in [
+            layout([("brand", String), ("category", String), ("price", Float64)]),
+            layout([("category", String), ("brand2", String), ("price", Float64)]),
+            layout([("category", String), ("brand", String), ("price", Float32)]),
+            layout([("category", String), ("brand", String)]),
+            // Names are delimited: moving a letter between names is another layout.
+            layout([("categor", String), ("ybrand", String), ("price", Float64)]),
+        ] {
+            assert_ne!(base, other);
+        }
+        assert_ne!(
+            layout([("e", Float32List(4))]),
+            layout([("e", Float32List(8))])
+        );
+    }
+
+    #[test]
     fn records_round_trip_through_messagepack() {
         let r = Record {
             schema_version: 3,
@@ -335,9 +384,14 @@ mod tests {
                 Value::Null,
                 Value::List(vec![0.25, -1.0].into_boxed_slice()),
             ],
+            layout: 7,
         };
         let bytes = r.encode();
         assert_eq!(Record::decode(&bytes).expect("decodes"), r);
+        // A record written before layouts existed (three elements) reads with layout 0.
+        let legacy =
+            rmp_serde::to_vec(&(3u32, 1_700_000_000_123i64, vec![Value::Int(31)])).expect("encode");
+        assert_eq!(Record::decode(&legacy).expect("legacy").layout, 0);
         assert!(Record::decode(b"\xc1garbage").is_err());
         assert!(Record::decode(&bytes[..bytes.len() - 2]).is_err());
     }

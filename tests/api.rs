@@ -966,6 +966,7 @@ async fn an_extreme_event_timestamp_is_outside_max_age_not_a_crash() {
             hydrant::value::Value::Null,
             hydrant::value::Value::Null,
         ],
+        layout: 0,
     };
     app.store
         .put_many(

@@ -69,6 +69,7 @@ fn user_record(age: i64, event_ts_ms: i64) -> Vec<u8> {
             Value::Float(12.5),
             Value::List(vec![0.5, -0.5, 0.25, 1.0].into_boxed_slice()),
         ],
+        layout: common::registry().views["user_profile"].layout,
     }
     .encode()
 }
@@ -85,6 +86,7 @@ fn item_record(price: f64, event_ts_ms: i64) -> Vec<u8> {
             Value::Int(100),
             Value::List(vec![0.0, 0.1, 0.2, 0.3].into_boxed_slice()),
         ],
+        layout: common::registry().views["item_stats"].layout,
     }
     .encode()
 }
@@ -639,6 +641,7 @@ async fn unreadable_records_are_defaulted_counted_and_never_a_500() {
         schema_version: 99,
         event_ts_ms: now_ms(),
         values: vec![Value::Int(1); 5],
+        layout: 0,
     }
     .encode();
     put_raw(&redis, "hy:user_profile:bad_version", &wrong_version);
@@ -646,9 +649,14 @@ async fn unreadable_records_are_defaulted_counted_and_never_a_500() {
         schema_version: 1,
         event_ts_ms: now_ms(),
         values: vec![Value::Int(1)],
+        layout: 0,
     }
     .encode();
     put_raw(&redis, "hy:user_profile:bad_length", &wrong_length);
+    // Same version, same length, same types: written under a view whose features were reordered.
+    let mut wrong_layout = Record::decode(&user_record(41, now_ms())).expect("record");
+    wrong_layout.layout = wrong_layout.layout.wrapping_add(1);
+    put_raw(&redis, "hy:user_profile:bad_layout", &wrong_layout.encode());
     let mut wrong_type = Record::decode(&user_record(1, now_ms())).expect("record");
     wrong_type.values[0] = Value::Str("forty".into());
     put_raw(&redis, "hy:user_profile:bad_type", &wrong_type.encode());
@@ -661,12 +669,13 @@ async fn unreadable_records_are_defaulted_counted_and_never_a_500() {
         "bad_length",
         "bad_type",
         "bad_redis_type",
+        "bad_layout",
     ];
     let (v, s, j) = ages(&app, &users).await;
     let u1 = demo_rows("user_profile", "user_id")["u_1"]["age"]
         .as_i64()
         .expect("age");
-    assert_eq!(v, vec![30, 30, u1, 30, 30, 30]);
+    assert_eq!(v, vec![30, 30, u1, 30, 30, 30, 30]);
     assert_eq!(
         s[..5],
         [
@@ -679,16 +688,17 @@ async fn unreadable_records_are_defaulted_counted_and_never_a_500() {
     );
     // A key holding another Redis type reads as absent (MGET answers nil for it).
     assert_eq!(s[5], "NOT_FOUND");
+    assert_eq!(s[6], "DEFAULTED", "a record of another layout is not read");
     assert_eq!(
         j["degraded"], false,
         "the store answered: nothing is degraded"
     );
     let bad = &app.gateway.telemetry.view("user_profile").bad_records;
-    assert_eq!(bad.load(Relaxed), 4);
+    assert_eq!(bad.load(Relaxed), 5);
     // Cached like "not found": the next request does not read (or log) them again.
     let (_, _, j) = ages(&app, &users).await;
-    assert_eq!(j["cache"]["hits"], 6);
-    assert_eq!(bad.load(Relaxed), 4);
+    assert_eq!(j["cache"]["hits"], 7);
+    assert_eq!(bad.load(Relaxed), 5);
     // The model is served too.
     let r = app
         .predict(
