@@ -337,6 +337,29 @@ pub enum ConfigError {
     },
 }
 
+/// Reads a text file a person points hydrant at (config, schema): a regular file of at most `max_bytes`,
+/// UTF-8, with a leading byte-order mark dropped. A FIFO or device would hang or never end, so it is
+/// refused up front.
+pub fn read_text_file(path: &Path, max_bytes: u64) -> std::io::Result<String> {
+    let meta = std::fs::metadata(path)?;
+    if !meta.is_file() {
+        return Err(std::io::Error::other(
+            "not a regular file (a folder, FIFO or device)",
+        ));
+    }
+    if meta.len() > max_bytes {
+        return Err(std::io::Error::other(format!(
+            "{} bytes, more than the {max_bytes} a file of this kind may have",
+            meta.len()
+        )));
+    }
+    let text = std::fs::read_to_string(path)?;
+    Ok(match text.strip_prefix('\u{feff}') {
+        Some(rest) => rest.to_owned(),
+        None => text,
+    })
+}
+
 impl Config {
     /// Loads `path` (when given) and applies `HYDRANT_*` overrides from `env`.
     pub fn load(
@@ -345,7 +368,7 @@ impl Config {
     ) -> Result<Self, ConfigError> {
         let mut table = match path {
             Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|cause| ConfigError::Read {
+                let text = read_text_file(path, 1 << 20).map_err(|cause| ConfigError::Read {
                     path: path.to_owned(),
                     cause,
                 })?;

@@ -142,6 +142,18 @@ pub fn parse_row(
     if event_ts_ms < 0 {
         return Err("`event_timestamp` is before 1970".to_owned());
     }
+    // 1e11 ms is March 1973; 1e11 s is the year 5138. A number below it is almost surely seconds, and read
+    // as milliseconds it would age every row past any `max_age`.
+    if (0..100_000_000_000).contains(&event_ts_ms)
+        && !matches!(
+            row.get(EVENT_TIMESTAMP),
+            None | Some(serde_json::Value::Null | serde_json::Value::String(_))
+        )
+    {
+        return Err(format!(
+            "`event_timestamp` {event_ts_ms} is before March 1973 in milliseconds since the Unix epoch: if it is seconds, multiply by 1000 (or write an RFC 3339 time)"
+        ));
+    }
     // A time in the future would never grow older than the view's `max_age`.
     if event_ts_ms > now_ms.saturating_add(MAX_FUTURE_SKEW_MS) {
         return Err(format!(
@@ -1144,6 +1156,31 @@ mod tests {
             };
             assert_eq!(lines, want, "{csv:?}: {:?}", report.rejected);
         }
+    }
+
+    #[test]
+    fn an_event_timestamp_in_seconds_is_refused_not_read_as_1970() {
+        let v = view();
+        let now = crate::value::now_ms();
+        let limits = LimitsConfig::default();
+        let one = |ts: serde_json::Value| {
+            parse_rows(
+                &v,
+                "hy",
+                &rows(serde_json::json!([{"user_id": "a", "event_timestamp": ts}])),
+                now,
+                &limits,
+            )
+        };
+        let e = one(serde_json::json!(now / 1000))
+            .expect_err("seconds")
+            .to_string();
+        assert!(e.contains("multiply by 1000"), "{e}");
+        assert!(one(serde_json::json!(now - 1000)).is_ok(), "milliseconds");
+        assert!(
+            one(serde_json::json!("1970-01-02T00:00:00Z")).is_ok(),
+            "an explicit old time"
+        );
     }
 
     #[test]

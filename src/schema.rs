@@ -383,7 +383,11 @@ impl Registry {
             .map_err(|e| read_err(format!("cannot read the schemas folder: {e}")))?;
         let mut files: Vec<PathBuf> = entries
             .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")))
+            .filter(|p| {
+                p.extension().and_then(|e| e.to_str()).is_some_and(|e| {
+                    e.eq_ignore_ascii_case("yaml") || e.eq_ignore_ascii_case("yml")
+                })
+            })
             .collect();
         files.sort();
         if files.is_empty() {
@@ -392,7 +396,7 @@ impl Registry {
         let mut sources = Vec::with_capacity(files.len());
         let mut errors = Vec::new();
         for file in files {
-            match std::fs::read_to_string(&file) {
+            match crate::config::read_text_file(&file, 16 << 20) {
                 Ok(text) => sources.push((file, text)),
                 Err(e) => errors.push(SchemaError {
                     file,

@@ -168,6 +168,69 @@ async fn a_model_that_cannot_run_the_binding_is_refused_at_start_up() {
     }
 }
 
+/// A damaged store file, or one another process holds, is a start-up error that says so, never a
+/// panic inside the storage engine.
+#[tokio::test]
+async fn a_damaged_or_busy_embedded_store_is_refused_with_what_to_do() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("s.redb");
+    {
+        let store = EmbeddedStore::open(&path).expect("store");
+        common::load_demo_rows(&store).await;
+        let again = EmbeddedStore::open(&path).err().expect("held by the first");
+        assert!(
+            format!("{again:#}").contains("in use by another process"),
+            "{again:#}"
+        );
+    }
+    let mut bytes = std::fs::read(&path).expect("read");
+    let mid = bytes.len() / 2;
+    for (i, b) in bytes[mid..mid + 8192].iter_mut().enumerate() {
+        *b ^= 0x5a ^ (i as u8);
+    }
+    std::fs::write(&path, bytes).expect("write");
+    let e = EmbeddedStore::open(&path).err().expect("damaged");
+    let e = format!("{e:#}");
+    assert!(
+        e.contains("is damaged") && e.contains("hydrant load"),
+        "{e}"
+    );
+}
+
+/// A schema saved with a byte-order mark right before its first key loads like any other; a config
+/// path that is a FIFO or a device is refused at once instead of hanging or filling memory.
+#[tokio::test]
+async fn a_bom_is_skipped_and_a_config_that_is_not_a_file_is_refused() {
+    let dir = workspace(|s, _| {
+        let ctr = s.join("ctr.yaml");
+        let text = std::fs::read_to_string(&ctr).expect("read");
+        let body: String = text
+            .lines()
+            .skip_while(|l| l.starts_with('#'))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert!(body.starts_with("kind: model"), "{body}");
+        std::fs::write(&ctr, format!("\u{feff}{body}")).expect("write");
+    });
+    let mut c = test_config();
+    c.registry.schemas = dir.path().join("schemas");
+    c.registry.models = dir.path().join("models");
+    let store = Arc::new(EmbeddedStore::open(&dir.path().join("s.redb")).expect("store"));
+    let app = Application::build_with_store(c, store, Clock::default()).await;
+    assert!(app.is_ok(), "{:#}", app.err().expect("error"));
+
+    let fifo = dir.path().join("hydrant.toml");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo runs");
+    assert!(made.success());
+    for path in [fifo.as_path(), Path::new("/dev/zero")] {
+        let e = hydrant::config::Config::load(Some(path), std::iter::empty()).expect_err("refused");
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+    }
+}
+
 /// Set on a GPU machine to skip the test below. Not HYDRANT_*: every HYDRANT_ variable is read as a config
 /// key, and an unknown one stops start-up.
 const CUDA_SWITCH: &str = "TEST_HAS_CUDA";

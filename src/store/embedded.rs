@@ -7,13 +7,17 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redb::{Database, ReadableDatabase, TableDefinition};
+use redb::{Builder, Database, DatabaseError, ReadableDatabase, StorageError, TableDefinition};
 
 use super::{BoxFuture, Store, StoreError, Writes};
 use crate::value::now_ms;
 
 /// key -> (expires_at_ms or 0, record bytes)
 const RECORDS: TableDefinition<&str, (i64, &[u8])> = TableDefinition::new("records");
+
+/// redb's own page cache. hydrant caches decoded records in front of it, so a large one only duplicates
+/// them (redb's default, 1 GiB, made a bulk load's memory grow with the file).
+const PAGE_CACHE_BYTES: usize = 64 << 20;
 
 /// A redb failure as a store error.
 fn io(e: impl std::fmt::Display) -> StoreError {
@@ -36,9 +40,27 @@ impl EmbeddedStore {
                 )
             })?;
         }
-        let db = Database::create(path).map_err(|e| {
-            anyhow::anyhow!("cannot open the embedded store {}: {e}", path.display())
-        })?;
+        let existed = path.exists();
+        // Every page's checksum is verified on open: a damaged file is refused here, with a message,
+        // rather than panicking inside redb on the first read that meets the damage.
+        let db = Builder::new()
+            .set_cache_size(PAGE_CACHE_BYTES)
+            .set_check_integrity_on_open(true)
+            .create(path)
+            .map_err(|e| match e {
+                DatabaseError::Storage(StorageError::Corrupted(why)) => anyhow::anyhow!(
+                    "the embedded store {} is damaged ({why}): restore it from a copy, or move it away and load the rows again (`hydrant load`)",
+                    path.display()
+                ),
+                DatabaseError::DatabaseAlreadyOpen => anyhow::anyhow!(
+                    "the embedded store {} is in use by another process (a running `hydrant serve` or `hydrant load`): stop it, or set store.embedded.path to another file",
+                    path.display()
+                ),
+                e => anyhow::anyhow!("cannot open the embedded store {}: {e}", path.display()),
+            })?;
+        if !existed {
+            tracing::info!(path = %path.display(), "created a new, empty embedded store");
+        }
         // Create the table up front so reads never see "table does not exist".
         let tx = db.begin_write()?;
         tx.open_table(RECORDS)?;
