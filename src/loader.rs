@@ -782,9 +782,14 @@ fn csv_row(
                 "false" | "0" => serde_json::Value::Bool(false),
                 _ => return Err(format!("`{h}`: `{cell}` is not a boolean")),
             },
-            Some(_) => serde_json::from_str(cell).map_err(|_| {
-                format!("`{h}`: `{cell}` is not a number (lists are written as [0.1, 0.2])")
+            Some(Dtype::Float32List(_)) => serde_json::from_str(cell).map_err(|_| {
+                format!(
+                    "`{h}`: `{cell}` is not a list of numbers (lists are written as [0.1, 0.2])"
+                )
             })?,
+            Some(_) => {
+                csv_number(cell).ok_or_else(|| format!("`{h}`: `{cell}` is not a number"))?
+            }
             // event_timestamp (the header has no other columns without a type).
             None => serde_json::from_str(cell)
                 .unwrap_or_else(|_| serde_json::Value::String(cell.to_owned())),
@@ -792,6 +797,16 @@ fn csv_row(
         m.insert(h.clone(), v);
     }
     Ok(m)
+}
+
+/// A CSV number as spreadsheets and exporters write it: `21`, `+1`, `021`, `-0`, `.5`, `1.`, `1e3`. Whole
+/// numbers stay integers, so an int64 column keeps all 64 bits; NaN and infinities are not numbers here.
+fn csv_number(cell: &str) -> Option<serde_json::Value> {
+    if let Ok(i) = cell.parse::<i64>() {
+        return Some(i.into());
+    }
+    let f = cell.parse::<f64>().ok().filter(|f| f.is_finite())?;
+    serde_json::Number::from_f64(f).map(serde_json::Value::Number)
 }
 
 /// Whether `path` is read as CSV (by its extension).
@@ -1072,6 +1087,22 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn csv_numbers_are_read_as_exporters_write_them() {
+        let (_dir, store) = store();
+        let csv =
+            "user_id,age,avg_session_minutes\na,+1,.5\nb,021,1.\nc,1e1,-0\nd,inf,1\ne,1,NaN\n";
+        let report = load_users(&store, csv.as_bytes(), true)
+            .await
+            .expect("load");
+        assert_eq!(report.written, 3, "{:?}", report.rejected);
+        let lines: Vec<usize> = report.rejected.iter().map(|r| r.line).collect();
+        assert_eq!(lines, vec![5, 6], "infinities and NaN are not numbers");
+        for (user, age) in [("a", 1), ("b", 21), ("c", 10)] {
+            assert_eq!(age_of(&store, user).await, Some(Value::Int(age)), "{user}");
+        }
+    }
+
+    #[tokio::test]
     async fn csv_rows_are_numbered_by_the_line_they_start_on() {
         let (_dir, store) = store();
         let csv = "user_id,age,country\na,1,\"two\nlines\"\nb,x,de\nc,3\nd,4,fr\n";
@@ -1087,10 +1118,7 @@ mod tests {
         assert_eq!(
             lines,
             vec![
-                (
-                    4,
-                    "`age`: `x` is not a number (lists are written as [0.1, 0.2])"
-                ),
+                (4, "`age`: `x` is not a number"),
                 (5, "2 cells, the header has 3"),
             ]
         );
