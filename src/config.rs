@@ -566,34 +566,49 @@ impl Config {
         ] {
             in_range(v, min, max).map_err(|e| (key, e))?;
         }
-        // (key, value, whether 0 means something)
-        for (key, d, zero_ok) in [
-            ("server.shutdown_grace", self.server.shutdown_grace, true),
-            ("server.idle_timeout", self.server.idle_timeout, false),
-            ("limits.request_timeout", limits.request_timeout, false),
-            ("inference.queue_timeout", inference.queue_timeout, false),
-            ("store.redis.connect_timeout", redis.connect_timeout, false),
-            ("store.redis.command_timeout", redis.command_timeout, false),
-            ("store.redis.write_timeout", redis.write_timeout, false),
+        // (key, value, shortest that makes sense: 0 where zero means "none" or "at once"). A 1 ns request
+        // timeout would parse and then fail every request, so the floors are set where a value stops
+        // being a typo.
+        let ms = Duration::from_millis;
+        for (key, d, min) in [
+            ("server.shutdown_grace", self.server.shutdown_grace, ms(0)),
+            ("server.idle_timeout", self.server.idle_timeout, ms(100)),
+            ("limits.request_timeout", limits.request_timeout, ms(1)),
+            // Sub-millisecond queue timeouts are a real setting for a fast model.
+            (
+                "inference.queue_timeout",
+                inference.queue_timeout,
+                Duration::from_micros(10),
+            ),
+            ("store.redis.connect_timeout", redis.connect_timeout, ms(10)),
+            ("store.redis.command_timeout", redis.command_timeout, ms(1)),
+            ("store.redis.write_timeout", redis.write_timeout, ms(10)),
             (
                 "store.redis.reconnect_min_delay",
                 redis.reconnect_min_delay,
-                false,
+                ms(1),
             ),
             (
                 "store.redis.reconnect_max_delay",
                 redis.reconnect_max_delay,
-                true,
+                ms(0),
             ),
-            ("prefetch.warm_timeout", prefetch.warm_timeout, true),
+            ("prefetch.warm_timeout", prefetch.warm_timeout, ms(0)),
             (
                 "prefetch.hot_flush_interval",
                 prefetch.hot_flush_interval,
-                false,
+                ms(10),
             ),
         ] {
-            if d.is_zero() && !zero_ok {
-                return Err((key, "must be longer than 0".to_owned()));
+            if d < min {
+                return Err((
+                    key,
+                    if min == ms(1) {
+                        "must be at least 1ms".to_owned()
+                    } else {
+                        format!("must be at least {}", humantime::format_duration(min))
+                    },
+                ));
             }
             if d > MAX_CONFIG_DURATION {
                 return Err((
@@ -603,6 +618,15 @@ impl Config {
                         humantime::format_duration(d)
                     ),
                 ));
+            }
+        }
+        for (key, path) in [
+            ("store.embedded.path", &self.store.embedded.path),
+            ("registry.schemas", &self.registry.schemas),
+            ("registry.models", &self.registry.models),
+        ] {
+            if path.as_os_str().is_empty() {
+                return Err((key, "expected a path, got an empty one".to_owned()));
             }
         }
         if redis.reconnect_max_delay < redis.reconnect_min_delay {
@@ -1030,6 +1054,24 @@ mod tests {
         assert!(e.contains("reconnect_") && e.contains("at most 1d"), "{e}");
         let c = Config::load(None, env(&[("HYDRANT_LIMITS__REQUEST_TIMEOUT", "1d")])).expect("1d");
         assert_eq!(c.limits.request_timeout, MAX_CONFIG_DURATION);
+        // Too short to be meant: every request would fail, every connection would drop.
+        for (var, value, floor) in [
+            ("HYDRANT_LIMITS__REQUEST_TIMEOUT", "1ns", "1ms"),
+            ("HYDRANT_SERVER__IDLE_TIMEOUT", "1ns", "100ms"),
+            ("HYDRANT_STORE__REDIS__WRITE_TIMEOUT", "1ms", "10ms"),
+        ] {
+            let e = load_err(&[(var, value)]);
+            assert!(
+                e.contains(var) && e.contains(&format!("at least {floor}")),
+                "{e}"
+            );
+        }
+        Config::load(None, env(&[("HYDRANT_INFERENCE__QUEUE_TIMEOUT", "200us")])).expect("200us");
+        let e = load_err(&[("HYDRANT_STORE__EMBEDDED__PATH", "")]);
+        assert!(
+            e.contains("store.embedded.path") && e.contains("empty"),
+            "{e}"
+        );
     }
 
     #[test]
