@@ -69,7 +69,16 @@ pub struct Report {
     pub failed: Vec<FailedBatch>,
     /// Batches written but not announced to the other replicas (they see the rows within `cache.ttl`).
     pub unannounced: usize,
+    /// Why the load stopped reading before the end of the file: the store failed
+    /// [`GIVE_UP_AFTER`] batches in a row (a full disk, a store gone for good).
+    pub gave_up: Option<String>,
+    /// Batches failed since the last one written.
+    failed_in_a_row: usize,
 }
+
+/// Consecutive failed batches after which a load stops reading: the store is not coming back soon, and
+/// going on would only print the same failure for every remaining batch.
+pub const GIVE_UP_AFTER: usize = 8;
 
 /// A batch the store refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -250,6 +259,13 @@ pub async fn load<R: BufRead>(
         }
         if batch.writes.len() >= BATCH {
             writer.send(std::mem::take(&mut batch), &mut report).await;
+            if report.failed_in_a_row >= GIVE_UP_AFTER {
+                let last = report.failed.last().map_or("", |b| b.reason.as_str());
+                report.gave_up = Some(format!(
+                    "stopped after line {line}: the store failed {GIVE_UP_AFTER} batches in a row (the last: {last}); the rest of the file was not read"
+                ));
+                break;
+            }
         }
     }
     if !batch.writes.is_empty() {
@@ -343,8 +359,12 @@ impl Report {
             Ok((rows, announced)) => {
                 self.written += rows;
                 self.unannounced += usize::from(!announced);
+                self.failed_in_a_row = 0;
             }
-            Err(failed) => self.failed.push(failed),
+            Err(failed) => {
+                self.failed.push(failed);
+                self.failed_in_a_row += 1;
+            }
         }
     }
 }
@@ -952,6 +972,52 @@ mod tests {
                 self.inner.put_many(writes, ttl).await
             })
         }
+    }
+
+    /// A store whose every write fails, as a full disk does.
+    struct FullStore(crate::store::embedded::EmbeddedStore);
+
+    impl Store for FullStore {
+        fn backend(&self) -> &'static str {
+            "full"
+        }
+
+        fn get_many<'a>(
+            &'a self,
+            keys: &'a [String],
+        ) -> crate::store::BoxFuture<'a, Result<Vec<Option<Vec<u8>>>, StoreError>> {
+            self.0.get_many(keys)
+        }
+
+        fn put_many(
+            &self,
+            _: Writes,
+            _: Option<Duration>,
+        ) -> crate::store::BoxFuture<'_, Result<(), StoreError>> {
+            Box::pin(async { Err(StoreError::Io("No space left on device".to_owned())) })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_load_stops_reading_once_the_store_fails_batch_after_batch() {
+        let (_dir, inner) = store();
+        let file: String = (0..50 * BATCH)
+            .map(|i| format!("{{\"user_id\": \"u{i}\", \"age\": 1}}\n"))
+            .collect();
+        let report = load_users(&FullStore(inner), file.as_bytes(), false)
+            .await
+            .expect("load");
+        assert_eq!(report.written, 0);
+        assert!(
+            (GIVE_UP_AFTER..GIVE_UP_AFTER + IN_FLIGHT + 1).contains(&report.failed.len()),
+            "{} batches tried of 50",
+            report.failed.len()
+        );
+        let why = report.gave_up.expect("gave up");
+        assert!(
+            why.contains("No space left") && why.contains("not read"),
+            "{why}"
+        );
     }
 
     #[tokio::test]

@@ -177,6 +177,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         b.reason
                     );
                 }
+                if let Some(why) = &report.gave_up {
+                    eprintln!("{}: {why}", file.display());
+                }
                 let (unconfirmed, not_written): (Vec<_>, Vec<_>) =
                     report.failed.iter().partition(|b| b.unconfirmed);
                 if !unconfirmed.is_empty() {
