@@ -54,6 +54,8 @@ for side in ("on", "off"):
         for s in res["steps"]:
             c = s["concurrency"]
             h = s["hydrant"]
+            if h["p50_us"] is None:  # no answer succeeded at this step: nothing to compare
+                continue
             rows.setdefault(c, {}).setdefault(side, []).append((h["achieved_rps"] * 10, h["p50_us"], h["p99_us"]))
 def med(xs): xs = sorted(xs); return xs[len(xs) // 2]
 lines = ["| concurrency | rows/s batching on | rows/s batching off | ratio | p50 on | p50 off | p99 on | p99 off |",

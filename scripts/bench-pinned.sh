@@ -27,7 +27,9 @@ hport="$(free_port)"
 HYDRANT_SERVER__BIND="127.0.0.1:$hport" taskset -c 0,1 "$bin/hydrant" serve >"$work/hydrant.log" 2>&1 &
 pids+=($!)
 fport="$(free_port)"
-taskset -c 2,3 "$bin/loadtest" floor --bind "127.0.0.1:$fport" --threads 2 --for-s 86400 >"$work/floor.log" 2>&1 &
+# The floor's answer holds as many scores as the scenario's largest request, as the in-process floor's does.
+scores="$(python3 -c 'import sys, tomllib; c = tomllib.load(open(sys.argv[1], "rb"))["candidates"]; print(c[1] if isinstance(c, list) else c)' "$scenario")"
+taskset -c 2,3 "$bin/loadtest" floor --bind "127.0.0.1:$fport" --threads 2 --scores "$scores" --for-s 86400 >"$work/floor.log" 2>&1 &
 pids+=($!)
 wait_ready "$hport" "$work/hydrant.log"
 wait_ready "$fport" "$work/floor.log"

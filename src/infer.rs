@@ -638,7 +638,6 @@ impl Worker {
     }
 }
 
-/// Runs one forward pass; puts, per requested output, its width and all rows' numbers in `out`.
 /// Runs the model once on 1 row and once on 2 rows of zeros, so a model that cannot serve is refused at
 /// start-up rather than answering every request with 500: an input the binding does not fill, a fixed
 /// batch dimension, a symbolic width the binding does not match.
@@ -654,6 +653,7 @@ fn trial_run(session: &mut Session, info: &ModelInfo, width: usize) -> Result<()
     })
 }
 
+/// Runs one forward pass; puts, per requested output, its width and all rows' numbers in `out`.
 fn run_session(
     session: &mut Session,
     info: &ModelInfo,

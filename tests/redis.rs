@@ -800,6 +800,38 @@ async fn a_write_through_one_gateway_is_served_by_another_within_the_bound() {
     assert!(pttl > (29 * DAY).as_millis() as i64, "{pttl}");
 }
 
+/// A write the store does not confirm before the request's limit: the 503 says the rows may have been
+/// written and that sending them again is safe, and once Redis answers they are there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rows_write_that_outlives_the_request_says_it_may_have_landed() {
+    let redis = RedisServer::start();
+    let app = gateway(&redis, |c| {
+        c.limits.request_timeout = Duration::from_millis(300);
+    })
+    .await;
+    redis.pause();
+    let r = app
+        .post_json(
+            "/v1/views/user_profile/rows",
+            &json!({"rows": [{"user_id": "u_slow", "age": 20}]}),
+        )
+        .await;
+    redis.resume();
+    assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
+    let msg = r.json()["error"]["message"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned();
+    assert!(
+        msg.contains("may have been written") && msg.contains("sending them again is safe"),
+        "{msg}"
+    );
+    eventually(Duration::from_secs(10), "the write lands", || async {
+        redis.cmd(&["EXISTS", "hy:user_profile:u_slow"]) == Reply::Int(1)
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn the_rows_api_writes_all_rows_or_none() {
     let redis = RedisServer::start();

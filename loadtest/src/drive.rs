@@ -130,15 +130,16 @@ impl Driver {
 }
 
 /// Open loop at `rate` for `duration`; `stream` seeds the request mix. In-flight requests are
-/// awaited before returning (after Ctrl-C, for [`CANCEL_GRACE`] at most). Returns the time from the
-/// first send to the last answer: a server that falls behind stretches it past the schedule, so
-/// answers per second over it are what the server delivered, not what was offered.
+/// awaited before returning (after Ctrl-C, for [`CANCEL_GRACE`] at most). Returns the time the
+/// schedule covered (shorter when cancelled); the segment counts as achieved only the answers that
+/// completed within it, so a server that falls behind shows what it delivered, not what was offered.
 ///
 /// The schedule thread builds the bodies and hands the due sends over in batches; this task
 /// (on a runtime worker) spawns them, so a spawn goes to the worker's local queue instead of
 /// waking a worker from outside once per request.
 pub async fn open_loop(d: &Arc<Driver>, rate: f64, duration: Duration, stream: u64) -> Duration {
     let start = Instant::now();
+    lock(&d.collector).set_window_end(start + duration);
     let cap = d.scenario.load.max_in_flight.max(1);
     let sem = Arc::new(Semaphore::new(cap));
     let (tx, mut rx) = mpsc::unbounded_channel::<Vec<(Instant, Bytes)>>();
@@ -170,21 +171,17 @@ pub async fn open_loop(d: &Arc<Driver>, rate: f64, duration: Duration, stream: u
         }
     }
     let covered = scheduler.await.unwrap_or(Duration::ZERO);
+    // Cancelled: the window ends where the schedule stopped.
+    lock(&d.collector).set_window_end(start + covered);
     // Every request is bounded by the request timeout, so the drain is too.
     let drain = d.scenario.timeout + Duration::from_secs(2);
     let permits = u32::try_from(cap).unwrap_or(u32::MAX);
-    let drained = d
-        .cancel
+    d.cancel
         .or_grace(async {
             let _ = tokio::time::timeout(drain, sem.acquire_many(permits)).await;
         })
         .await;
-    if drained {
-        start.elapsed().max(covered)
-    } else {
-        // Cancelled: the answers counted are those of the schedule up to Ctrl-C (and the grace).
-        covered
-    }
+    covered
 }
 
 /// Runs the fixed schedule on a blocking thread: every due send (intended time, body) goes to

@@ -98,6 +98,11 @@ pub struct Segment {
     pub stages: Vec<Histogram<u64>>,
     /// Time the segment's load ran (set by the driver).
     pub elapsed: Duration,
+    /// Open loop: the end of the schedule. Achieved rps counts the answers that completed by then, so
+    /// neither a server that falls behind (its late answers) nor one straggler (the drain) skews it.
+    pub window_end: Option<Instant>,
+    /// Successful answers completed by `window_end`.
+    pub ok_in_window: u64,
 }
 
 impl Segment {
@@ -117,6 +122,8 @@ impl Segment {
             degraded: 0,
             stages: (0..STAGES.len()).map(|_| histogram(2)).collect(),
             elapsed: Duration::ZERO,
+            window_end: None,
+            ok_in_window: 0,
         }
     }
 
@@ -128,6 +135,9 @@ impl Segment {
         match &s.outcome {
             Outcome::Ok(reply) => {
                 self.ok += 1;
+                if self.window_end.is_none_or(|end| s.at + s.latency <= end) {
+                    self.ok_in_window += 1;
+                }
                 self.hist.saturating_record(us(s.latency).max(1));
                 if reply.degraded {
                     self.degraded += 1;
@@ -176,16 +186,22 @@ impl Segment {
             let _ = a.add(b);
         }
         self.elapsed += other.elapsed;
+        self.ok_in_window += other.ok_in_window;
+        self.window_end = self.window_end.or(other.window_end);
     }
 
     pub fn error_count(&self) -> u64 {
         self.errors.values().sum()
     }
 
-    /// Successful answers per second of load.
+    /// Successful answers per second of load: in open loop, those completed within the schedule.
     pub fn achieved_rps(&self) -> f64 {
         let s = self.elapsed.as_secs_f64();
-        if s > 0.0 { self.ok as f64 / s } else { 0.0 }
+        if s > 0.0 {
+            self.ok_in_window as f64 / s
+        } else {
+            0.0
+        }
     }
 
     /// Latency at `q` (0..=1) in microseconds; `None` when nothing succeeded.
@@ -321,6 +337,13 @@ impl Collector {
         seg.record(&s);
         let second = s.at.saturating_duration_since(self.origin).as_secs() as usize;
         self.timelines[seg.which.index()].record(second, &s);
+    }
+
+    /// Open loop: answers that complete after `end` do not count towards the active segment's achieved rps.
+    pub fn set_window_end(&mut self, end: Instant) {
+        if let Some((seg, _)) = self.active.as_mut() {
+            seg.window_end = Some(end);
+        }
     }
 
     /// Ends the active segment; `elapsed` is how long its load ran.

@@ -233,11 +233,18 @@ fn fd_limit_warning(s: &Scenario) -> Option<String> {
     } else {
         1
     };
-    let need = (s.load.max_in_flight as u64) * floor + 64;
+    // A closed loop holds one connection per worker; an open loop up to max_in_flight.
+    let (open, what) = match &s.load.mode {
+        Mode::ClosedLoop { concurrency } => (
+            concurrency.iter().copied().max().unwrap_or(1),
+            "load.concurrency",
+        ),
+        _ => (s.load.max_in_flight, "load.max_in_flight"),
+    };
+    let need = (open as u64) * floor + 64;
     (limit < need).then(|| {
         format!(
-            "the open-file limit ({limit}) is below what load.max_in_flight ({}) may need (~{need}): connections past it fail as `connect` errors; raise it (`ulimit -n {need}`) or lower load.max_in_flight",
-            s.load.max_in_flight
+            "the open-file limit ({limit}) is below what {what} ({open}) may need (~{need}): connections past it would fail as `connect` errors; raise it (`ulimit -n {need}`) or lower {what}"
         )
     })
 }
@@ -331,7 +338,7 @@ pub async fn run(
 
     check_out_dir(&opts.out_dir)?;
     if let Some(w) = fd_limit_warning(&scenario) {
-        eprintln!("warning: {w}");
+        eprintln!("note: {w}");
     }
     if let Some(url) = &opts.redis_url {
         // One GET now, so a Redis that is not there is found before the load, not after it.
@@ -680,7 +687,10 @@ impl Runner {
         };
         let origin = lock(&self.collector).origin();
         let start_s = origin.elapsed().as_secs_f64();
-        lock(&self.collector).begin(Segment::new(which, label, measured));
+        // After Ctrl-C no segment opens, so a late answer of an abandoned request lands nowhere.
+        if !self.cancel.is_cancelled() {
+            lock(&self.collector).begin(Segment::new(which, label, measured));
+        }
         self.stream += 1;
         let elapsed = match driver {
             Some(d) if !self.cancel.is_cancelled() && !duration.is_zero() => match shape {
@@ -901,14 +911,14 @@ fn assemble(
         None
     };
 
-    let mut warnings: Vec<String> = fd_limit_warning(s).into_iter().collect();
+    let mut warnings = Vec::new();
     let late_limit = 0.05;
     for (name, sum) in
         std::iter::once(("hydrant", &hydrant)).chain(floor.iter().map(|f| ("floor", f)))
     {
         if sum.late_share > late_limit {
             warnings.push(format!(
-                "{name}: {} of the sends started more than {} ms after their intended time: the load generator (or the machine) could not keep the schedule, so the offered load was not applied evenly; latencies still count from the intended times",
+                "{name}: {} of the sends started more than {} ms after their intended time or were refused at load.max_in_flight: the load generator (or the machine) could not keep the schedule, so the offered load was not applied evenly; latencies still count from the intended times",
                 report::fmt_pct(sum.late_share),
                 s.load.late_threshold.as_secs_f64() * 1000.0
             ));

@@ -283,6 +283,8 @@ pub fn parse_loopback_url(text: &str) -> Result<TargetUrl, String> {
 /// past 65535, which would silently load port 80; so the text after the host is read here.)
 fn url_port(authority: &hyper::http::uri::Authority) -> Result<u16, String> {
     let text = authority.as_str();
+    // `user:password@host:port`: the colon that counts comes after the `@`.
+    let text = text.rsplit_once('@').map_or(text, |(_, host)| host);
     let after_host = text.rfind(']').map_or(text, |i| &text[i + 1..]);
     match after_host.rsplit_once(':') {
         None => Ok(80),

@@ -58,8 +58,8 @@ async fn open_loop_measures_the_known_delay() {
     assert_eq!(r.offered_rps, Some(100.0));
 }
 
-/// A server that cannot keep up with the schedule: achieved rps is what it delivered (answers over the
-/// time until the last one came), not the offered rate.
+/// A server that cannot keep up with the schedule: achieved rps is what it delivered (answers that
+/// completed within the schedule), not the offered rate, though every request is answered in the end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn achieved_rps_is_what_a_server_that_falls_behind_delivered() {
     let gw = FakeGateway::start(FakeConfig {
@@ -89,7 +89,6 @@ async fn achieved_rps_is_what_a_server_that_falls_behind_delivered() {
         "a server that answers one request per 20 ms delivers at most 50 rps, reported {}",
         r.hydrant.achieved_rps
     );
-    assert!(r.hydrant.measured_s > 3.5, "{}", r.hydrant.measured_s);
 }
 
 /// The coordinated-omission check: a 500 ms stall shows in the open-loop p99 because every request

@@ -185,27 +185,27 @@ impl RedisStore {
     }
 
     /// Writes a batch, or answers [`StoreError::Timeout`] after `write_timeout`. A timed-out batch may
-    /// still be applied later (fred keeps it queued for the reconnection): its outcome is unknown.
+    /// still be applied later (fred keeps it queued for the reconnection), so the write goes on in its own
+    /// task, and when it does land its keys are announced again: a replica that re-read a key between the
+    /// caller's announcement and the late write drops the old value then.
     async fn write(&self, writes: Writes, ttl: Option<Duration>) -> Result<(), StoreError> {
-        tokio::time::timeout(self.write_timeout, self.write_now(writes, ttl))
-            .await
-            .unwrap_or(Err(StoreError::Timeout))
-    }
-
-    async fn write_now(&self, writes: Writes, ttl: Option<Duration>) -> Result<(), StoreError> {
-        let expire = ttl.map(|t| Expiration::PX(i64::try_from(t.as_millis()).unwrap_or(i64::MAX)));
-        if self.clustered {
-            let pipeline = self.pool.next().pipeline();
-            queue_sets(&pipeline, writes, expire).await?;
-            for r in pipeline.try_all::<Value>().await {
-                r.map_err(store_error)?;
+        let keys: Vec<String> = writes.iter().map(|(k, _)| k.clone()).collect();
+        let (pool, clustered) = (self.pool.clone(), self.clustered);
+        let mut task = tokio::spawn(write_batch(pool, clustered, writes, ttl));
+        match tokio::time::timeout(self.write_timeout, &mut task).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => Err(StoreError::Io(format!("the write task failed: {e}"))),
+            Err(_) => {
+                let (pool, channel) = (self.pool.clone(), self.channel.clone());
+                tokio::spawn(async move {
+                    if let Ok(Ok(())) = task.await {
+                        let _: Result<i64, _> =
+                            pool.next().publish(channel.as_str(), keys.join("\n")).await;
+                    }
+                });
+                Err(StoreError::Timeout)
             }
-            return Ok(());
         }
-        let tx = self.pool.next().multi();
-        queue_sets(&tx, writes, expire).await?;
-        let _: Value = tx.exec(true).await.map_err(store_error)?;
-        Ok(())
     }
 
     async fn publish(&self, keys: &[String]) -> Result<(), StoreError> {
@@ -506,6 +506,28 @@ impl Store for RedisStore {
 }
 
 /// Queues one `SET key value [PX ttl]` per write on a pipeline or a transaction (both queue, not send).
+/// One batch of `SET ... PX`: a `MULTI`/`EXEC` on a standalone server, pipelined `SET`s on a cluster.
+async fn write_batch(
+    pool: Pool,
+    clustered: bool,
+    writes: Writes,
+    ttl: Option<Duration>,
+) -> Result<(), StoreError> {
+    let expire = ttl.map(|t| Expiration::PX(i64::try_from(t.as_millis()).unwrap_or(i64::MAX)));
+    if clustered {
+        let pipeline = pool.next().pipeline();
+        queue_sets(&pipeline, writes, expire).await?;
+        for r in pipeline.try_all::<Value>().await {
+            r.map_err(store_error)?;
+        }
+        return Ok(());
+    }
+    let tx = pool.next().multi();
+    queue_sets(&tx, writes, expire).await?;
+    let _: Value = tx.exec(true).await.map_err(store_error)?;
+    Ok(())
+}
+
 async fn queue_sets<C: KeysInterface + Sync>(
     c: &C,
     writes: Writes,

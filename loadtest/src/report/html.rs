@@ -117,8 +117,6 @@ fn seconds_axis() -> Axis {
     }
 }
 
-/// One value per timeline second; a second with no answers breaks the line (so a floor line does
-/// not bridge the hydrant segments between its own).
 /// The share of second `[t, t + 1)` that `which`'s segments cover (0 to 1).
 fn coverage(spans: &[SegmentSpan], which: Which, t: f64) -> f64 {
     spans
@@ -129,6 +127,8 @@ fn coverage(spans: &[SegmentSpan], which: Which, t: f64) -> f64 {
         .min(1.0)
 }
 
+/// One value per timeline second; a second with no answers breaks the line (so a floor line does
+/// not bridge the hydrant segments between its own).
 fn per_second(
     points: &[TimelinePoint],
     f: impl Fn(&TimelinePoint) -> Option<f64>,
