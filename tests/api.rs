@@ -228,17 +228,7 @@ async fn predict_scores_equal_the_model_run_on_an_independently_assembled_vector
         }
     }
     // The committed worked examples agree too.
-    let examples: Json = serde_json::from_str(
-        &std::fs::read_to_string(root().join("models/ctr.examples.json")).expect("examples"),
-    )
-    .expect("json");
-    for ex in examples.as_array().expect("list") {
-        let body = json!({
-            "entities": {"user_id": ex["user"]["user_id"]},
-            "context": ex["context"],
-            "candidates": [{"item_id": ex["item"]["item_id"]}],
-            "options": {"return_features": true},
-        });
+    for (ex, body) in common::ctr_examples() {
         let r = app.predict("ctr", &body).await.json();
         let want = ex["score"].as_f64().expect("score");
         assert!((scores(&r)[0] - want).abs() < 1e-5, "example {ex}: got {r}");

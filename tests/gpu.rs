@@ -7,25 +7,17 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{TestApp, demo_store, root, test_config};
+use common::{TestApp, demo_store, test_config};
 use serde_json::{Value as Json, json};
 
+/// `TEST_HAS_CUDA` set to anything but empty or `0`.
 fn has_cuda() -> bool {
-    std::env::var_os("TEST_HAS_CUDA").is_some()
+    std::env::var("TEST_HAS_CUDA").is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
 /// A copy of the schemas with the ctr model's `device: cpu` replaced by `device: {device}`.
 fn schemas_on(device: &str) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().expect("tempdir");
-    for e in std::fs::read_dir(root().join("schemas")).expect("read") {
-        let p = e.expect("entry").path();
-        std::fs::copy(&p, dir.path().join(p.file_name().expect("name"))).expect("copy");
-    }
-    let ctr = dir.path().join("ctr.yaml");
-    let s = std::fs::read_to_string(&ctr).expect("read");
-    assert!(s.contains("device: cpu"), "ctr.yaml names its device");
-    std::fs::write(&ctr, s.replace("device: cpu", &format!("device: {device}"))).expect("write");
-    dir
+    common::schemas_with_ctr_edit("device: cpu", &format!("device: {device}"))
 }
 
 /// The demo gateway with the ctr model on `device`; the schema copy lives as long as the app.
@@ -115,16 +107,7 @@ async fn cuda_sessions_score_what_cpu_sessions_score() {
     eprintln!("largest cpu/cuda score difference: {worst:e}");
 
     // The committed worked examples hold on the GPU too.
-    let examples: Json = serde_json::from_str(
-        &std::fs::read_to_string(root().join("models/ctr.examples.json")).expect("examples"),
-    )
-    .expect("json");
-    for ex in examples.as_array().expect("list") {
-        let body = json!({
-            "entities": {"user_id": ex["user"]["user_id"]},
-            "context": ex["context"],
-            "candidates": [{"item_id": ex["item"]["item_id"]}],
-        });
+    for (ex, body) in common::ctr_examples() {
         let r = gpu.predict("ctr", &body).await.json();
         let want = ex["score"].as_f64().expect("score");
         assert!(

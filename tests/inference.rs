@@ -5,7 +5,7 @@ mod common;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
-use common::{TestApp, demo_store, root, test_config};
+use common::{TestApp, demo_store, test_config};
 use serde_json::{Value as Json, json};
 
 fn request(i: usize, candidates: usize) -> Json {
@@ -19,17 +19,10 @@ fn request(i: usize, candidates: usize) -> Json {
 
 /// A copy of the schemas with the ctr model's batching block replaced.
 fn schemas_with_batching(block: &str) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().expect("tempdir");
-    for e in std::fs::read_dir(root().join("schemas")).expect("read") {
-        let p = e.expect("entry").path();
-        std::fs::copy(&p, dir.path().join(p.file_name().expect("name"))).expect("copy");
-    }
-    let ctr = dir.path().join("ctr.yaml");
-    let s = std::fs::read_to_string(&ctr).expect("read");
-    let s = s.replace("batching:\n  max_batch_rows: 256   # rows of concurrent requests run together, up to this many\n  max_delay_us: 0       # never wait for company when the queue is empty", block);
-    assert!(s.contains(block), "the batching block was replaced");
-    std::fs::write(&ctr, s).expect("write");
-    dir
+    common::schemas_with_ctr_edit(
+        "batching:\n  max_batch_rows: 256   # rows of concurrent requests run together, up to this many\n  max_delay_us: 0       # never wait for company when the queue is empty",
+        block,
+    )
 }
 
 #[tokio::test]

@@ -166,12 +166,7 @@ async fn cancel_does_not_wait_for_requests_a_hung_server_holds() {
         .await;
         let mut s = scenario(&gw.url(), load, "");
         s.timeout = Duration::from_secs(30);
-        let cancel = Cancel::new();
-        let c2 = cancel.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(1500)).await;
-            c2.cancel();
-        });
+        let cancel = cancel_after(Duration::from_millis(1500));
         let started = Instant::now();
         let out = run(s, &quiet(temp_dir("cancel-hung")), cancel)
             .await
@@ -200,12 +195,7 @@ async fn cancel_writes_a_partial_report() {
     );
     let mut s = s;
     s.format = loadtest::scenario::Format::Msgpack;
-    let cancel = Cancel::new();
-    let c2 = cancel.clone();
-    tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        c2.cancel();
-    });
+    let cancel = cancel_after(Duration::from_millis(1500));
     let started = Instant::now();
     let dir = temp_dir("cancel");
     let out = run(s, &quiet(dir), cancel).await.expect("partial run");
@@ -304,6 +294,17 @@ async fn floor_target_passes_the_model_probe() {
 }
 
 /// Run options writing to `out_dir`, without the progress line.
+/// A cancellation that fires by itself after `after`, as a Ctrl-C would.
+fn cancel_after(after: Duration) -> Cancel {
+    let cancel = Cancel::new();
+    let c2 = cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(after).await;
+        c2.cancel();
+    });
+    cancel
+}
+
 fn quiet(out_dir: std::path::PathBuf) -> RunOptions {
     RunOptions {
         out_dir,

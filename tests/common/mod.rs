@@ -89,6 +89,44 @@ pub async fn demo_store() -> (Arc<dyn Store>, tempfile::TempDir) {
     (store, dir)
 }
 
+/// A copy of the repo's schemas with `replace` replaced by `with` in the ctr model's file (which must
+/// hold it).
+pub fn schemas_with_ctr_edit(replace: &str, with: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for e in std::fs::read_dir(root().join("schemas")).expect("read") {
+        let p = e.expect("entry").path();
+        std::fs::copy(&p, dir.path().join(p.file_name().expect("name"))).expect("copy");
+    }
+    let ctr = dir.path().join("ctr.yaml");
+    let s = std::fs::read_to_string(&ctr).expect("read");
+    assert!(s.contains(replace), "ctr.yaml holds {replace:?}");
+    std::fs::write(&ctr, s.replace(replace, with)).expect("write");
+    dir
+}
+
+/// The committed worked examples (`models/ctr.examples.json`), each with the predict body that scores
+/// its user, context and item.
+pub fn ctr_examples() -> Vec<(Json, Json)> {
+    let examples: Json = serde_json::from_str(
+        &std::fs::read_to_string(root().join("models/ctr.examples.json")).expect("examples"),
+    )
+    .expect("json");
+    examples
+        .as_array()
+        .expect("list")
+        .iter()
+        .map(|ex| {
+            let body = serde_json::json!({
+                "entities": {"user_id": ex["user"]["user_id"]},
+                "context": ex["context"],
+                "candidates": [{"item_id": ex["item"]["item_id"]}],
+                "options": {"return_features": true},
+            });
+            (ex.clone(), body)
+        })
+        .collect()
+}
+
 /// The repo's schemas, compiled.
 pub fn registry() -> Registry {
     Registry::load_dir(&root().join("schemas"), &root().join("models")).expect("schemas")
