@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{TestApp, demo_rows, root};
+use common::{TestApp, demo_rows, root, scores};
 use serde_json::{Value as Json, json};
 
 // ------------------------------------------------------------------------------------------------------
@@ -149,15 +149,6 @@ impl Mlp {
                 .sum::<f64>();
         1.0 / (1.0 + (-z).exp())
     }
-}
-
-fn scores(reply: &Json) -> Vec<f64> {
-    reply["outputs"]["score"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no scores in {reply}"))
-        .iter()
-        .map(|x| x.as_f64().expect("score"))
-        .collect()
 }
 
 // ------------------------------------------------------------------------------------------------------

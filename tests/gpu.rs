@@ -7,7 +7,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{TestApp, demo_store, test_config};
+use common::{TestApp, demo_store, scores, test_config};
 use serde_json::{Value as Json, json};
 
 /// `TEST_HAS_CUDA` set to anything but empty or `0`.
@@ -38,15 +38,6 @@ fn request(i: usize) -> Json {
         "context": {"hour_of_day": i % 24, "device": device},
         "candidates": (0..candidates).map(|c| json!({"item_id": format!("i_{}", (i * 7 + c * 13) % 2000)})).collect::<Vec<_>>(),
     })
-}
-
-fn scores(reply: &Json) -> Vec<f64> {
-    reply["outputs"]["score"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no scores in {reply}"))
-        .iter()
-        .map(|x| x.as_f64().expect("score"))
-        .collect()
 }
 
 /// cuBLAS sums in another order than the CPU kernels, so the last bits of a float32 score may differ.

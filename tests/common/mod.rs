@@ -127,6 +127,16 @@ pub fn ctr_examples() -> Vec<(Json, Json)> {
         .collect()
 }
 
+/// The `score` outputs of a predict answer.
+pub fn scores(reply: &Json) -> Vec<f64> {
+    reply["outputs"]["score"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no scores in {reply}"))
+        .iter()
+        .map(|x| x.as_f64().expect("score"))
+        .collect()
+}
+
 /// The repo's schemas, compiled.
 pub fn registry() -> Registry {
     Registry::load_dir(&root().join("schemas"), &root().join("models")).expect("schemas")
