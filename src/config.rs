@@ -398,6 +398,18 @@ impl Config {
                             .to_owned(),
                 });
             }
+            let key = keys.join(".");
+            // Keys are case-insensitive, so two spellings of one variable would race (the environment's
+            // order decides): refuse rather than pick.
+            if let Some(other) = overrides.iter().find(|o| o.key == key) {
+                return Err(ConfigError::Env {
+                    var,
+                    reason: format!(
+                        "sets `{key}` again, as {} does: keep one of them",
+                        other.var
+                    ),
+                });
+            }
             let parsed = parse_env_value(&value);
             let typed = !parsed.is_str();
             set_path(&mut table, &keys, parsed).map_err(|reason| ConfigError::Env {
@@ -405,7 +417,7 @@ impl Config {
                 reason,
             })?;
             overrides.push(EnvOverride {
-                key: keys.join("."),
+                key,
                 keys,
                 var,
                 raw: value,
@@ -422,7 +434,7 @@ impl Config {
             None if overrides.is_empty() => "defaults".to_owned(),
             None => format!("env overrides of {}", known_keys(&overrides)),
         };
-        let invalid = |overrides: &[EnvOverride], key: String, reason: String| match blame(
+        let invalid_at = |overrides: &[EnvOverride], key: String, reason: String| match blame(
             overrides, &key, &reason,
         ) {
             Some(var) => ConfigError::Env {
@@ -434,6 +446,22 @@ impl Config {
                 key,
                 reason,
             },
+        };
+        let invalid = |overrides: &[EnvOverride], key: String, reason: String| {
+            // A number too large for TOML's 64 bits arrives as a string: say what is wrong with it.
+            let too_big = overrides.iter().rev().find(|o| o.key == key).filter(|o| {
+                reason.starts_with("invalid type: string")
+                    && o.raw
+                        .trim_start_matches(['-', '+'])
+                        .bytes()
+                        .all(|b| b.is_ascii_digit())
+                    && !o.raw.trim_start_matches(['-', '+']).is_empty()
+            });
+            let reason = match too_big {
+                Some(o) => format!("{} is out of range: too large for a number", o.raw),
+                None => reason,
+            };
+            invalid_at(overrides, key, reason)
         };
         // A value the environment gave as a number, a boolean or an array where the key takes a string
         // (`HYDRANT_STORE__PREFIX=2024`) is read again as the text it was written as. Each override is
@@ -677,7 +705,19 @@ fn known_keys(overrides: &[EnvOverride]) -> String {
 /// The variable to blame for an error at `key`: the one that set it, or, for an unknown key, the one that
 /// named it (serde reports an unknown field at its parent's path).
 fn blame<'a>(overrides: &'a [EnvOverride], key: &str, reason: &str) -> Option<&'a str> {
-    let parent = if key == "." { "" } else { key };
+    let mut parent = if key == "." { "" } else { key };
+    // At the top level the path already ends with the unknown field itself (`foo` for `foo`): its parent
+    // is what is left.
+    if let Some(field) = reason
+        .strip_prefix("unknown field `")
+        .and_then(|r| r.split('`').next())
+    {
+        if parent == field {
+            parent = "";
+        } else if let Some(p) = parent.strip_suffix(&format!(".{field}")) {
+            parent = p;
+        }
+    }
     overrides
         .iter()
         .rev()
@@ -1067,6 +1107,26 @@ mod tests {
             );
         }
         Config::load(None, env(&[("HYDRANT_INFERENCE__QUEUE_TIMEOUT", "200us")])).expect("200us");
+        let e = load_err(&[
+            ("HYDRANT_SERVER__BIND", "127.0.0.1:1"),
+            ("HYDRANT_server__bind", "127.0.0.1:2"),
+        ]);
+        assert!(
+            e.contains("HYDRANT_server__bind") && e.contains("HYDRANT_SERVER__BIND"),
+            "{e}"
+        );
+        // An unknown section named by a variable blames the variable, not the file.
+        let e = load_err(&[("HYDRANT_FOO__BAR", "1")]);
+        assert!(
+            e.contains("HYDRANT_FOO__BAR") && e.contains("unknown field `foo`"),
+            "{e}"
+        );
+        // A number past 64 bits is out of range, not "a string".
+        let e = load_err(&[("HYDRANT_CACHE__MAX_BYTES", "99999999999999999999999")]);
+        assert!(
+            e.contains("cache.max_bytes") && e.contains("out of range"),
+            "{e}"
+        );
         let e = load_err(&[("HYDRANT_STORE__EMBEDDED__PATH", "")]);
         assert!(
             e.contains("store.embedded.path") && e.contains("empty"),
