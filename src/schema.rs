@@ -909,7 +909,10 @@ fn parse_transform(v: &serde_yaml::Value) -> Result<Option<Transform>, String> {
         }
         "clip" => {
             let c: Clip = params(name, &need(p)?)?;
-            if c.min.is_nan() || c.max.is_nan() || c.min > c.max {
+            if c.min.is_nan() || c.max.is_nan() {
+                return Err("clip: min and max must be numbers, not NaN".into());
+            }
+            if c.min > c.max {
                 return Err(format!(
                     "clip: min ({}) must not exceed max ({})",
                     c.min, c.max
@@ -1491,6 +1494,21 @@ features:
             assert_eq!(e.0[0].path, "features[1].name", "{e}");
             assert!(e.0[0].message.contains("reserved"), "{e}");
         }
+    }
+
+    #[test]
+    fn a_nan_default_is_called_nan_not_null() {
+        let v = VIEW.replace(
+            "{name: age, dtype: int64, default: 30}",
+            "{name: age, dtype: float64, default: .nan}",
+        );
+        let e = compile_view(v).expect_err("nan");
+        assert!(e.to_string().contains("finite number"), "{e}");
+        let e = compile(&model(
+            "  - feature: user_profile:age\n    transform: {clip: {min: .nan, max: 1}}\n",
+        ))
+        .expect_err("nan clip");
+        assert!(e.to_string().contains("not NaN"), "{e}");
     }
 
     #[test]

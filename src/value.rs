@@ -174,6 +174,12 @@ impl Value {
 
     /// Converts a YAML value (schema defaults and transform parameters).
     pub fn from_yaml(v: &serde_yaml::Value) -> Result<Self, String> {
+        // JSON has no NaN or infinity: converted, `.nan` would turn into null and be misreported.
+        if let serde_yaml::Value::Number(n) = v
+            && n.as_f64().is_some_and(|f| !f.is_finite())
+        {
+            return Err(format!("expected a finite number, got {n}"));
+        }
         let json = serde_json::to_value(v).map_err(|e| e.to_string())?;
         Self::from_json(&json)
     }
