@@ -227,6 +227,21 @@ pub async fn load<R: BufRead>(
     limits: &LimitsConfig,
     store: &dyn Store,
 ) -> anyhow::Result<Report> {
+    let never = std::sync::atomic::AtomicBool::new(false);
+    load_until(view, prefix, reader, csv, limits, store, &never).await
+}
+
+/// [`load`], stopping at the next row once `stop` is set (Ctrl-C, SIGTERM): the batches in flight are
+/// finished and the report says where it stopped.
+pub async fn load_until<R: BufRead>(
+    view: &View,
+    prefix: &str,
+    reader: R,
+    csv: bool,
+    limits: &LimitsConfig,
+    store: &dyn Store,
+    stop: &std::sync::atomic::AtomicBool,
+) -> anyhow::Result<Report> {
     let now = crate::value::now_ms();
     let mut report = Report::default();
     let rows: Box<dyn Iterator<Item = std::io::Result<ParsedLine>> + '_> = if csv {
@@ -246,6 +261,12 @@ pub async fn load<R: BufRead>(
                 break;
             }
         };
+        if stop.load(Relaxed) {
+            report.gave_up = Some(format!(
+                "interrupted before line {line}: the rest of the file was not read"
+            ));
+            break;
+        }
         last_read = line;
         match parsed.and_then(|m| parse_row(view, prefix, &m, now, limits)) {
             Ok((k, record)) => {
@@ -996,6 +1017,71 @@ mod tests {
         ) -> crate::store::BoxFuture<'_, Result<(), StoreError>> {
             Box::pin(async { Err(StoreError::Io("No space left on device".to_owned())) })
         }
+    }
+
+    #[tokio::test]
+    async fn an_interrupted_load_stops_at_the_next_row_and_says_where() {
+        let (_dir, store) = store();
+        let file: String = (0..3 * BATCH)
+            .map(|i| format!("{{\"user_id\": \"u{i}\", \"age\": 1}}\n"))
+            .collect();
+        // The flag goes up while the second batch is being read.
+        struct StopAfter<'a> {
+            inner: &'a [u8],
+            read: usize,
+            stop: &'a std::sync::atomic::AtomicBool,
+        }
+        impl std::io::Read for StopAfter<'_> {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                let n = buf.len().min(self.inner.len()).min(64);
+                buf[..n].copy_from_slice(&self.inner[..n]);
+                self.inner = &self.inner[n..];
+                self.read += n;
+                if self.read > file_bytes_per_row() * (BATCH + BATCH / 2) {
+                    self.stop.store(true, Relaxed);
+                }
+                Ok(n)
+            }
+        }
+        fn file_bytes_per_row() -> usize {
+            "{\"user_id\": \"u1000\", \"age\": 1}\n".len()
+        }
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let reader = std::io::BufReader::with_capacity(
+            64,
+            StopAfter {
+                inner: file.as_bytes(),
+                read: 0,
+                stop: &stop,
+            },
+        );
+        let report = load_until(
+            &view(),
+            "hy",
+            reader,
+            false,
+            &LimitsConfig::default(),
+            &store,
+            &stop,
+        )
+        .await
+        .expect("load");
+        let why = report.gave_up.expect("interrupted");
+        let line: usize = why
+            .strip_prefix("interrupted before line ")
+            .and_then(|r| r.split(':').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{why}"));
+        assert!(
+            (BATCH + 2..2 * BATCH).contains(&line),
+            "stopped in the second batch: {why}"
+        );
+        assert_eq!(
+            report.written,
+            line - 1,
+            "every row read before the stop is written"
+        );
+        assert!(report.failed.is_empty());
     }
 
     #[tokio::test]

@@ -131,8 +131,21 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 )
             })?;
             let store = open_store(&config).await?;
+            // Ctrl-C or SIGTERM: finish the batches in flight and print what was done; again: quit now.
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let flag = stop.clone();
+            tokio::spawn(async move {
+                shutdown_signal().await;
+                eprintln!("interrupted: finishing the batches being written (again to quit at once)");
+                flag.store(true, std::sync::atomic::Ordering::Relaxed);
+                shutdown_signal().await;
+                std::process::exit(130);
+            });
             let mut failed = false;
             for file in files {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
                 let f = std::fs::File::open(&file)
                     .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", file.display()))?;
                 if f.metadata().is_ok_and(|m| m.is_dir()) {
@@ -141,13 +154,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         file.display()
                     );
                 }
-                let report = hydrant::loader::load(
+                let report = hydrant::loader::load_until(
                     v,
                     &config.store.prefix,
                     std::io::BufReader::new(f),
                     hydrant::loader::is_csv(&file),
                     &config.limits,
                     store.as_ref(),
+                    &stop,
                 )
                 .await
                 .map_err(|e| anyhow::anyhow!("{}: {e:#}", file.display()))?;
@@ -207,7 +221,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 );
                 failed |= report.rejected_rows > 0 || !report.failed.is_empty();
             }
-            Ok(if failed {
+            Ok(if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                ExitCode::from(130)
+            } else if failed {
                 ExitCode::from(2)
             } else {
                 ExitCode::SUCCESS
