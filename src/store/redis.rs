@@ -70,7 +70,15 @@ impl RedisStore {
     pub async fn connect(cfg: &RedisConfig, prefix: &str) -> anyhow::Result<Self> {
         let mut config = FredConfig::from_url(&cfg.url).map_err(|e| {
             // fred's message never echoes the URL, which may hold a password.
-            anyhow::anyhow!("store.redis.url is not a valid Redis URL: {}", e.details())
+            let hint = if cfg.url.contains('@') {
+                " (a user name or password holding `/`, `@`, `:`, `?` or `#` must be percent-encoded: `/` is %2F)"
+            } else {
+                ""
+            };
+            anyhow::anyhow!(
+                "store.redis.url is not a valid Redis URL: {}{hint}",
+                e.details()
+            )
         })?;
         // Start-up reports a Redis it cannot reach rather than serving defaults from a cold cache.
         config.fail_fast = true;
