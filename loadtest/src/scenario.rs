@@ -491,8 +491,19 @@ impl Check<'_> {
         default_prefix: &str,
     ) -> Result<KeySpace, ScenarioError> {
         let entity = raw.entity.unwrap_or_else(|| default_entity.to_string());
-        if entity.is_empty() || entity.len() > 64 {
-            return self.fail(&format!("{table}.entity"), "must be 1-64 characters");
+        // An entity is a field name in the request: hydrant names entities like identifiers.
+        let ident = entity
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && entity
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !ident || entity.len() > 64 {
+            return self.fail(
+                &format!("{table}.entity"),
+                format!("must be 1-64 characters of A-Z a-z 0-9 _, not starting with a digit (got {entity:?})"),
+            );
         }
         let prefix = raw.prefix.unwrap_or_else(|| default_prefix.to_string());
         if prefix.len() > 64 {
