@@ -378,11 +378,19 @@ impl Gateway {
         // times out or whose client goes away must not stop them halfway (written but not announced).
         let hydrator = self.hydrator.clone();
         let ttl = v.policy.key_ttl;
-        let written =
-            tokio::spawn(async move { crate::loader::write_through(&hydrator, writes, ttl).await })
-                .await
-                .map_err(|e| ApiError::Internal(format!("the write task failed: {e}")))?
-                .map_err(|e| {
+        let task =
+            tokio::spawn(async move { crate::loader::write_through(&hydrator, writes, ttl).await });
+        // The answer is due within the request's limit; the write goes on either way.
+        let limit = self.config.limits.request_timeout;
+        let written = tokio::time::timeout(limit, task)
+            .await
+            .map_err(|_| {
+                ApiError::Timeout(format!(
+                    "the store did not confirm the write within the gateway's limit of {limit:?}: the rows may have been written, and sending them again is safe"
+                ))
+            })?
+            .map_err(|e| ApiError::Internal(format!("the write task failed: {e}")))?
+            .map_err(|e| {
                     ApiError::StoreUnavailable(match e {
                         crate::store::StoreError::Timeout => format!(
                             "the store did not confirm the write in time ({e}): the rows may have been written, and sending them again is safe"

@@ -644,8 +644,17 @@ impl Worker {
 fn trial_run(session: &mut Session, info: &ModelInfo, width: usize) -> Result<(), String> {
     let zeros = vec![0f32; 2 * width];
     let mut out = OutputRows::default();
-    run_session(session, info, &zeros[..width], 1, width, &mut out)
-        .map_err(|e| format!("a trial run on one row of zeros failed: {e}"))?;
+    run_session(session, info, &zeros[..width], 1, width, &mut out).map_err(|e| {
+        let hint = if e.contains("Missing Input") {
+            format!(
+                " (the model has another required input: hydrant fills only `{}`)",
+                info.input_name
+            )
+        } else {
+            String::new()
+        };
+        format!("a trial run on one row of zeros failed: {e}{hint}")
+    })?;
     run_session(session, info, &zeros, 2, width, &mut out).map_err(|e| {
         format!(
             "a trial run on two rows failed ({e}): hydrant runs several rows (candidates, batched requests) at once, so the input's first dimension must be dynamic"

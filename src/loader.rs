@@ -72,9 +72,15 @@ pub struct Report {
     /// Why the load stopped reading before the end of the file: the store failed
     /// [`GIVE_UP_AFTER`] batches in a row (a full disk, a store gone for good).
     pub gave_up: Option<String>,
-    /// Batches failed since the last one written.
-    failed_in_a_row: usize,
+    /// The first line of the last batch (in file order) that was written.
+    last_written_line: usize,
+    /// Keys of batches that timed out, announced again at the end of the load (their writes may land
+    /// while it runs); at most [`MAX_REANNOUNCED`].
+    unconfirmed_keys: Vec<String>,
 }
+
+/// Keys of unconfirmed batches kept for the announcement at the end of a load.
+const MAX_REANNOUNCED: usize = 1_000_000;
 
 /// Consecutive failed batches after which a load stops reading: the store is not coming back soon, and
 /// going on would only print the same failure for every remaining batch.
@@ -280,7 +286,7 @@ pub async fn load_until<R: BufRead>(
         }
         if batch.writes.len() >= BATCH {
             writer.send(std::mem::take(&mut batch), &mut report).await;
-            if report.failed_in_a_row >= GIVE_UP_AFTER {
+            if report.failed_in_a_row() >= GIVE_UP_AFTER {
                 let last = report.failed.last().map_or("", |b| b.reason.as_str());
                 report.gave_up = Some(format!(
                     "stopped after line {line}: the store failed {GIVE_UP_AFTER} batches in a row (the last: {last}); the rest of the file was not read"
@@ -293,6 +299,12 @@ pub async fn load_until<R: BufRead>(
         writer.send(batch, &mut report).await;
     }
     writer.finish(&mut report).await;
+    // Timed-out batches may have landed since their keys were announced, after a replica re-read the old
+    // values: announce them once more now that nothing is in flight.
+    for keys in report.unconfirmed_keys.chunks(BATCH) {
+        let _ = store.publish_invalidations(keys).await;
+    }
+    report.unconfirmed_keys = Vec::new();
     if let Some(e) = stopped {
         anyhow::bail!(
             "cannot read past line {last_read}: {e} ({} rows before it were written, {} rejected)",
@@ -303,8 +315,9 @@ pub async fn load_until<R: BufRead>(
     Ok(report)
 }
 
-/// What writing a batch did: its keys (to announce, and to release) and its rows written or refused.
-type BatchDone = (Vec<String>, Result<(usize, bool), FailedBatch>);
+/// What writing a batch did: its keys (to announce, and to release), its first line, and its rows written
+/// or refused.
+type BatchDone = (Vec<String>, usize, Result<(usize, bool), FailedBatch>);
 
 /// The batches being written, up to [`IN_FLIGHT`] at once. Batches in flight may land in any order, so a
 /// batch that writes a key still being written by an earlier one waits for the earlier ones first: the
@@ -346,11 +359,17 @@ impl<'a> Writer<'a> {
         }
     }
 
-    fn done(&mut self, (keys, r): BatchDone, report: &mut Report) {
+    fn done(&mut self, (keys, first_line, r): BatchDone, report: &mut Report) {
         for k in &keys {
             self.writing.remove(k);
         }
-        report.tally(r);
+        if let Err(f) = &r
+            && f.unconfirmed
+            && report.unconfirmed_keys.len() + keys.len() <= MAX_REANNOUNCED
+        {
+            report.unconfirmed_keys.extend(keys);
+        }
+        report.tally(first_line, r);
     }
 
     async fn next(&mut self, report: &mut Report) {
@@ -375,18 +394,27 @@ impl Report {
         }
     }
 
-    fn tally(&mut self, r: Result<(usize, bool), FailedBatch>) {
+    fn tally(&mut self, first_line: usize, r: Result<(usize, bool), FailedBatch>) {
         match r {
             Ok((rows, announced)) => {
                 self.written += rows;
                 self.unannounced += usize::from(!announced);
-                self.failed_in_a_row = 0;
+                self.last_written_line = self.last_written_line.max(first_line);
             }
-            Err(failed) => {
-                self.failed.push(failed);
-                self.failed_in_a_row += 1;
-            }
+            Err(failed) => self.failed.push(failed),
         }
+    }
+
+    /// Failed batches after the last written one, in file order: batches in flight complete in any
+    /// order, so a success that lands between two failures must not reset the count.
+    fn failed_in_a_row(&self) -> usize {
+        // Only the most recent failures can follow the last success; looking further back is waste.
+        self.failed
+            .iter()
+            .rev()
+            .take(GIVE_UP_AFTER + 2 * IN_FLIGHT)
+            .filter(|b| b.first_line > self.last_written_line)
+            .count()
     }
 }
 
@@ -461,10 +489,10 @@ async fn write_batch(store: &dyn Store, b: Batch, ttl: Option<Duration>) -> Batc
             reason: e.to_string(),
             unconfirmed,
         };
-        return (keys, Err(failed));
+        return (keys, b.first_line, Err(failed));
     }
     let announced = store.publish_invalidations(&keys).await.is_ok();
-    (keys, Ok((rows, announced)))
+    (keys, b.first_line, Ok((rows, announced)))
 }
 
 /// `POST /v1/views/{view}/rows`: rows as the loader reads them, one JSON object each.

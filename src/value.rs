@@ -92,6 +92,12 @@ impl Dtype {
             {
                 Ok(Value::Int(f as i64))
             }
+            (Self::Int64, Value::Float(f)) if f.fract() != 0.0 => Err(format!(
+                "expected int64, got {f}, which is not a whole number"
+            )),
+            (Self::Int64, Value::Float(f)) => Err(format!(
+                "expected int64, got {f}: whole numbers written as floats must be within ±2^53, and integers within ±2^63"
+            )),
             (Self::Bool, Value::Bool(b)) => Ok(Value::Bool(b)),
             (Self::String, Value::Str(s)) => Ok(Value::Str(s)),
             (Self::Float32List(n), Value::List(l)) if l.len() == n => Ok(Value::List(l)),
@@ -375,6 +381,19 @@ mod tests {
             layout([("e", Float32List(4))]),
             layout([("e", Float32List(8))])
         );
+    }
+
+    #[test]
+    fn an_int64_refusal_says_why() {
+        let e = Dtype::Int64
+            .coerce(Value::Float(0.5))
+            .expect_err("fraction");
+        assert!(e.contains("not a whole number"), "{e}");
+        let e = Dtype::Int64
+            .coerce(Value::Float(1e20))
+            .expect_err("too large");
+        assert!(e.contains("2^53"), "{e}");
+        assert_eq!(Dtype::Int64.coerce(Value::Float(42.0)), Ok(Value::Int(42)));
     }
 
     #[test]

@@ -892,6 +892,39 @@ async fn the_rows_api_writes_all_rows_or_none() {
     assert_eq!(r.json()["error"]["field"], "rows[0]");
 }
 
+/// A batch that times out but lands later: the keys are announced again once it does, so a gateway that
+/// re-read the old value in between does not keep serving it until its ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_lands_after_its_timeout_is_announced_again() {
+    let redis = RedisServer::start();
+    let mut c = config_for(&redis);
+    c.store.redis.write_timeout = Duration::from_millis(200);
+    let store = open_store(&c).await.expect("store");
+    let load = |age: i64| {
+        let store = store.clone();
+        async move {
+            let row = format!("{{\"user_id\": \"u_late\", \"age\": {age}}}\n");
+            common::load_rows(store.as_ref(), "user_profile", row.as_bytes(), false).await
+        }
+    };
+    assert_eq!(load(1).await.written, 1);
+    let app = gateway(&redis, |_| {}).await;
+    assert_eq!(ages(&app, &["u_late"]).await.0, vec![1], "cached");
+    // Writes (and PUBLISH) wait 700 ms: the batch times out at 200 ms, then lands.
+    redis.cmd(&["CLIENT", "PAUSE", "700", "WRITE"]);
+    let report = load(2).await;
+    assert_eq!(report.failed.len(), 1, "{:?}", report.failed);
+    assert!(report.failed[0].unconfirmed);
+    // Re-read while the write is still held: the old value goes back into the cache.
+    assert_eq!(ages(&app, &["u_late"]).await.0, vec![1]);
+    eventually(
+        Duration::from_secs(5),
+        "the late write is announced",
+        || async { ages(&app, &["u_late"]).await.0 == vec![2] },
+    )
+    .await;
+}
+
 /// A Redis that stops answering mid-load: each batch gives up after `store.redis.write_timeout`
 /// and is reported as unconfirmed (it may still land when Redis wakes), and the load ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

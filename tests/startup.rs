@@ -149,7 +149,7 @@ async fn a_model_may_not_start_more_threads_than_the_bound() {
 async fn a_model_that_cannot_run_the_binding_is_refused_at_start_up() {
     for (file, why) in [
         ("fixed_batch.onnx", "first dimension must be dynamic"),
-        ("two_inputs.onnx", "extra"),
+        ("two_inputs.onnx", "another required input"),
         ("symbolic_width.onnx", "trial run on one row"),
     ] {
         let dir = workspace(|s, m| {

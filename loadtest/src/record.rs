@@ -225,9 +225,10 @@ pub struct TimelinePoint {
     pub t_s: f64,
     pub ok: u64,
     pub errors: u64,
-    pub p50_us: u64,
-    pub p99_us: u64,
-    pub max_us: u64,
+    /// `None` (JSON `null`) for a second in which no request succeeded.
+    pub p50_us: Option<u64>,
+    pub p99_us: Option<u64>,
+    pub max_us: Option<u64>,
 }
 
 /// Per-second buckets keyed by intended send time, so a stall shows where it happened.
@@ -264,20 +265,14 @@ impl Timeline {
             .enumerate()
             .filter_map(|(i, b)| {
                 let b = b.as_ref()?;
-                let q = |q: f64| {
-                    if b.hist.is_empty() {
-                        0
-                    } else {
-                        b.hist.value_at_quantile(q)
-                    }
-                };
+                let q = |q: f64| (!b.hist.is_empty()).then(|| b.hist.value_at_quantile(q));
                 Some(TimelinePoint {
                     t_s: i as f64,
                     ok: b.ok,
                     errors: b.errors,
                     p50_us: q(0.5),
                     p99_us: q(0.99),
-                    max_us: if b.hist.is_empty() { 0 } else { b.hist.max() },
+                    max_us: (!b.hist.is_empty()).then(|| b.hist.max()),
                 })
             })
             .collect()
@@ -443,7 +438,7 @@ mod tests {
         let points = c.timeline(Which::Hydrant).points();
         assert_eq!(points.len(), 2);
         assert_eq!(points[1].t_s, 2.0);
-        assert!(points[1].max_us >= 499_000);
+        assert!(points[1].max_us >= Some(499_000));
 
         let mut merged = seg.clone();
         merged.merge(&seg);

@@ -112,7 +112,9 @@ impl RedisStore {
                 };
             })
             .with_performance_config(|p| {
-                p.default_command_timeout = cfg.write_timeout;
+                // Longer than `write_timeout`, which `write` enforces itself: a timed-out batch then always
+                // takes the path that announces its keys again once the write ends.
+                p.default_command_timeout = cfg.write_timeout.saturating_mul(2);
                 // Room for bursts of invalidation messages before the subscriber would lag (and flush).
                 p.broadcast_channel_capacity = 1024;
             });
@@ -206,10 +208,10 @@ impl RedisStore {
             Err(_) => {
                 let (pool, channel) = (self.pool.clone(), self.channel.clone());
                 tokio::spawn(async move {
-                    if let Ok(Ok(())) = task.await {
-                        let _: Result<i64, _> =
-                            pool.next().publish(channel.as_str(), keys.join("\n")).await;
-                    }
+                    // Whatever fred reports (its own timeout included), the batch may have been applied.
+                    let _ = task.await;
+                    let _: Result<i64, _> =
+                        pool.next().publish(channel.as_str(), keys.join("\n")).await;
                 });
                 Err(StoreError::Timeout)
             }

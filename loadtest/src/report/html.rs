@@ -156,13 +156,13 @@ fn latency_series(
         Series {
             name: format!("{name} p50"),
             color: c1,
-            points: per_second(points, |p| (p.ok > 0).then_some(p.p50_us as f64)),
+            points: per_second(points, |p| p.p50_us.map(|v| v as f64)),
             dashed,
         },
         Series {
             name: format!("{name} p99"),
             color: c2,
-            points: per_second(points, |p| (p.ok > 0).then_some(p.p99_us as f64)),
+            points: per_second(points, |p| p.p99_us.map(|v| v as f64)),
             dashed,
         },
     ]
