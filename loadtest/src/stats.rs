@@ -104,7 +104,7 @@ impl ViewDelta {
             misses,
             negative,
             lookups,
-            hit_rate: (lookups > 0).then(|| hits as f64 / lookups as f64),
+            hit_rate: served_from_memory(hits, stale, negative, lookups),
         })
     }
 
@@ -114,8 +114,14 @@ impl ViewDelta {
         self.misses += o.misses;
         self.negative += o.negative;
         self.lookups += o.lookups;
-        self.hit_rate = (self.lookups > 0).then(|| self.hits as f64 / self.lookups as f64);
+        self.hit_rate = served_from_memory(self.hits, self.stale, self.negative, self.lookups);
     }
+}
+
+/// The gateway's own hit rate (as `/v1/stats` computes it): lookups answered from the cache without a
+/// store read, fresh, stale or cached-as-absent, over all lookups.
+fn served_from_memory(hits: u64, stale: u64, negative: u64, lookups: u64) -> Option<f64> {
+    (lookups > 0).then(|| (hits + stale + negative) as f64 / lookups as f64)
 }
 
 /// Counter differences between two samples.
@@ -247,6 +253,13 @@ mod tests {
         assert_eq!(d.views["user_profile"].lookups, 10);
         assert_eq!(d.total.lookups, 14);
         assert_eq!(d.total.hit_rate, Some(13.0 / 14.0));
+        // Stale and cached-as-absent answers came from memory too, as the gateway counts them.
+        let c: Stats = serde_json::from_str(
+            r#"{"views":{"user_profile":{"hits":19,"stale":2,"misses":3,"negative":4}}}"#,
+        )
+        .expect("stats");
+        let d = delta(&a, &c, "ctr").expect("delta");
+        assert_eq!(d.total.hit_rate, Some(15.0 / 16.0));
         assert_eq!(d.model_requests, None, "model missing in the first sample");
         assert!(delta(&b, &a, "ctr").is_none(), "counters going backwards");
         let empty: Stats = serde_json::from_str("{}").expect("empty");
