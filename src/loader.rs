@@ -977,11 +977,13 @@ mod tests {
     }
 
     /// The embedded store, counting the batch writes it is asked for; with `first_late`, the first write is
-    /// held back so that later batches land before it, as concurrent round trips may.
+    /// held back so that later batches land before it, as concurrent round trips may; with `full`, every
+    /// write fails, as on a full disk.
     struct TestStore {
         inner: crate::store::embedded::EmbeddedStore,
         writes: Arc<std::sync::atomic::AtomicUsize>,
         first_late: bool,
+        full: bool,
     }
 
     impl TestStore {
@@ -991,6 +993,7 @@ mod tests {
                 inner,
                 writes: Default::default(),
                 first_late,
+                full: false,
             };
             (dir, store)
         }
@@ -1015,35 +1018,14 @@ mod tests {
         ) -> crate::store::BoxFuture<'_, Result<(), StoreError>> {
             let late = self.writes.fetch_add(1, Relaxed) == 0 && self.first_late;
             Box::pin(async move {
+                if self.full {
+                    return Err(StoreError::Io("No space left on device".to_owned()));
+                }
                 if late {
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
                 self.inner.put_many(writes, ttl).await
             })
-        }
-    }
-
-    /// A store whose every write fails, as a full disk does.
-    struct FullStore(crate::store::embedded::EmbeddedStore);
-
-    impl Store for FullStore {
-        fn backend(&self) -> &'static str {
-            "full"
-        }
-
-        fn get_many<'a>(
-            &'a self,
-            keys: &'a [String],
-        ) -> crate::store::BoxFuture<'a, Result<Vec<Option<Vec<u8>>>, StoreError>> {
-            self.0.get_many(keys)
-        }
-
-        fn put_many(
-            &self,
-            _: Writes,
-            _: Option<Duration>,
-        ) -> crate::store::BoxFuture<'_, Result<(), StoreError>> {
-            Box::pin(async { Err(StoreError::Io("No space left on device".to_owned())) })
         }
     }
 
@@ -1114,11 +1096,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_load_stops_reading_once_the_store_fails_batch_after_batch() {
-        let (_dir, inner) = store();
+        let (_dir, mut store) = TestStore::open(false);
+        store.full = true;
         let file: String = (0..50 * BATCH)
             .map(|i| format!("{{\"user_id\": \"u{i}\", \"age\": 1}}\n"))
             .collect();
-        let report = load_users(&FullStore(inner), file.as_bytes(), false)
+        let report = load_users(&store, file.as_bytes(), false)
             .await
             .expect("load");
         assert_eq!(report.written, 0);
