@@ -631,11 +631,7 @@ impl Config {
             if d < min {
                 return Err((
                     key,
-                    if min == ms(1) {
-                        "must be at least 1ms".to_owned()
-                    } else {
-                        format!("must be at least {}", humantime::format_duration(min))
-                    },
+                    format!("must be at least {}", humantime::format_duration(min)),
                 ));
             }
             if d > MAX_CONFIG_DURATION {

@@ -382,22 +382,24 @@ impl Gateway {
             tokio::spawn(async move { crate::loader::write_through(&hydrator, writes, ttl).await });
         // The answer is due within the request's limit; the write goes on either way.
         let limit = self.config.limits.request_timeout;
+        const MAY_HAVE_LANDED: &str =
+            "the rows may have been written, and sending them again is safe";
         let written = tokio::time::timeout(limit, task)
             .await
             .map_err(|_| {
                 ApiError::Timeout(format!(
-                    "the store did not confirm the write within the gateway's limit of {limit:?}: the rows may have been written, and sending them again is safe"
+                    "the store did not confirm the write within the gateway's limit of {limit:?}: {MAY_HAVE_LANDED}"
                 ))
             })?
             .map_err(|e| ApiError::Internal(format!("the write task failed: {e}")))?
             .map_err(|e| {
-                    ApiError::StoreUnavailable(match e {
-                        crate::store::StoreError::Timeout => format!(
-                            "the store did not confirm the write in time ({e}): the rows may have been written, and sending them again is safe"
-                        ),
-                        e => format!("the rows were not written: {e}"),
-                    })
-                })?;
+                ApiError::StoreUnavailable(match e {
+                    crate::store::StoreError::Timeout => {
+                        format!("the store did not confirm the write in time ({e}): {MAY_HAVE_LANDED}")
+                    }
+                    e => format!("the rows were not written: {e}"),
+                })
+            })?;
         Ok(axum::Json(serde_json::json!({
             "written": written.rows,
             "announced": written.announced,

@@ -74,13 +74,7 @@ pub struct Report {
     pub gave_up: Option<String>,
     /// The first line of the last batch (in file order) that was written.
     last_written_line: usize,
-    /// Keys of batches that timed out, announced again at the end of the load (their writes may land
-    /// while it runs); at most [`MAX_REANNOUNCED`].
-    unconfirmed_keys: Vec<String>,
 }
-
-/// Keys of unconfirmed batches kept for the announcement at the end of a load.
-const MAX_REANNOUNCED: usize = 1_000_000;
 
 /// Consecutive failed batches after which a load stops reading: the store is not coming back soon, and
 /// going on would only print the same failure for every remaining batch.
@@ -93,8 +87,8 @@ pub struct FailedBatch {
     pub last_line: usize,
     pub rows: usize,
     pub reason: String,
-    /// The store did not answer in time: the batch may have been written all the same (its keys were
-    /// announced to the replicas, in case). Re-running the load for these lines is safe.
+    /// The store did not answer in time: the batch may have been written all the same (the store
+    /// announces its keys to the replicas, in case). Re-running the load for these lines is safe.
     pub unconfirmed: bool,
 }
 
@@ -125,24 +119,34 @@ pub fn parse_row(
     let entity_key = key_string(entity, &k, &entity.name, limits).map_err(|e| e.to_string())?;
     let event_ts_ms = match row.get(EVENT_TIMESTAMP) {
         None | Some(serde_json::Value::Null) => now_ms,
-        Some(serde_json::Value::Number(n)) => match n.as_i64() {
-            Some(ms) => ms,
-            None if n.is_u64() => {
-                return Err(format!(
-                    "`event_timestamp` {n} is too far in the future (milliseconds since the Unix epoch)"
-                ));
-            }
-            // A whole number written as a float (MessagePack encoders do that) is the same instant,
-            // by the rule an int64 feature follows.
-            None => match Dtype::Int64.coerce(Value::Float(n.as_f64().unwrap_or(f64::NAN))) {
-                Ok(Value::Int(ms)) => ms,
-                _ => {
+        Some(serde_json::Value::Number(n)) => {
+            let ms = match n.as_i64() {
+                Some(ms) => ms,
+                None if n.is_u64() => {
                     return Err(format!(
-                        "`event_timestamp` {n} is not whole milliseconds since the Unix epoch (an integer)"
+                        "`event_timestamp` {n} is too far in the future (milliseconds since the Unix epoch)"
                     ));
                 }
-            },
-        },
+                // A whole number written as a float (MessagePack encoders do that) is the same instant,
+                // by the rule an int64 feature follows.
+                None => match Dtype::Int64.coerce(Value::Float(n.as_f64().unwrap_or(f64::NAN))) {
+                    Ok(Value::Int(ms)) => ms,
+                    _ => {
+                        return Err(format!(
+                            "`event_timestamp` {n} is not whole milliseconds since the Unix epoch (an integer)"
+                        ));
+                    }
+                },
+            };
+            // 1e11 ms is March 1973; 1e11 s is the year 5138. A number below it is almost surely seconds,
+            // and read as milliseconds it would age every row past any `max_age`.
+            if (0..100_000_000_000).contains(&ms) {
+                return Err(format!(
+                    "`event_timestamp` {ms} is before March 1973 in milliseconds since the Unix epoch: if it is seconds, multiply by 1000 (or write an RFC 3339 time)"
+                ));
+            }
+            ms
+        }
         Some(serde_json::Value::String(s)) => crate::clock::rfc3339_ms(s).ok_or_else(|| {
             format!(
                 "`event_timestamp` `{s}` is not an RFC 3339 time (e.g. 2026-11-01T12:00:00Z or 2026-11-01T13:00:00+01:00)"
@@ -156,18 +160,6 @@ pub fn parse_row(
     };
     if event_ts_ms < 0 {
         return Err("`event_timestamp` is before 1970".to_owned());
-    }
-    // 1e11 ms is March 1973; 1e11 s is the year 5138. A number below it is almost surely seconds, and read
-    // as milliseconds it would age every row past any `max_age`.
-    if (0..100_000_000_000).contains(&event_ts_ms)
-        && !matches!(
-            row.get(EVENT_TIMESTAMP),
-            None | Some(serde_json::Value::Null | serde_json::Value::String(_))
-        )
-    {
-        return Err(format!(
-            "`event_timestamp` {event_ts_ms} is before March 1973 in milliseconds since the Unix epoch: if it is seconds, multiply by 1000 (or write an RFC 3339 time)"
-        ));
     }
     // A time in the future would never grow older than the view's `max_age`.
     if event_ts_ms > now_ms.saturating_add(MAX_FUTURE_SKEW_MS) {
@@ -299,12 +291,6 @@ pub async fn load_until<R: BufRead>(
         writer.send(batch, &mut report).await;
     }
     writer.finish(&mut report).await;
-    // Timed-out batches may have landed since their keys were announced, after a replica re-read the old
-    // values: announce them once more now that nothing is in flight.
-    for keys in report.unconfirmed_keys.chunks(BATCH) {
-        let _ = store.publish_invalidations(keys).await;
-    }
-    report.unconfirmed_keys = Vec::new();
     if let Some(e) = stopped {
         anyhow::bail!(
             "cannot read past line {last_read}: {e} ({} rows before it were written, {} rejected)",
@@ -362,12 +348,6 @@ impl<'a> Writer<'a> {
     fn done(&mut self, (keys, first_line, r): BatchDone, report: &mut Report) {
         for k in &keys {
             self.writing.remove(k);
-        }
-        if let Err(f) = &r
-            && f.unconfirmed
-            && report.unconfirmed_keys.len() + keys.len() <= MAX_REANNOUNCED
-        {
-            report.unconfirmed_keys.extend(keys);
         }
         report.tally(first_line, r);
     }
@@ -477,17 +457,12 @@ async fn write_batch(store: &dyn Store, b: Batch, ttl: Option<Duration>) -> Batc
     let rows = b.writes.len();
     let keys: Vec<String> = b.writes.iter().map(|(k, _)| k.clone()).collect();
     if let Err(e) = store.put_many(b.writes, ttl).await {
-        let unconfirmed = matches!(e, StoreError::Timeout);
-        if unconfirmed {
-            // It may land yet: replicas that cached these keys must not keep the old values.
-            let _ = store.publish_invalidations(&keys).await;
-        }
         let failed = FailedBatch {
             first_line: b.first_line,
             last_line: b.last_line,
             rows,
             reason: e.to_string(),
-            unconfirmed,
+            unconfirmed: matches!(e, StoreError::Timeout),
         };
         return (keys, b.first_line, Err(failed));
     }
@@ -673,10 +648,9 @@ pub async fn write_through(
     stats.writes.record(outcome, keys.len(), us_since(started));
     if let Err(e) = result {
         if matches!(e, StoreError::Timeout) {
-            // The batch may still be applied: drop and announce the keys all the same, so no replica
-            // keeps serving what it cached before.
+            // The batch may still be applied: drop the keys here too (the store announces them to the
+            // other replicas).
             h.invalidate(&keys);
-            let _ = store.publish_invalidations(&keys).await;
         }
         return Err(e);
     }

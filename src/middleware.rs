@@ -184,12 +184,6 @@ where
                     ))
                     .into_response()
                 }
-                // A write goes on in its own task after the answer: say so, and that resending is safe.
-                Poll::Ready(()) if *this.route == "/v1/views/{view}/rows" => ApiError::Timeout(format!(
-                    "the store did not confirm the write within the gateway's limit of {:?}: the rows may have been written, and sending them again is safe",
-                    this.shared.limit
-                ))
-                .into_response(),
                 Poll::Ready(()) => ApiError::Timeout(format!(
                     "the request took longer than the gateway's limit of {:?}",
                     this.shared.limit

@@ -182,6 +182,11 @@ pub fn us_or_nan(v: Option<u64>) -> f64 {
     v.map_or(f64::NAN, |v| v as f64)
 }
 
+/// A measured latency as [`fmt_us`] writes it; `-` when nothing was measured.
+pub fn fmt_latency(v: Option<u64>) -> String {
+    fmt_us(us_or_nan(v))
+}
+
 /// `850 µs`, `1.23 ms`, `2.50 s`.
 pub fn fmt_us(us: f64) -> String {
     if !us.is_finite() {

@@ -758,7 +758,7 @@ pub fn progress_line(p: &Progress) -> String {
         p.label,
         secs,
         rps,
-        report::fmt_us(us_or_nan(p.p99_us)),
+        report::fmt_latency(p.p99_us),
         p.errors,
         late
     )

@@ -196,8 +196,8 @@ impl RedisStore {
 
     /// Writes a batch, or answers [`StoreError::Timeout`] after `write_timeout`. A timed-out batch may
     /// still be applied later (fred keeps it queued for the reconnection), so the write goes on in its own
-    /// task, and when it does land its keys are announced again: a replica that re-read a key between the
-    /// caller's announcement and the late write drops the old value then.
+    /// task and its keys are announced twice: at once, and again when the write ends, so a replica that
+    /// re-read a key in between drops the old value then.
     async fn write(&self, writes: Writes, ttl: Option<Duration>) -> Result<(), StoreError> {
         let keys: Vec<String> = writes.iter().map(|(k, _)| k.clone()).collect();
         let (pool, clustered) = (self.pool.clone(), self.clustered);
@@ -208,10 +208,11 @@ impl RedisStore {
             Err(_) => {
                 let (pool, channel) = (self.pool.clone(), self.channel.clone());
                 tokio::spawn(async move {
+                    let message = keys.join("\n");
+                    let _: Result<i64, _> = pool.next().publish(channel.as_str(), &message).await;
                     // Whatever fred reports (its own timeout included), the batch may have been applied.
                     let _ = task.await;
-                    let _: Result<i64, _> =
-                        pool.next().publish(channel.as_str(), keys.join("\n")).await;
+                    let _: Result<i64, _> = pool.next().publish(channel.as_str(), message).await;
                 });
                 Err(StoreError::Timeout)
             }

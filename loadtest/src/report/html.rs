@@ -5,7 +5,8 @@ use std::fmt::Write as _;
 
 use super::svg::{Axis, Band, Series, bar_chart, esc, hbar_chart, line_chart};
 use super::{
-    LatencySummary, RunResult, SegmentSpan, fmt_pct, fmt_rate, fmt_ratio, fmt_us, us_or_nan,
+    LatencySummary, RunResult, SegmentSpan, fmt_latency, fmt_pct, fmt_rate, fmt_ratio, fmt_us,
+    us_or_nan,
 };
 use crate::record::{STAGES, TimelinePoint, Which};
 
@@ -71,8 +72,8 @@ fn latency_table(
     for (name, get) in super::LATENCY_ROWS {
         row(
             name,
-            fmt_us(us_or_nan(get(h))),
-            f.map(|f| fmt_us(us_or_nan(get(f)))),
+            fmt_latency(get(h)),
+            f.map(|f| fmt_latency(get(f))),
             f.map(|f| r(us_or_nan(get(h)), us_or_nan(get(f)))),
         );
     }
@@ -222,9 +223,9 @@ pub fn render(r: &RunResult) -> String {
     let h = &r.hydrant;
     out.push_str(r#"<div class="cards">"#);
     card(&mut out, "achieved rps", &format!("{:.1}", h.achieved_rps));
-    card(&mut out, "p50", &fmt_us(us_or_nan(h.p50_us)));
-    card(&mut out, "p99", &fmt_us(us_or_nan(h.p99_us)));
-    card(&mut out, "p99.9", &fmt_us(us_or_nan(h.p999_us)));
+    card(&mut out, "p50", &fmt_latency(h.p50_us));
+    card(&mut out, "p99", &fmt_latency(h.p99_us));
+    card(&mut out, "p99.9", &fmt_latency(h.p999_us));
     card(
         &mut out,
         "errors",
@@ -592,15 +593,15 @@ pub fn render(r: &RunResult) -> String {
                 "<tr><td>{}</td><td>{:.1}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                 s.concurrency.map_or_else(|| "-".into(), |c| c.to_string()),
                 s.hydrant.achieved_rps,
-                fmt_us(us_or_nan(s.hydrant.p50_us)),
-                fmt_us(us_or_nan(s.hydrant.p99_us)),
+                fmt_latency(s.hydrant.p50_us),
+                fmt_latency(s.hydrant.p99_us),
                 s.hydrant.errors,
                 s.floor
                     .as_ref()
                     .map_or_else(|| "-".into(), |f| format!("{:.1}", f.achieved_rps)),
                 s.floor
                     .as_ref()
-                    .map_or_else(|| "-".into(), |f| fmt_us(us_or_nan(f.p99_us))),
+                    .map_or_else(|| "-".into(), |f| fmt_latency(f.p99_us)),
             );
         }
         out.push_str("</table>");

@@ -2,7 +2,9 @@
 
 use std::fmt::Write as _;
 
-use super::{LatencySummary, RunResult, fmt_pct, fmt_rate, fmt_ratio, fmt_us, us_or_nan};
+use super::{
+    LatencySummary, RunResult, fmt_latency, fmt_pct, fmt_rate, fmt_ratio, fmt_us, us_or_nan,
+};
 
 fn row(out: &mut String, name: &str, h: String, f: Option<String>, r: Option<String>) {
     let _ = write!(out, "  {name:<14}{h:>14}");
@@ -61,15 +63,15 @@ pub fn render(r: &RunResult) -> String {
                 s.concurrency
                     .map_or_else(|| "-".to_string(), |c| c.to_string()),
                 s.hydrant.achieved_rps,
-                fmt_us(us_or_nan(s.hydrant.p50_us)),
-                fmt_us(us_or_nan(s.hydrant.p99_us)),
+                fmt_latency(s.hydrant.p50_us),
+                fmt_latency(s.hydrant.p99_us),
                 s.hydrant.errors,
                 s.floor
                     .as_ref()
                     .map_or_else(|| "-".to_string(), |f| format!("{:.1}", f.achieved_rps)),
                 s.floor
                     .as_ref()
-                    .map_or_else(|| "-".to_string(), |f| fmt_us(us_or_nan(f.p99_us))),
+                    .map_or_else(|| "-".to_string(), |f| fmt_latency(f.p99_us)),
             );
         }
         if let Some(m) = r.max_rps {
