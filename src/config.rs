@@ -384,9 +384,26 @@ impl Config {
             }
             None => toml::Table::new(),
         };
+        if let (Some(path), Err((key, reason))) = (path, check_sections(&table)) {
+            return Err(ConfigError::Invalid {
+                origin: path.display().to_string(),
+                key,
+                reason,
+            });
+        }
         let mut overrides: Vec<EnvOverride> = Vec::new();
         for (var, value) in env {
             let Some(rest) = var.strip_prefix(ENV_PREFIX) else {
+                // Variable names are case-sensitive: `hydrant_server__bind` would be ignored in silence.
+                if var
+                    .get(..ENV_PREFIX.len())
+                    .is_some_and(|p| p.eq_ignore_ascii_case(ENV_PREFIX))
+                {
+                    return Err(ConfigError::Env {
+                        var,
+                        reason: format!("is not read: the prefix is {ENV_PREFIX} in capitals"),
+                    });
+                }
                 continue;
             };
             let keys: Vec<String> = rest.split("__").map(str::to_ascii_lowercase).collect();
@@ -777,6 +794,50 @@ fn check_log_level(filter: &str) -> Result<(), String> {
     tracing_subscriber::EnvFilter::try_new(filter)
         .map(drop)
         .map_err(|e| format!("`{filter}` is not a valid filter ({e}): {expected}"))
+}
+
+/// The config's sections, which must be tables.
+const SECTIONS: [&str; 10] = [
+    "server",
+    "store",
+    "store.embedded",
+    "store.redis",
+    "registry",
+    "limits",
+    "cache",
+    "prefetch",
+    "inference",
+    "telemetry",
+];
+
+/// Refuses a section written as something other than a table. Left to serde, `[[server]]` (an array of
+/// tables) reads as a sequence of the struct's fields and fails with "expected socket address".
+fn check_sections(table: &toml::Table) -> Result<(), (String, String)> {
+    for section in SECTIONS {
+        let mut value = None;
+        let mut cur = Some(table);
+        for k in section.split('.') {
+            value = cur.and_then(|t| t.get(k));
+            cur = value.and_then(toml::Value::as_table);
+        }
+        let found = match value {
+            None | Some(toml::Value::Table(_)) => continue,
+            Some(toml::Value::Array(a)) if a.iter().all(toml::Value::is_table) => {
+                format!(
+                    "`[[{section}]]` (an array of tables): write `[{section}]`, with single brackets"
+                )
+            }
+            Some(v) => format!(
+                "{} {v}: write the section as `[{section}]` followed by its keys",
+                v.type_str()
+            ),
+        };
+        return Err((
+            section.to_owned(),
+            format!("expected a table, found {found}"),
+        ));
+    }
+    Ok(())
 }
 
 fn parse_env_value(raw: &str) -> toml::Value {
@@ -1193,6 +1254,44 @@ mod tests {
             e.contains("h.toml") && e.contains("line 3, column 18"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_lowercase_prefix_is_refused_rather_than_ignored() {
+        let e = load_err(&[("hydrant_server__bind", "127.0.0.1:1")]);
+        assert!(
+            e.contains("hydrant_server__bind") && e.contains("HYDRANT_ in capitals"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_section_that_is_not_a_table_is_named_with_the_fix() {
+        for (text, key, says) in [
+            (
+                "[[server]]\nbind = \"127.0.0.1:1\"\n",
+                "`server`",
+                "write `[server]`",
+            ),
+            (
+                "[[store.redis]]\nurl = \"\"\n",
+                "`store.redis`",
+                "write `[store.redis]`",
+            ),
+            ("limits = 5\n", "`limits`", "found integer 5"),
+            (
+                "[store]\nembedded = \"x\"\n",
+                "`store.embedded`",
+                "found string",
+            ),
+        ] {
+            let (_dir, path) = config_file(text);
+            let e = Config::load(Some(&path), []).expect_err(text).to_string();
+            assert!(
+                e.contains("h.toml") && e.contains(key) && e.contains(says),
+                "{text}: {e}"
+            );
+        }
     }
 
     #[test]

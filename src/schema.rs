@@ -424,7 +424,7 @@ impl Registry {
                 let value = match serde_yaml::Value::deserialize(doc) {
                     Ok(v) => v,
                     Err(e) => {
-                        errs.push(file, "", format!("not valid YAML: {e}"));
+                        errs.push(file, "", format!("not valid YAML: {}", yaml_message(&e)));
                         break;
                     }
                 };
@@ -1234,6 +1234,28 @@ fn compile_model(
     })
 }
 
+/// serde_yaml's message, except that an integer beyond 64 bits, which it reports as "invalid type:
+/// integer `N` as u128, expected any YAML value", is said to be out of range.
+fn yaml_message(e: &serde_yaml::Error) -> String {
+    let message = e.to_string();
+    let Some(start) = message.find("invalid type: integer `") else {
+        return message;
+    };
+    let rest = &message[start + "invalid type: integer `".len()..];
+    let Some(end) = rest.find("` as ") else {
+        return message;
+    };
+    let Some(after) = rest[end..].find(", expected any YAML value") else {
+        return message;
+    };
+    let tail = &rest[end + after + ", expected any YAML value".len()..];
+    format!(
+        "{}{} is out of range: numbers here must fit in 64 bits{tail}",
+        &message[..start],
+        &rest[..end]
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1366,6 +1388,20 @@ features:
         )
         .expect_err("syntax");
         assert!(e.to_string().contains("not valid YAML"), "{e}");
+        let e = Registry::compile(
+            &[(
+                PathBuf::from("v.yaml"),
+                "kind: view\nname: v\nentity: u\nfeatures:\n  - {name: a, dtype: int64, default: 99999999999999999999}\n".into(),
+            )],
+            Path::new("."),
+        )
+        .expect_err("overflow");
+        assert!(
+            e.to_string().contains(
+                "features[0].default: 99999999999999999999 is out of range: numbers here must fit in 64 bits at line 5"
+            ),
+            "{e}"
+        );
     }
 
     #[test]
