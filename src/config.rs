@@ -646,18 +646,12 @@ impl Config {
             ),
         ] {
             if d < min {
-                return Err((
-                    key,
-                    format!("must be at least {}", humantime::format_duration(min)),
-                ));
+                return Err((key, format!("must be at least {}", duration::format(min))));
             }
             if d > MAX_CONFIG_DURATION {
                 return Err((
                     key,
-                    format!(
-                        "`{}` is too long: must be at most 1d",
-                        humantime::format_duration(d)
-                    ),
+                    format!("`{}` is too long: must be at most 1d", duration::format(d)),
                 ));
             }
         }
@@ -876,13 +870,73 @@ pub mod duration {
         parse(&s).map_err(D::Error::custom)
     }
 
-    /// Parses a duration such as `250ms` or `30d`.
+    /// Parses a duration such as `250ms`, `30d` or `1h 30m`: whole numbers, each with one of the units
+    /// `ns`, `us`, `ms`, `s`, `m`, `h`, `d` (or their long names, `min`, `hours`, ...). Months, years and
+    /// weeks are refused: `10M` for `10m` would otherwise mean ten months.
     pub fn parse(s: &str) -> Result<Duration, String> {
-        humantime::parse_duration(s.trim()).map_err(|_| {
-            format!(
-                "`{s}` is not a valid duration (expected e.g. `250ms`, `2s`, `5m`, `1h`, `30d`)"
-            )
-        })
+        let expected = "expected e.g. `250ms`, `2s`, `5m`, `1h`, `30d`";
+        let text = s.trim();
+        if text.is_empty() {
+            return Err(format!("`{s}` is not a valid duration ({expected})"));
+        }
+        let mut rest = text;
+        let mut total_ns: u64 = 0;
+        while !rest.is_empty() {
+            let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+            if digits == 0 {
+                return Err(format!("`{s}` is not a valid duration ({expected})"));
+            }
+            // Too many digits for 64 bits is too long a duration: saturate, and the caller's range
+            // check says so in its own terms.
+            let number: u64 = rest[..digits].parse().unwrap_or(u64::MAX);
+            rest = rest[digits..].trim_start();
+            let letters = rest.len() - rest.trim_start_matches(|c: char| c.is_alphabetic()).len();
+            let unit = &rest[..letters];
+            rest = rest[letters..].trim_start();
+            let ns_per: u64 = match unit {
+                "ns" | "nsec" | "nanos" => 1,
+                "us" | "µs" | "usec" | "micros" => 1_000,
+                "ms" | "msec" | "msecs" | "millis" => 1_000_000,
+                "s" | "sec" | "secs" | "second" | "seconds" => 1_000_000_000,
+                "m" | "min" | "mins" | "minute" | "minutes" => 60_000_000_000,
+                "h" | "hr" | "hrs" | "hour" | "hours" => 3_600_000_000_000,
+                "d" | "day" | "days" => 86_400_000_000_000,
+                "" => {
+                    return Err(format!("`{s}` has a number without a unit ({expected})"));
+                }
+                other => {
+                    return Err(format!(
+                        "`{s}`: the unit `{other}` is not one hydrant takes: write us, ms, s, m, h or d (e.g. `250ms`, `5m`, `30d`)"
+                    ));
+                }
+            };
+            total_ns = total_ns.saturating_add(number.saturating_mul(ns_per));
+        }
+        Ok(Duration::from_nanos(total_ns))
+    }
+
+    /// A duration the way [`parse`] reads it back: `2d`, `1h 30m`, `250ms`, `200us`.
+    pub fn format(d: Duration) -> String {
+        if d.is_zero() {
+            return "0s".to_owned();
+        }
+        let mut ns = d.as_nanos();
+        let mut parts = Vec::new();
+        for (unit, per) in [
+            ("d", 86_400_000_000_000u128),
+            ("h", 3_600_000_000_000),
+            ("m", 60_000_000_000),
+            ("s", 1_000_000_000),
+            ("ms", 1_000_000),
+            ("us", 1_000),
+            ("ns", 1),
+        ] {
+            if ns >= per {
+                parts.push(format!("{}{unit}", ns / per));
+                ns %= per;
+            }
+        }
+        parts.join(" ")
     }
 }
 
@@ -1139,14 +1193,14 @@ mod tests {
             "HYDRANT_PREFETCH__WARM_TIMEOUT",
             "HYDRANT_PREFETCH__HOT_FLUSH_INTERVAL",
         ] {
-            for value in ["500000000y", "25h", "18446744073709551615s"] {
+            for value in ["500000000d", "25h", "18446744073709551615s"] {
                 let e = load_err(&[(var, value)]);
                 assert!(e.contains(var) && e.contains("at most 1d"), "{e}");
             }
         }
         let e = load_err(&[
-            ("HYDRANT_STORE__REDIS__RECONNECT_MIN_DELAY", "500000000y"),
-            ("HYDRANT_STORE__REDIS__RECONNECT_MAX_DELAY", "500000000y"),
+            ("HYDRANT_STORE__REDIS__RECONNECT_MIN_DELAY", "500000000d"),
+            ("HYDRANT_STORE__REDIS__RECONNECT_MAX_DELAY", "500000000d"),
         ]);
         assert!(e.contains("reconnect_") && e.contains("at most 1d"), "{e}");
         let c = Config::load(None, env(&[("HYDRANT_LIMITS__REQUEST_TIMEOUT", "1d")])).expect("1d");
@@ -1257,6 +1311,46 @@ mod tests {
     }
 
     #[test]
+    fn durations_take_the_units_the_docs_list_and_refuse_months_and_years() {
+        use super::duration::{format, parse};
+        for (text, ms) in [
+            ("250ms", 250),
+            ("2s", 2_000),
+            (" 5m ", 300_000),
+            ("1h 30m", 5_400_000),
+            ("1h30m", 5_400_000),
+            ("30d", 2_592_000_000),
+            ("10min", 600_000),
+            ("2 hours", 7_200_000),
+        ] {
+            assert_eq!(parse(text), Ok(Duration::from_millis(ms)), "{text}");
+        }
+        for (text, says) in [
+            ("10M", "the unit `M`"),
+            ("1y", "the unit `y`"),
+            ("2w", "the unit `w`"),
+            ("5", "without a unit"),
+            ("", "not a valid duration"),
+            ("m5", "not a valid duration"),
+            ("-5s", "not a valid duration"),
+        ] {
+            let e = parse(text).expect_err(text);
+            assert!(e.contains(says), "{text}: {e}");
+        }
+        assert_eq!(format(Duration::from_secs(2 * 86_400)), "2d");
+        assert_eq!(format(Duration::from_millis(86_401_250)), "1d 1s 250ms");
+        assert_eq!(format(Duration::ZERO), "0s");
+        assert_eq!(
+            parse("99999999999999999999s"),
+            Ok(Duration::from_nanos(u64::MAX))
+        );
+        assert_eq!(parse("200us"), Ok(Duration::from_micros(200)));
+        assert_eq!(format(Duration::from_micros(1_200)), "1ms 200us");
+        let e = load_err(&[("HYDRANT_LIMITS__REQUEST_TIMEOUT", "2d")]);
+        assert!(e.contains("`2d` is too long"), "{e}");
+    }
+
+    #[test]
     fn a_lowercase_prefix_is_refused_rather_than_ignored() {
         let e = load_err(&[("hydrant_server__bind", "127.0.0.1:1")]);
         assert!(
@@ -1329,7 +1423,7 @@ mod tests {
         );
         let e = load_err(&[("HYDRANT_LIMITS__REQUEST_TIMEOUT", "5")]);
         assert!(
-            e.contains("HYDRANT_LIMITS__REQUEST_TIMEOUT") && e.contains("not a valid duration"),
+            e.contains("HYDRANT_LIMITS__REQUEST_TIMEOUT") && e.contains("without a unit"),
             "{e}"
         );
         // An unknown key is blamed on the variable that named it.

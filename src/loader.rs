@@ -111,8 +111,9 @@ pub fn parse_row(
         }
         other => {
             return Err(format!(
-                "`{}` must be a string or an integer, got {other}",
-                entity.name
+                "`{}` must be a string or an integer, got {}",
+                entity.name,
+                excerpt(&other.to_string())
             ));
         }
     };
@@ -149,12 +150,14 @@ pub fn parse_row(
         }
         Some(serde_json::Value::String(s)) => crate::clock::rfc3339_ms(s).ok_or_else(|| {
             format!(
-                "`event_timestamp` `{s}` is not an RFC 3339 time (e.g. 2026-11-01T12:00:00Z or 2026-11-01T13:00:00+01:00)"
+                "`event_timestamp` `{}` is not an RFC 3339 time (e.g. 2026-11-01T12:00:00Z or 2026-11-01T13:00:00+01:00)",
+                excerpt(s)
             )
         })?,
         Some(other) => {
             return Err(format!(
-                "`event_timestamp` must be a string or a number, got {other}"
+                "`event_timestamp` must be a string or a number, got {}",
+                excerpt(&other.to_string())
             ));
         }
     };
@@ -291,6 +294,8 @@ pub async fn load_until<R: BufRead>(
         writer.send(batch, &mut report).await;
     }
     writer.finish(&mut report).await;
+    // Batches finish in any order; they are listed in the file's.
+    report.failed.sort_by_key(|b| b.first_line);
     if let Some(e) = stopped {
         anyhow::bail!(
             "cannot read past line {last_read}: {e} ({} rows before it were written, {} rejected)",
@@ -703,6 +708,14 @@ fn csv_rows<'a, R: BufRead + 'a>(
             feature_names(view)
         );
     }
+    if !headers.iter().any(|h| h == view.entity.name) {
+        anyhow::bail!(
+            "the CSV header has no `{}` column: every row of view `{}` needs its entity key (the header is: {})",
+            view.entity.name,
+            view.name,
+            excerpt(&headers.iter().collect::<Vec<_>>().join(","))
+        );
+    }
     // Each column's type, found once per file rather than once per cell.
     let columns: Vec<(String, Option<Dtype>)> = headers
         .iter()
@@ -721,11 +734,22 @@ fn csv_rows<'a, R: BufRead + 'a>(
         let line_of = |rdr: &mut csv::Reader<LineStarts<R>>, p: Option<&csv::Position>| {
             p.map_or(0, |p| rdr.get_mut().line_at(p.byte(), p.line() as usize))
         };
-        match rdr.read_record(&mut rec) {
+        let result = rdr.read_record(&mut rec);
+        let next_row = rdr.position().byte();
+        rdr.get_mut().row_starts_at(next_row);
+        match result {
             Ok(false) => None,
             Ok(true) => {
                 let line = line_of(&mut rdr, rec.position());
-                Some(Ok((line, csv_row(&columns, &rec))))
+                let row = csv_row(&columns, &rec).map_err(|e| {
+                    // A quote left open runs a row on over the lines after it.
+                    if rec.iter().any(|c| c.contains('\n')) {
+                        format!("{e}: a quoted cell runs over several lines, so a quote may be left open")
+                    } else {
+                        e
+                    }
+                });
+                Some(Ok((line, row)))
             }
             Err(e) => {
                 let line = line_of(&mut rdr, e.position());
@@ -752,7 +776,13 @@ struct LineStarts<R> {
     at_line_start: bool,
     /// Offsets where a line's content starts, with that line, from the parser's position on.
     starts: std::collections::VecDeque<(u64, usize)>,
+    /// Where the row being parsed starts: reading more than [`MAX_LINE_BYTES`] past it (and the parser's
+    /// read-ahead) is an error, so one endless row (or a quote never closed) cannot take all memory.
+    row_start: u64,
 }
+
+/// What the parser may read beyond a row's limit: its buffer's read-ahead.
+const CSV_READ_AHEAD: u64 = 64 << 10;
 
 impl<R> LineStarts<R> {
     fn new(inner: R) -> Self {
@@ -762,7 +792,13 @@ impl<R> LineStarts<R> {
             line: 1,
             at_line_start: true,
             starts: Default::default(),
+            row_start: 0,
         }
+    }
+
+    /// The next row starts at byte `at`.
+    fn row_starts_at(&mut self, at: u64) {
+        self.row_start = at;
     }
 
     /// The line of the first content at or after byte `at`, where a row the parser places at `at`
@@ -778,6 +814,19 @@ impl<R> LineStarts<R> {
 
 impl<R: std::io::Read> std::io::Read for LineStarts<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.offset > self.row_start + MAX_LINE_BYTES as u64 + CSV_READ_AHEAD {
+            let line = self
+                .starts
+                .iter()
+                .find(|(o, _)| *o >= self.row_start)
+                .map_or(self.line, |(_, l)| *l);
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "the CSV row starting on line {line} is longer than {MAX_LINE_BYTES} bytes (a quote opened and never closed?)"
+                ),
+            ));
+        }
         let n = self.inner.read(buf)?;
         let starts = &mut self.starts;
         for &b in &buf[..n] {
@@ -823,16 +872,16 @@ fn csv_row(
             Some(Dtype::Bool) => match cell.to_ascii_lowercase().as_str() {
                 "true" | "1" => serde_json::Value::Bool(true),
                 "false" | "0" => serde_json::Value::Bool(false),
-                _ => return Err(format!("`{h}`: `{cell}` is not a boolean")),
+                _ => return Err(format!("`{h}`: `{}` is not a boolean", excerpt(cell))),
             },
             Some(Dtype::Float32List(_)) => serde_json::from_str(cell).map_err(|_| {
                 format!(
-                    "`{h}`: `{cell}` is not a list of numbers (lists are written as [0.1, 0.2])"
+                    "`{h}`: `{}` is not a list of numbers (lists are written as [0.1, 0.2])",
+                    excerpt(cell)
                 )
             })?,
-            Some(_) => {
-                csv_number(cell).ok_or_else(|| format!("`{h}`: `{cell}` is not a number"))?
-            }
+            Some(_) => csv_number(cell)
+                .ok_or_else(|| format!("`{h}`: `{}` is not a number", excerpt(cell)))?,
             // event_timestamp (the header has no other columns without a type).
             None => serde_json::from_str(cell)
                 .unwrap_or_else(|_| serde_json::Value::String(cell.to_owned())),
@@ -850,6 +899,20 @@ fn csv_number(cell: &str) -> Option<serde_json::Value> {
     }
     let f = cell.parse::<f64>().ok().filter(|f| f.is_finite())?;
     serde_json::Number::from_f64(f).map(serde_json::Value::Number)
+}
+
+/// A value as a message shows it: whole when short, else its start and its length, so a rejected
+/// megabyte cell does not become a megabyte of error output.
+fn excerpt(s: &str) -> std::borrow::Cow<'_, str> {
+    const SHOWN: usize = 80;
+    if s.len() <= SHOWN {
+        return s.into();
+    }
+    let mut end = SHOWN;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &s[..end], s.len()).into()
 }
 
 /// Whether `path` is read as CSV (by its extension).
@@ -1258,6 +1321,63 @@ mod tests {
                 (4, "`age`: `x` is not a number"),
                 (5, "2 cells, the header has 3"),
             ]
+        );
+    }
+
+    #[tokio::test]
+    async fn an_endless_csv_row_stops_the_load_in_bounded_memory_and_says_where() {
+        let (_dir, store) = store();
+        // A quote opened on line 3 and never closed: the rest of the file would be one cell.
+        let mut csv = String::from("user_id,age,country\na,1,de\nb,2,\"open\n");
+        while csv.len() <= MAX_LINE_BYTES + 2 * CSV_READ_AHEAD as usize {
+            csv.push_str("c,3,fr\n");
+        }
+        let e = load_users(&store, csv.as_bytes(), true)
+            .await
+            .expect_err("endless row")
+            .to_string();
+        assert!(
+            e.contains("line 3 is longer than 8388608 bytes")
+                && e.contains("never closed")
+                && e.contains("1 rows before it were written"),
+            "{e}"
+        );
+        assert_eq!(age_of(&store, "a").await, Some(Value::Int(1)));
+        // A short file with the same mistake: the row reaches the end, and the message says why.
+        let report = load_users(&store, "user_id,age\n\"u,1\nq,2\n".as_bytes(), true)
+            .await
+            .expect("load");
+        assert_eq!(report.rejected.len(), 1);
+        assert!(
+            report.rejected[0]
+                .reason
+                .contains("a quote may be left open"),
+            "{}",
+            report.rejected[0].reason
+        );
+    }
+
+    #[tokio::test]
+    async fn a_csv_header_without_the_entity_key_is_refused_for_the_file() {
+        let (_dir, store) = store();
+        let e = load_users(&store, "age,country\n1,de\n".as_bytes(), true)
+            .await
+            .expect_err("no key column")
+            .to_string();
+        assert!(e.contains("no `user_id` column"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_long_bad_cell_is_shown_cut_short() {
+        let (_dir, store) = store();
+        let csv = format!("user_id,age\na,{}\n", "9x".repeat(50_000));
+        let report = load_users(&store, csv.as_bytes(), true)
+            .await
+            .expect("load");
+        let reason = &report.rejected[0].reason;
+        assert!(
+            reason.len() < 200 && reason.contains("(100000 bytes)"),
+            "{reason}"
         );
     }
 

@@ -130,8 +130,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     known
                 )
             })?;
-            let store = open_store(&config).await?;
             // Ctrl-C or SIGTERM: finish the batches in flight and print what was done; again: quit now.
+            // Listening starts before the store is opened, so an interrupted connect also says so.
             let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
             let flag = stop.clone();
             tokio::spawn(async move {
@@ -141,18 +141,31 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 shutdown_signal().await;
                 std::process::exit(130);
             });
-            let mut failed = false;
-            for file in files {
-                if stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    break;
-                }
-                let f = std::fs::File::open(&file)
-                    .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", file.display()))?;
+            let store = open_store(&config).await?;
+            // Every file opens before any is loaded: a typo in the last name must not leave the first
+            // files loaded and the rest not.
+            let mut opened = Vec::with_capacity(files.len());
+            for file in &files {
+                let f = std::fs::File::open(file)
+                    .map_err(|e| anyhow::anyhow!("cannot open {}: {e} (nothing was loaded)", file.display()))?;
                 if f.metadata().is_ok_and(|m| m.is_dir()) {
                     anyhow::bail!(
-                        "{} is a directory: expected a JSON Lines or CSV file",
+                        "{} is a directory: expected a JSON Lines or CSV file (nothing was loaded)",
                         file.display()
                     );
+                }
+                opened.push(f);
+            }
+            let mut failed = false;
+            let count = files.len();
+            for (i, (file, f)) in files.into_iter().zip(opened).enumerate() {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    eprintln!(
+                        "interrupted: {} of the {count} files were not read, from {} on",
+                        count - i,
+                        file.display()
+                    );
+                    break;
                 }
                 let report = hydrant::loader::load_until(
                     v,

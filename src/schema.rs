@@ -32,7 +32,7 @@ pub const MAX_BATCH_ROWS: usize = 100_000;
 /// Longest cache duration of a view (`cache.ttl`, `negative_ttl`, `max_staleness`).
 const MAX_CACHE_DURATION: Duration = Duration::from_secs(365 * 86_400);
 
-/// Longest `max_age` and `store.key_ttl`: 100 years as durations count them (`100y`, 365.25 days each).
+/// Longest `max_age` and `store.key_ttl`: 100 years of 365.25 days (36525d).
 /// Longer expiries are typos; Redis refuses expiry times past what its clock can add.
 const MAX_RETENTION: Duration = Duration::from_secs(100 * 31_557_600);
 
@@ -757,14 +757,14 @@ fn compile_view(
             d.max_age,
             nonzero,
             MAX_RETENTION,
-            "longer than 0 and at most 100y",
+            "longer than 0 and at most 36525d (100 years)",
         ),
         (
             "store.key_ttl",
             d.store.key_ttl,
             Duration::from_secs(1),
             MAX_RETENTION,
-            "between 1s and 100y (leave `key_ttl` out for keys that never expire)",
+            "between 1s and 36525d (100 years; leave `key_ttl` out for keys that never expire)",
         ),
         (
             "store.timeout",
@@ -777,7 +777,7 @@ fn compile_view(
         if let Some(v) = value
             && !(min..=max).contains(&v)
         {
-            let v = humantime::format_duration(v);
+            let v = crate::config::duration::format(v);
             errs.push(
                 file,
                 path,
@@ -793,7 +793,7 @@ fn compile_view(
             "cache.refresh_after",
             format!(
                 "must be shorter than cache.ttl ({})",
-                humantime::format_duration(ttl)
+                crate::config::duration::format(ttl)
             ),
         );
     }
@@ -1465,19 +1465,19 @@ features:
                 "cache: {",
                 "store: {key_ttl: 0s}\ncache: {",
                 "store.key_ttl",
-                "between 1s and 100y",
+                "between 1s and 36525d",
             ),
             (
                 "cache: {",
                 "store: {key_ttl: 500ms}\ncache: {",
                 "store.key_ttl",
-                "between 1s and 100y",
+                "between 1s and 36525d",
             ),
             (
                 "cache: {",
-                "store: {key_ttl: 500000000y}\ncache: {",
+                "store: {key_ttl: 500000000d}\ncache: {",
                 "store.key_ttl",
-                "between 1s and 100y",
+                "between 1s and 36525d",
             ),
             (
                 "cache: {",
@@ -1485,14 +1485,14 @@ features:
                 "store.timeout",
                 "at most 1d",
             ),
-            ("max_age: 30d", "max_age: 0s", "max_age", "at most 100y"),
+            ("max_age: 30d", "max_age: 0s", "max_age", "at most 36525d"),
             (
                 "max_age: 30d",
-                "max_age: 500000000y",
+                "max_age: 500000000d",
                 "max_age",
-                "at most 100y",
+                "at most 36525d",
             ),
-            ("ttl: 5m", "ttl: 500000000y", "cache.ttl", "at most 365d"),
+            ("ttl: 5m", "ttl: 500000000d", "cache.ttl", "at most 365d"),
             (
                 "max_staleness: 1h",
                 "max_staleness: 18446744073709551615s",
@@ -1512,8 +1512,8 @@ features:
             assert_eq!(e.0[0].path, path, "{e}");
             assert!(e.0[0].message.contains(range), "{e}");
         }
-        let reg = compile_view(VIEW.replace("cache: {", "store: {key_ttl: 100y}\ncache: {"))
-            .expect("100y is the bound");
+        let reg = compile_view(VIEW.replace("cache: {", "store: {key_ttl: 36525d}\ncache: {"))
+            .expect("36525d is the bound");
         assert_eq!(
             reg.views["user_profile"].policy.key_ttl,
             Some(MAX_RETENTION)
