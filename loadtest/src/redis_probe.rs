@@ -31,10 +31,27 @@ pub fn check_url(url: &str, allow_remote: bool) -> Result<(), String> {
     parse(url, allow_remote).map(|_| ())
 }
 
-fn parse(url: &str, allow_remote: bool) -> Result<Url, String> {
+/// `url` with its password (if any) masked, for messages: a credential does not belong in a terminal's
+/// scroll-back or a CI log.
+pub fn redact(url: &str) -> String {
+    let Some(rest) = url.strip_prefix("redis://") else {
+        return url.to_string();
+    };
+    let Some((auth, host)) = rest.rsplit_once('@') else {
+        return url.to_string();
+    };
+    match auth.split_once(':') {
+        Some((user, _)) => format!("redis://{user}:***@{host}"),
+        None => format!("redis://***@{host}"),
+    }
+}
+
+fn parse(raw: &str, allow_remote: bool) -> Result<Url, String> {
+    let url = raw;
+    let shown = redact(raw);
     let rest = url
         .strip_prefix("redis://")
-        .ok_or_else(|| format!("{url:?}: expected redis://[user:password@]host:port[/db]"))?;
+        .ok_or_else(|| format!("{shown:?}: expected redis://[user:password@]host:port[/db]"))?;
     let (auth, hostpart) = match rest.rsplit_once('@') {
         Some((a, h)) => (Some(a), h),
         None => (None, rest),
@@ -44,7 +61,7 @@ fn parse(url: &str, allow_remote: bool) -> Result<Url, String> {
             h,
             Some(
                 d.parse::<u32>()
-                    .map_err(|_| format!("{url:?}: the database must be a number"))?,
+                    .map_err(|_| format!("{shown:?}: the database must be a number"))?,
             ),
         ),
         Some((h, _)) => (h, None),
@@ -62,14 +79,18 @@ fn parse(url: &str, allow_remote: bool) -> Result<Url, String> {
             .is_ok_and(|ip| ip.is_loopback());
     if !loopback && !allow_remote {
         return Err(format!(
-            "{url:?}: only loopback Redis servers are probed (pass --allow-remote to lift this)"
+            "{shown:?}: only loopback Redis servers are probed (pass --allow-remote to lift this)"
         ));
     }
     let addr = match hostport.rsplit_once(':') {
         // An IPv6 address without a port ends in `]`, and its colons are not a port separator.
         Some((_, port)) if !hostport.ends_with(']') => match port.parse::<u16>() {
             Ok(p) if p > 0 => hostport.to_string(),
-            _ => return Err(format!("{url:?}: the port must be 1-65535 (got {port:?})")),
+            _ => {
+                return Err(format!(
+                    "{shown:?}: the port must be 1-65535 (got {port:?})"
+                ));
+            }
         },
         _ => format!("{hostport}:6379"),
     };
@@ -175,6 +196,24 @@ pub async fn probe(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn messages_never_show_the_password() {
+        for url in [
+            "redis://user:SECRETPW@10.1.1.1:6379",
+            "redis://:SECRETPW@10.1.1.1:6379",
+            "redis://SECRETPW@127.0.0.1:99999",
+            "redis://user:SECRETPW@127.0.0.1:6379/x",
+        ] {
+            let e = check_url(url, false).expect_err(url);
+            assert!(!e.contains("SECRETPW") && e.contains("***"), "{e}");
+        }
+        assert_eq!(
+            redact("redis://u:p@h:1/0"),
+            "redis://u:***@h:1/0".to_string()
+        );
+        assert_eq!(redact("redis://h:1"), "redis://h:1".to_string());
+    }
 
     #[test]
     fn urls_are_parsed_and_remote_hosts_refused_unless_allowed() {

@@ -347,7 +347,12 @@ pub async fn run(
         match tokio::time::timeout(Duration::from_secs(3), one).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => return Err(RunError::Redis(e)),
-            Err(_) => return Err(RunError::Redis(format!("{url}: no answer within 3 s"))),
+            Err(_) => {
+                return Err(RunError::Redis(format!(
+                    "{}: no answer within 3 s",
+                    crate::redis_probe::redact(url)
+                )));
+            }
         }
     }
     let hydrant_pool = Arc::new(Pool::new(&scenario.target)?);

@@ -642,6 +642,14 @@ impl Scenario {
             origin: "command line",
         };
         let s = check.positive_f64("--duration-s", seconds, 86_400.0)?;
+        if let Mode::OpenLoop { rate } = self.load.mode
+            && rate * s < 1.0
+        {
+            return check.fail(
+                "--duration-s",
+                format!("x load.rate must schedule at least one request (got {s} s x {rate} rps)"),
+            );
+        }
         let d = Duration::from_secs_f64(s);
         self.load.duration = d;
         self.load.warm_up = self.load.warm_up.min(d);
@@ -1069,5 +1077,14 @@ keys = 2000
             s.source
         );
         assert!(s.override_duration_s(0.0).is_err());
+        let mut open = parse(&BASE.replace("rate = 100", "rate = 10")).expect("open loop");
+        let e = open
+            .override_duration_s(0.001)
+            .expect_err("no request")
+            .to_string();
+        assert!(
+            e.contains("--duration-s") && e.contains("at least one request"),
+            "{e}"
+        );
     }
 }
