@@ -800,6 +800,51 @@ async fn a_write_through_one_gateway_is_served_by_another_within_the_bound() {
     assert!(pttl > (29 * DAY).as_millis() as i64, "{pttl}");
 }
 
+/// A rows write while Redis is down is refused as not written, without waiting out the request, and is
+/// not replayed when Redis comes back (it was never handed to the client's reconnection queue).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rows_write_while_redis_is_down_is_refused_unsent_and_never_replayed() {
+    let mut redis = RedisServer::start();
+    let app = gateway(&redis, |_| {}).await;
+    redis.stop();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let r = app
+        .post_json(
+            "/v1/views/user_profile/rows",
+            &json!({"rows": [{"user_id": "u_down", "age": 20}]}),
+        )
+        .await;
+    assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
+    let j = r.json();
+    let msg = j["error"]["message"].as_str().unwrap_or("");
+    assert_eq!(j["error"]["code"], "store_unavailable", "{j}");
+    assert!(
+        msg.contains("not written") && msg.contains("not connected"),
+        "{msg}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(1800),
+        "refused before the request's limit: {:?}",
+        started.elapsed()
+    );
+    redis.restart();
+    // Long enough for the client to reconnect and send anything it had queued.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        redis.cmd(&["EXISTS", "hy:user_profile:u_down"]),
+        Reply::Int(0)
+    );
+    // And the next write goes through.
+    let r = app
+        .post_json(
+            "/v1/views/user_profile/rows",
+            &json!({"rows": [{"user_id": "u_down", "age": 21}]}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+}
+
 /// A write the store does not confirm before the request's limit: the 503 says the rows may have been
 /// written and that sending them again is safe, and once Redis answers they are there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,8 +9,10 @@
 //!
 //! Failure. Reads fail fast: no queueing behind a reconnection, no retry, and a timeout of
 //! `store.redis.command_timeout`, because a read that misses its deadline is worth nothing to the request
-//! waiting for it (the hydrator serves stale values or defaults instead). Writes wait up to
-//! `store.redis.write_timeout` and are retried on a new connection, since a `SET` is idempotent. The pool
+//! waiting for it (the hydrator serves stale values or defaults instead). A write is sent only on a live
+//! connection (waiting up to a second for one, else refused unsent, so it cannot land after its caller was
+//! told it failed), then waits up to `store.redis.write_timeout` and is retried on a new connection, since a
+//! `SET` is idempotent. The pool
 //! reconnects forever with exponential backoff, and at most `store.redis.max_command_buffer` commands queue
 //! in a client, so a slow Redis turns into fast errors rather than memory growth.
 //!
@@ -42,6 +44,10 @@ use crate::config::RedisConfig;
 /// held: scores halve about once a minute, whichever replica gets there first.
 const DECAY_EVERY_FLUSHES: u64 = 60;
 const DECAY_LOCK: Duration = Duration::from_secs(60);
+
+/// Longest wait for a lost connection to come back before a write batch is refused unsent (at most
+/// `write_timeout`): a restart or fail-over of a second or so is ridden out, an outage is not queued for.
+const CONNECT_WAIT: Duration = Duration::from_secs(1);
 
 pub struct RedisStore {
     pool: Pool,
@@ -199,9 +205,23 @@ impl RedisStore {
     /// task and its keys are announced twice: at once, and again when the write ends, so a replica that
     /// re-read a key in between drops the old value then.
     async fn write(&self, writes: Writes, ttl: Option<Duration>) -> Result<(), StoreError> {
+        // A batch handed to fred while its connection is down would queue behind the reconnection and could
+        // land long after its caller was told it failed. So wait a little for the connection, and when none
+        // comes refuse the batch unsent: "not written" is then the truth.
+        let client = self.pool.next().clone();
+        if !client.is_connected() {
+            let wait = self.write_timeout.min(CONNECT_WAIT);
+            let connected = tokio::time::timeout(wait, client.wait_for_connect()).await;
+            if !matches!(connected, Ok(Ok(()))) || !client.is_connected() {
+                return Err(StoreError::Unavailable(format!(
+                    "Redis is not connected (waited {}), so the batch was not sent",
+                    crate::config::duration::format(wait)
+                )));
+            }
+        }
         let keys: Vec<String> = writes.iter().map(|(k, _)| k.clone()).collect();
-        let (pool, clustered) = (self.pool.clone(), self.clustered);
-        let mut task = tokio::spawn(write_batch(pool, clustered, writes, ttl));
+        let clustered = self.clustered;
+        let mut task = tokio::spawn(write_batch(client, clustered, writes, ttl));
         match tokio::time::timeout(self.write_timeout, &mut task).await {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => Err(StoreError::Io(format!("the write task failed: {e}"))),
@@ -519,21 +539,21 @@ impl Store for RedisStore {
 /// Queues one `SET key value [PX ttl]` per write on a pipeline or a transaction (both queue, not send).
 /// One batch of `SET ... PX`: a `MULTI`/`EXEC` on a standalone server, pipelined `SET`s on a cluster.
 async fn write_batch(
-    pool: Pool,
+    client: fred::clients::Client,
     clustered: bool,
     writes: Writes,
     ttl: Option<Duration>,
 ) -> Result<(), StoreError> {
     let expire = ttl.map(|t| Expiration::PX(i64::try_from(t.as_millis()).unwrap_or(i64::MAX)));
     if clustered {
-        let pipeline = pool.next().pipeline();
+        let pipeline = client.pipeline();
         queue_sets(&pipeline, writes, expire).await?;
         for r in pipeline.try_all::<Value>().await {
             r.map_err(store_error)?;
         }
         return Ok(());
     }
-    let tx = pool.next().multi();
+    let tx = client.multi();
     queue_sets(&tx, writes, expire).await?;
     let _: Value = tx.exec(true).await.map_err(store_error)?;
     Ok(())
