@@ -158,6 +158,10 @@ impl OutputRows {
     }
 }
 
+/// How long a request that reaches the queue after its deadline may still wait there for a session
+/// (besides `inference.queue_timeout`, which bounds every wait).
+const LATE_ARRIVAL_GRACE: Duration = Duration::from_millis(50);
+
 struct Job {
     rows: usize,
     input: Vec<f32>,
@@ -311,11 +315,20 @@ impl Engine {
             .as_ref()
             .ok_or_else(|| InferError::Closed(self.model.name.clone()))?;
         let (reply, rx) = oneshot::channel();
+        let enqueued = Instant::now();
+        // The deadline sheds requests that wait for a session past it. One that arrives already past it
+        // spent its time in the store, whose miss is answered as degraded (stale values or defaults): it
+        // is run, within `queue_timeout`, rather than turning that degraded 200 into a 503.
+        let deadline = if deadline <= enqueued {
+            enqueued + LATE_ARRIVAL_GRACE
+        } else {
+            deadline
+        };
         let job = Job {
             rows,
             input,
             output: self.out_buffers.pop().unwrap_or_default(),
-            enqueued: Instant::now(),
+            enqueued,
             deadline,
             reply,
         };

@@ -140,7 +140,7 @@ pub fn prometheus(gw: &Gateway) -> String {
         &mut out,
         "hydrant_cache_lookups_total",
         "counter",
-        "Feature cache lookups by outcome; hit rate = hit / all.",
+        "Feature cache lookups by outcome; hit rate (as /v1/stats gives it) = (hit + stale + negative) / all.",
     );
     for (view, v) in &views {
         for (outcome, c) in [

@@ -2,6 +2,7 @@
 //! It shares the model's queue, batcher and session pool with predict, so existing KServe/Triton clients
 //! get the same engine. Errors are `{"error": "..."}` as the protocol specifies.
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use axum::Json;
@@ -11,7 +12,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value as Json_;
 
 use crate::gateway::Gateway;
-use crate::infer::InferError;
+use crate::infer::{Engine, InferError};
+use crate::telemetry::{Laps, Stage, Timings};
 
 /// An error in the protocol's shape.
 #[derive(Debug)]
@@ -125,6 +127,32 @@ pub async fn infer(gw: &Gateway, model: &str, body: &[u8]) -> Result<Response, O
             format!("model `{model}` is not registered"),
         )
     })?;
+    // V2 traffic counts in the model's stats like predict's: requests, rows, errors and the stages it
+    // has (decode, queue, infer, encode).
+    let mut laps = Laps::from(started);
+    let mut t = Timings::default();
+    let result = run_infer(gw, engine, body, started, &mut laps, &mut t).await;
+    match result {
+        Ok((response, rows)) => {
+            t.total_us = laps.total();
+            engine.stats().record(&t, rows);
+            Ok(response)
+        }
+        Err(e) => {
+            engine.stats().errors.fetch_add(1, Relaxed);
+            Err(e)
+        }
+    }
+}
+
+async fn run_infer(
+    gw: &Gateway,
+    engine: &Engine,
+    body: &[u8],
+    started: Instant,
+    laps: &mut Laps,
+    t: &mut Timings,
+) -> Result<(Response, usize), OipError> {
     let req: InferRequest =
         serde_json::from_slice(body).map_err(|e| bad(format!("invalid infer request: {e}")))?;
     let info = engine.info();
@@ -217,6 +245,7 @@ pub async fn infer(gw: &Gateway, model: &str, body: &[u8]) -> Result<Response, O
         }
     };
     let deadline = started + gw.config.limits.request_timeout;
+    t.set(Stage::Decode, laps.lap());
     let out = engine
         .infer(rows, buf, deadline)
         .await
@@ -233,6 +262,8 @@ pub async fn infer(gw: &Gateway, model: &str, body: &[u8]) -> Result<Response, O
                 )
             }
         })?;
+    t.set(Stage::Queue, laps.lap().saturating_sub(out.infer_us));
+    t.set(Stage::Infer, out.infer_us);
     if let Some((o, row)) = out.outputs.first_non_finite() {
         let name = info.outputs.get(o).map_or("?", |x| x.name.as_str());
         engine.recycle(out);
@@ -261,5 +292,6 @@ pub async fn infer(gw: &Gateway, model: &str, body: &[u8]) -> Result<Response, O
     let body = Json(&resp).into_response();
     drop(resp);
     engine.recycle(out);
-    Ok(body)
+    t.set(Stage::Encode, laps.lap());
+    Ok((body, rows))
 }

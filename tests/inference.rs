@@ -212,6 +212,21 @@ async fn v2_infer_runs_raw_tensors_through_the_same_model() {
         .await
         .json();
     assert_eq!(j["outputs"][0]["data"], p["outputs"]["score"]);
+    // V2 traffic is in the model's stats: 1 predict + 2 infers, 2 rows each; then a refused infer is an error.
+    let s = app.get("/v1/stats").await.json();
+    assert_eq!(s["models"]["ctr"]["requests"], 3, "{s}");
+    assert_eq!(s["models"]["ctr"]["rows"], 6, "{s}");
+    let bad = json!({"inputs": [{"name": "features", "shape": [1, 26], "datatype": "FP32", "data": vec![0.5f32; 26]}]});
+    let r = app
+        .post(
+            "/v2/models/ctr/infer",
+            "application/json",
+            serde_json::to_vec(&bad).expect("j"),
+        )
+        .await;
+    assert_eq!(r.status, 400);
+    let s = app.get("/v1/stats").await.json();
+    assert_eq!(s["models"]["ctr"]["errors"], 1, "{s}");
     assert_eq!(app.get("/v2/models/ctr/ready").await.status, 200);
     assert_eq!(app.get("/v2/models/nope/ready").await.status, 404);
 }

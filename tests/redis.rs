@@ -572,7 +572,17 @@ async fn a_frozen_or_busy_redis_does_not_hold_a_request_past_its_deadline() {
     let started = Instant::now();
     let k = features(&app, "user_id", &["u_5"], &["user_profile:age"], None).await;
     let took_default = started.elapsed();
+    // A prediction whose deadline is spent waiting on the store is a degraded answer, not a 503 from
+    // the inference queue it reaches late.
+    let p = app
+        .predict(
+            "ctr",
+            &json!({"entities": {"user_id": "u_7"}, "candidates": [{"item_id": "i_7"}], "options": {"deadline_ms": 30}}),
+        )
+        .await;
     redis.resume();
+    assert_eq!(p.status, 200, "{}", String::from_utf8_lossy(&p.body));
+    assert_eq!(p.json()["degraded"], true);
     assert!(
         took < Duration::from_millis(300),
         "took {took:?} with a 30 ms deadline"
