@@ -484,6 +484,10 @@ impl Config {
         // (`HYDRANT_STORE__PREFIX=2024`) is read again as the text it was written as. Each override is
         // retried at most once, so this ends. When the text fails too, the reason is the text's (`5` is not
         // a valid duration), unless the key takes no string at all (`1.5` for a count): then the first.
+        // A variable that sets a whole section (`HYDRANT_SERVER=x`) leaves it a value, not a table.
+        if let Err((key, reason)) = check_sections(&table) {
+            return Err(invalid_at(&overrides, key, reason));
+        }
         let mut retried: Option<(String, String)> = None;
         let config: Config = loop {
             let e = match serde_path_to_error::deserialize(toml::Value::Table(table.clone())) {
@@ -1348,6 +1352,18 @@ mod tests {
         assert_eq!(format(Duration::from_micros(1_200)), "1ms 200us");
         let e = load_err(&[("HYDRANT_LIMITS__REQUEST_TIMEOUT", "2d")]);
         assert!(e.contains("`2d` is too long"), "{e}");
+    }
+
+    #[test]
+    fn a_variable_that_replaces_a_section_is_named() {
+        let e = load_err(&[("HYDRANT_SERVER", "x")]);
+        assert!(
+            e.contains("HYDRANT_SERVER")
+                && e.contains("`server`")
+                && e.contains("expected a table"),
+            "{e}"
+        );
+        assert!(!e.contains("ServerConfig"), "{e}");
     }
 
     #[test]
