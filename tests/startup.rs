@@ -384,7 +384,11 @@ fn the_binary_refuses_absurd_sizes_without_panicking() {
         ("HYDRANT_PREFETCH__MAX_CONCURRENT", "9223372036854775807"),
         ("HYDRANT_INFERENCE__INTRA_THREADS", "100000"),
         ("HYDRANT_STORE__REDIS__POOL_SIZE", "100000"),
-        ("HYDRANT_LIMITS__REQUEST_TIMEOUT", "500000000y"),
+        ("HYDRANT_LIMITS__REQUEST_TIMEOUT", "500000000d"),
+        (
+            "HYDRANT_LIMITS__REQUEST_TIMEOUT",
+            "99999999999999999999999s",
+        ),
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
             .current_dir(root())
