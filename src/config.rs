@@ -484,8 +484,11 @@ impl Config {
         // (`HYDRANT_STORE__PREFIX=2024`) is read again as the text it was written as. Each override is
         // retried at most once, so this ends. When the text fails too, the reason is the text's (`5` is not
         // a valid duration), unless the key takes no string at all (`1.5` for a count): then the first.
-        // A variable that sets a whole section (`HYDRANT_SERVER=x`) leaves it a value, not a table.
-        if let Err((key, reason)) = check_sections(&table) {
+        // The file's sections were checked above; a variable that sets a whole section
+        // (`HYDRANT_SERVER=x`) leaves it a value, not a table.
+        if !overrides.is_empty()
+            && let Err((key, reason)) = check_sections(&table)
+        {
             return Err(invalid_at(&overrides, key, reason));
         }
         let mut retried: Option<(String, String)> = None;

@@ -735,8 +735,7 @@ fn csv_rows<'a, R: BufRead + 'a>(
             p.map_or(0, |p| rdr.get_mut().line_at(p.byte(), p.line() as usize))
         };
         let result = rdr.read_record(&mut rec);
-        let next_row = rdr.position().byte();
-        rdr.get_mut().row_starts_at(next_row);
+        rdr.get_mut().row_start = rdr.position().byte();
         match result {
             Ok(false) => None,
             Ok(true) => {
@@ -796,11 +795,6 @@ impl<R> LineStarts<R> {
         }
     }
 
-    /// The next row starts at byte `at`.
-    fn row_starts_at(&mut self, at: u64) {
-        self.row_start = at;
-    }
-
     /// The line of the first content at or after byte `at`, where a row the parser places at `at`
     /// starts; `fallback` when the file ends first.
     fn line_at(&mut self, at: u64, fallback: usize) -> usize {
@@ -815,11 +809,7 @@ impl<R> LineStarts<R> {
 impl<R: std::io::Read> std::io::Read for LineStarts<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         if self.offset > self.row_start + MAX_LINE_BYTES as u64 + CSV_READ_AHEAD {
-            let line = self
-                .starts
-                .iter()
-                .find(|(o, _)| *o >= self.row_start)
-                .map_or(self.line, |(_, l)| *l);
+            let line = self.line_at(self.row_start, self.line);
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
                 format!(

@@ -1238,22 +1238,22 @@ fn compile_model(
 /// integer `N` as u128, expected any YAML value", is said to be out of range.
 fn yaml_message(e: &serde_yaml::Error) -> String {
     let message = e.to_string();
-    let Some(start) = message.find("invalid type: integer `") else {
-        return message;
-    };
-    let rest = &message[start + "invalid type: integer `".len()..];
-    let Some(end) = rest.find("` as ") else {
-        return message;
-    };
-    let Some(after) = rest[end..].find(", expected any YAML value") else {
-        return message;
-    };
-    let tail = &rest[end + after + ", expected any YAML value".len()..];
-    format!(
-        "{}{} is out of range: numbers here must fit in 64 bits{tail}",
-        &message[..start],
-        &rest[..end]
-    )
+    let parts = message
+        .split_once("invalid type: integer `")
+        .and_then(|(head, rest)| Some((head, rest.split_once("` as ")?)))
+        .and_then(|(head, (number, rest))| {
+            Some((
+                head,
+                number,
+                rest.split_once(", expected any YAML value")?.1,
+            ))
+        });
+    match parts {
+        Some((head, number, tail)) => {
+            format!("{head}{number} is out of range: numbers here must fit in 64 bits{tail}")
+        }
+        None => message,
+    }
 }
 
 #[cfg(test)]

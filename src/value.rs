@@ -3,8 +3,9 @@
 //! A record is the MessagePack array `[schema_version, event_timestamp_ms, [value, ...], layout]` with the
 //! values in the view's feature order, and `layout` a hash of that order (names and types), so records read
 //! under a reordered view that kept its version are refused rather than read into the wrong features.
-//! Records without `layout` (written before it existed) are read by version alone. Values are MessagePack natives: nil, bool, int, float, string, or an array of
-//! floats for `float32[N]`. One record per entity per view keeps a view to one GET.
+//! Records without `layout` (written before it existed) are read by version alone. Values are MessagePack
+//! natives: nil, bool, int, float, string, or an array of floats for `float32[N]`. One record per entity
+//! per view keeps a view to one GET.
 
 use std::fmt;
 

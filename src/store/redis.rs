@@ -212,7 +212,7 @@ impl RedisStore {
         if !client.is_connected() {
             let wait = self.write_timeout.min(CONNECT_WAIT);
             let connected = tokio::time::timeout(wait, client.wait_for_connect()).await;
-            if !matches!(connected, Ok(Ok(()))) || !client.is_connected() {
+            if !matches!(connected, Ok(Ok(()))) {
                 return Err(StoreError::Unavailable(format!(
                     "Redis is not connected (waited {}), so the batch was not sent",
                     crate::config::duration::format(wait)
