@@ -7,21 +7,28 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, FromRequest as _, Request, State};
+use axum::handler::HandlerWithoutStateExt as _;
 use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use percent_encoding::percent_decode_str;
 use serde_json::json;
+use tower::Layer as _;
 
 use crate::decode::Format;
-use crate::error::ApiError;
+use crate::error::{ApiError, Shape};
 use crate::gateway::Gateway;
 use crate::middleware::{BodyRead, RequestLayer};
 
 /// Builds the router over `gw`.
 pub fn router(gw: Arc<Gateway>) -> Router {
     let limits = gw.config.limits.clone();
+    let layer = RequestLayer::new(
+        gw.telemetry.clone(),
+        gw.engines.keys().cloned().collect(),
+        limits.request_timeout,
+    );
     Router::new()
         .route("/v1/models/{model}/predict", post(predict))
         .route("/v1/features", post(features))
@@ -35,13 +42,10 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/v2/models/{model}", get(model_metadata))
         .route("/v2/models/{model}/ready", get(model_ready))
         .route("/v2/models/{model}/infer", post(v2_infer))
-        .route_layer(RequestLayer::new(
-            gw.telemetry.clone(),
-            gw.engines.keys().cloned().collect(),
-            limits.request_timeout,
-        ))
-        .fallback(not_found)
+        // Before `route_layer`, so that the request layer wraps the 405s too (request id, span, metrics).
         .method_not_allowed_fallback(method_not_allowed)
+        .route_layer(layer.clone())
+        .fallback_service(layer.layer(not_found.into_service()))
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
         .with_state(gw)
 }
@@ -241,7 +245,7 @@ async fn model_ready(State(gw): State<Arc<Gateway>>, uri: Uri) -> Response {
     }
 }
 
-async fn method_not_allowed(req: Request) -> ApiError {
+async fn method_not_allowed(req: Request) -> Response {
     // The router answers 405 only for a path one of its routes has; which one follows from the path's
     // shape (a model or view name can be anything, so its position decides, not its text).
     let path = req.uri().path();
@@ -259,13 +263,16 @@ async fn method_not_allowed(req: Request) -> ApiError {
         path: path.to_owned(),
         allow: if post { "POST" } else { "GET" }.to_owned(),
     }
+    .respond(Shape::of_path(path))
 }
 
-async fn not_found(req: Request) -> ApiError {
+async fn not_found(req: Request) -> Response {
+    let path = req.uri().path();
     ApiError::NotFound {
         code: "unknown_route",
-        message: format!("no route {} {}", req.method(), req.uri().path()),
+        message: format!("no route {} {path}", req.method()),
     }
+    .respond(Shape::of_path(path))
 }
 
 #[cfg(test)]

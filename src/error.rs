@@ -160,27 +160,52 @@ impl From<InferError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        self.respond(Shape::V1)
+    }
+}
+
+/// The two error bodies: hydrant's own, and the Open Inference Protocol's for `/v2` paths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// `{"error": {"code", "message", "field"}}`.
+    V1,
+    /// `{"error": "<message>"}`, as the Open Inference Protocol's REST binding answers errors.
+    V2,
+}
+
+impl Shape {
+    /// The shape a request to `path` is answered in.
+    pub fn of_path(path: &str) -> Self {
+        if path == "/v2" || path.starts_with("/v2/") {
+            Self::V2
+        } else {
+            Self::V1
+        }
+    }
+}
+
+impl ApiError {
+    /// The error as a response with the body of `shape`; status and headers are the same either way.
+    pub fn respond(self, shape: Shape) -> Response {
         let status = self.status();
-        let internal;
         let message = match &self {
             Self::Internal(cause) => {
                 tracing::error!(cause = %cause, "internal error");
-                internal = "internal error; the cause is in the gateway's log".to_owned();
-                &internal
+                "internal error; the cause is in the gateway's log".to_owned()
             }
-            other => {
-                internal = other.to_string();
-                &internal
-            }
+            other => other.to_string(),
         };
-        let body = Body {
-            error: Detail {
-                code: self.code(),
-                message,
-                field: self.field(),
-            },
-        };
-        let bytes = serde_json::to_vec(&body).unwrap_or_default();
+        let bytes = match shape {
+            Shape::V1 => serde_json::to_vec(&Body {
+                error: Detail {
+                    code: self.code(),
+                    message: &message,
+                    field: self.field(),
+                },
+            }),
+            Shape::V2 => serde_json::to_vec(&serde_json::json!({ "error": message })),
+        }
+        .unwrap_or_default();
         let mut resp = (status, bytes).into_response();
         resp.headers_mut().insert(
             header::CONTENT_TYPE,
@@ -195,6 +220,12 @@ impl IntoResponse for ApiError {
         if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        // RFC 9110: a 405 lists the methods the resource takes.
+        if let Self::MethodNotAllowed { allow, .. } = &self
+            && let Ok(v) = HeaderValue::from_str(allow)
+        {
+            resp.headers_mut().insert(header::ALLOW, v);
         }
         resp
     }

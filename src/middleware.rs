@@ -1,4 +1,5 @@
-//! The layer around every routed request. In one place it:
+//! The layer around every request, routed or not (the router's 404 and 405 answers pass through it too). In
+//! one place it:
 //! - gives the request an id, taken from `X-Request-Id` or generated, and echoes it back;
 //! - runs the request in a `request` span;
 //! - times it into `hydrant_request_duration_seconds{route,model,status}`;
@@ -24,12 +25,12 @@ use std::time::{Duration, Instant};
 
 use axum::extract::{MatchedPath, Request};
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use tokio::time::Sleep;
 use tracing::Instrument as _;
 use tracing::instrument::Instrumented;
 
-use crate::error::ApiError;
+use crate::error::{ApiError, Shape};
 use crate::telemetry::{Telemetry, us_since};
 
 /// How much longer than `limits.request_timeout` the backstop waits. The gateway's own deadlines (the
@@ -134,6 +135,7 @@ where
             route
         );
         let deadline = tokio::time::Instant::from_std(started + self.shared.backstop);
+        let shape = Shape::of_path(req.uri().path());
         RequestFuture {
             inner: self.inner.call(req).instrument(span),
             backstop: tokio::time::sleep_until(deadline),
@@ -142,6 +144,7 @@ where
             model,
             id,
             body_read,
+            shape,
             shared: self.shared.clone(),
         }
     }
@@ -159,6 +162,9 @@ pin_project_lite::pin_project! {
         model: Option<usize>,
         id: Option<HeaderValue>,
         body_read: Option<BodyRead>,
+        // The error body's shape: on `/v2` the backstop and a panic answer as the Open Inference
+        // Protocol does.
+        shape: Shape,
         shared: Arc<Shared>,
     }
 }
@@ -182,16 +188,18 @@ where
                         "the request body did not arrive within the gateway's limit of {:?} (limits.request_timeout)",
                         this.shared.limit
                     ))
-                    .into_response()
+                    .respond(*this.shape)
                 }
                 Poll::Ready(()) => ApiError::Timeout(format!(
                     "the request took longer than the gateway's limit of {:?}",
                     this.shared.limit
                 ))
-                .into_response(),
+                .respond(*this.shape),
             },
             // The panic hook has already logged the message and where; the caller gets a plain 500.
-            Err(_) => ApiError::Internal("a request handler panicked".to_owned()).into_response(),
+            Err(_) => {
+                ApiError::Internal("a request handler panicked".to_owned()).respond(*this.shape)
+            }
         };
         let model = this
             .model

@@ -985,14 +985,55 @@ async fn wrong_methods_undecodable_names_and_non_json_v2_bodies_get_json_errors(
             app.post(path, "application/json", b"{}".to_vec()).await
         };
         assert_eq!(r.status, 405, "{method} {path}");
-        let j = r.json();
-        assert_eq!(j["error"]["code"], "method_not_allowed", "{j}");
+        assert_eq!(
+            r.headers.get("allow").and_then(|v| v.to_str().ok()),
+            Some(allowed),
+            "{method} {path}: RFC 9110 wants the methods listed"
+        );
         assert!(
-            j["error"]["message"]
-                .as_str()
-                .is_some_and(|m| m.contains(&format!("use {allowed}"))),
+            r.headers.contains_key("x-request-id"),
+            "{method} {path}: {:?}",
+            r.headers
+        );
+        let j = r.json();
+        // `/v2` answers errors as the Open Inference Protocol does, the rest in hydrant's own shape.
+        let message = if path.starts_with("/v2/") {
+            j["error"].as_str()
+        } else {
+            assert_eq!(j["error"]["code"], "method_not_allowed", "{j}");
+            j["error"]["message"].as_str()
+        };
+        assert!(
+            message.is_some_and(|m| m.contains(&format!("use {allowed}"))),
             "{method} {path}: {j}"
         );
+    }
+
+    // An unknown route is answered in the shape of its prefix, with the caller's request id echoed.
+    for (path, v2) in [("/v1/nothing", false), ("/v2/nothing/here", true)] {
+        let r = app
+            .client
+            .get(format!("{}{path}", app.addr))
+            .header("x-request-id", "lost-1")
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(r.status(), 404, "{path}");
+        assert_eq!(
+            r.headers()
+                .get("x-request-id")
+                .and_then(|v| v.to_str().ok()),
+            Some("lost-1"),
+            "{path}"
+        );
+        let j: serde_json::Value = r.json().await.expect("json");
+        let message = if v2 {
+            j["error"].as_str()
+        } else {
+            assert_eq!(j["error"]["code"], "unknown_route", "{j}");
+            j["error"]["message"].as_str()
+        };
+        assert!(message.is_some_and(|m| m.contains(path)), "{path}: {j}");
     }
 
     // A name that is not UTF-8 once percent-decoded is an unknown name, answered in JSON like any other.
