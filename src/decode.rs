@@ -429,9 +429,9 @@ impl<'de> Deserialize<'de> for EntityKeys {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Options {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_default")]
     pub return_features: bool,
-    #[serde(default = "yes")]
+    #[serde(default = "yes", deserialize_with = "null_yes")]
     pub timings: bool,
     /// At least 1: a deadline of 0 could only ever be missed.
     #[serde(default, deserialize_with = "positive_ms")]
@@ -452,13 +452,67 @@ fn yes() -> bool {
     true
 }
 
+/// An optional field sent as `null` reads as not sent, as most encoders write an unset optional.
+fn null_default<'de, D: Deserializer<'de>, T: Deserialize<'de> + Default>(
+    d: D,
+) -> Result<T, D::Error> {
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+/// [`null_default`] for a flag that is on unless turned off.
+fn null_yes<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    Ok(Option::<bool>::deserialize(d)?.unwrap_or(true))
+}
+
+/// A whole number of milliseconds, at least 1 (a deadline of 0 could only ever be missed). `25.0` is
+/// taken as 25, as an integer context field takes it: JavaScript and some encoders write every number
+/// as a float. `null` is no deadline.
 fn positive_ms<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    match Option::<u64>::deserialize(d)? {
-        Some(0) => Err(de::Error::custom(
-            "expected a deadline of at least 1 millisecond, got 0",
-        )),
-        ms => Ok(ms),
+    struct Ms;
+    impl<'de> Visitor<'de> for Ms {
+        type Value = Option<u64>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a whole number of milliseconds, at least 1")
+        }
+        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_any(self)
+        }
+        fn visit_u64<E: de::Error>(self, ms: u64) -> Result<Self::Value, E> {
+            if ms == 0 {
+                Err(E::custom(
+                    "expected a deadline of at least 1 millisecond, got 0",
+                ))
+            } else {
+                Ok(Some(ms))
+            }
+        }
+        fn visit_i64<E: de::Error>(self, ms: i64) -> Result<Self::Value, E> {
+            match u64::try_from(ms) {
+                Ok(ms) => self.visit_u64(ms),
+                Err(_) => Err(E::custom(format_args!(
+                    "expected a deadline of at least 1 millisecond, got {ms}"
+                ))),
+            }
+        }
+        fn visit_f64<E: de::Error>(self, ms: f64) -> Result<Self::Value, E> {
+            // Past 2^53 a float holds no exact whole number of milliseconds; such deadlines are
+            // hundreds of thousands of years anyway.
+            if ms.fract() == 0.0 && (0.0..=9_007_199_254_740_992.0).contains(&ms) {
+                self.visit_u64(ms as u64)
+            } else {
+                Err(E::custom(format_args!(
+                    "expected a whole number of milliseconds, at least 1, got {ms}"
+                )))
+            }
+        }
     }
+    d.deserialize_option(Ms)
 }
 
 /// The error for a field name sent twice in one object: every request and row refuses that rather
@@ -506,20 +560,28 @@ fn options_object<'de, D: Deserializer<'de>>(d: D) -> Result<Options, D::Error> 
             Options::deserialize(de::value::MapAccessDeserializer::new(map))
         }
     }
-    if d.is_human_readable() {
-        d.deserialize_map(ObjectOnly)
-    } else {
-        Options::deserialize(d)
+    struct Field(Options);
+    impl<'de> Deserialize<'de> for Field {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            if d.is_human_readable() {
+                d.deserialize_map(ObjectOnly).map(Field)
+            } else {
+                Options::deserialize(d).map(Field)
+            }
+        }
     }
+    // `"options": null` is no options.
+    Ok(Option::<Field>::deserialize(d)?.map_or_else(Options::default, |f| f.0))
 }
 
 /// `POST /v1/models/{model}/predict`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PredictRequest {
-    #[serde(default)]
+    /// `null` reads as not sent, here and in every optional field below.
+    #[serde(default, deserialize_with = "null_default")]
     pub entities: Fields<EntityKey>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_default")]
     pub context: Fields<Value>,
     #[serde(default)]
     pub candidates: Option<Vec<Fields<EntityKey>>>,
@@ -1077,6 +1139,58 @@ mod tests {
         assert!(msgpack_keys_are_strings(&mixed));
         // A body that ends early is left to the decoder.
         assert!(msgpack_keys_are_strings(&[0x81, 0xa1]));
+    }
+
+    #[test]
+    fn null_optional_fields_read_as_not_sent_and_deadlines_take_whole_floats() {
+        let req = parse_body::<PredictRequest>(
+            Format::Json,
+            br#"{"entities": {"user_id": "u_1"}, "context": null, "candidates": null, "options": null}"#,
+        )
+        .expect("nulls");
+        assert!(req.context.is_empty() && req.candidates.is_none());
+        assert!(req.options.timings && !req.options.return_features);
+        let req = parse_body::<PredictRequest>(
+            Format::Json,
+            br#"{"entities": {"user_id": "u_1"}, "options": {"timings": null, "return_features": null, "deadline_ms": null}}"#,
+        )
+        .expect("null options");
+        assert!(req.options.timings && !req.options.return_features);
+        assert_eq!(req.options.deadline_ms, None);
+
+        let deadline = |ms: &str| {
+            let body = format!(
+                r#"{{"entities": {{"user_id": "u_1"}}, "options": {{"deadline_ms": {ms}}}}}"#
+            );
+            parse_body::<PredictRequest>(Format::Json, body.as_bytes())
+                .map(|r| r.options.deadline_ms)
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(deadline("25"), Ok(Some(25)));
+        assert_eq!(deadline("25.0"), Ok(Some(25)));
+        assert_eq!(deadline("2.5e1"), Ok(Some(25)));
+        for (bad, says) in [
+            ("0", "at least 1 millisecond, got 0"),
+            ("0.0", "at least 1 millisecond, got 0"),
+            ("-3", "at least 1 millisecond, got -3"),
+            ("2.5", "whole number of milliseconds, at least 1, got 2.5"),
+            ("1e300", "whole number of milliseconds"),
+            ("\"soon\"", "expected a whole number of milliseconds"),
+        ] {
+            let e = deadline(bad).expect_err(bad);
+            assert!(
+                e.starts_with("options.deadline_ms: ") && e.contains(says),
+                "{bad}: {e}"
+            );
+        }
+        // The same in MessagePack, where a float is a float.
+        let mp = rmp_serde::to_vec_named(&serde_json::json!({
+            "entities": {"user_id": "u_1"},
+            "options": {"deadline_ms": 40.0},
+        }))
+        .expect("msgpack");
+        let req = parse_body::<PredictRequest>(Format::Msgpack, &mp).expect("msgpack");
+        assert_eq!(req.options.deadline_ms, Some(40));
     }
 
     #[test]
