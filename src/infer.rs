@@ -58,13 +58,13 @@ pub fn runtime(library: &Path) -> Result<&'static Environment, InferError> {
     let env = ENVIRONMENT.get_or_init(|| {
         if !library.exists() {
             return Err(format!(
-                "ONNX Runtime library not found at {}: run `make ort` (installs onnxruntime 1.31.1 from its PyPI wheel into .ort/) or set ORT_DYLIB_PATH to libonnxruntime.so",
+                "ONNX Runtime library not found at {}: run `make ort` (installs onnxruntime 1.31.1 from its PyPI wheel into .ort/), or point `inference.onnxruntime_library` (or ORT_DYLIB_PATH, which wins) at libonnxruntime.so",
                 library.display()
             ));
         }
         let builder = ort::init_from(library).map_err(|e| {
             format!(
-                "cannot load ONNX Runtime from {}: {e}. hydrant needs onnxruntime 1.31.x: run `make ort` or set ORT_DYLIB_PATH",
+                "cannot load ONNX Runtime from {}: {e}. hydrant needs onnxruntime 1.31.x: run `make ort`, or point `inference.onnxruntime_library` (or ORT_DYLIB_PATH, which wins) at it",
                 library.display()
             )
         })?;
@@ -398,7 +398,10 @@ fn open_session(
             .map_err(|x| e(&x))
     };
     if !model.path.exists() {
-        return Err("the ONNX file does not exist".to_owned());
+        return Err(format!(
+            "the ONNX file does not exist (`file:` is read from the models folder, registry.models{})",
+            crate::schema::relative_hint(&model.path)
+        ));
     }
     match model.device {
         DeviceKind::Cpu => cpu().map(|s| (s, "cpu")).map_err(|m| format!("not a loadable ONNX model: {m}")),

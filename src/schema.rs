@@ -369,6 +369,17 @@ pub struct Registry {
     pub models: HashMap<String, Arc<Model>>,
 }
 
+/// For a message about a relative path that could not be read: where it was looked for.
+pub fn relative_hint(path: &Path) -> String {
+    match std::env::current_dir() {
+        Ok(cwd) if path.is_relative() => format!(
+            "; a relative path is read from the working directory, {}",
+            cwd.display()
+        ),
+        _ => String::new(),
+    }
+}
+
 impl Registry {
     /// Reads every `*.yaml`/`*.yml` file of `dir` (sorted by name) and compiles them.
     pub fn load_dir(dir: &Path, models_dir: &Path) -> Result<Self, SchemaErrors> {
@@ -379,8 +390,12 @@ impl Registry {
                 message,
             }])
         };
-        let entries = std::fs::read_dir(dir)
-            .map_err(|e| read_err(format!("cannot read the schemas folder: {e}")))?;
+        let entries = std::fs::read_dir(dir).map_err(|e| {
+            read_err(format!(
+                "cannot read the schemas folder (registry.schemas{}): {e}",
+                relative_hint(dir)
+            ))
+        })?;
         let mut files: Vec<PathBuf> = entries
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| {

@@ -280,10 +280,32 @@ fn the_binary_reports_a_missing_onnx_runtime_library_and_how_to_get_it() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
-        err.contains("ONNX Runtime library not found") && err.contains("make ort"),
+        err.contains("ONNX Runtime library not found")
+            && err.contains("make ort")
+            && err.contains("inference.onnxruntime_library"),
         "{err}"
     );
     assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn the_binary_says_where_a_relative_schemas_folder_was_looked_for() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
+        .current_dir(dir.path())
+        .env("HYDRANT_REGISTRY__SCHEMAS", "nope/schemas")
+        .args(["validate", "--no-models"])
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    let cwd = std::fs::canonicalize(dir.path()).expect("canonical");
+    assert!(
+        err.contains("nope/schemas")
+            && err.contains("registry.schemas")
+            && err.contains(&cwd.display().to_string()),
+        "{err}"
+    );
 }
 
 #[test]
