@@ -440,6 +440,7 @@ impl Registry {
                     Ok(v) => v,
                     Err(e) => {
                         errs.push(file, "", format!("not valid YAML: {}", yaml_message(&e)));
+                        broken.unread(file);
                         break;
                     }
                 };
@@ -461,6 +462,7 @@ impl Registry {
                         &format!("{prefix}kind"),
                         "missing: expected `kind: entity`, `kind: view` or `kind: model`".into(),
                     );
+                    broken.unread(file);
                     continue;
                 };
                 let mut body = value;
@@ -471,10 +473,12 @@ impl Registry {
                 match kind.as_str() {
                     "entity" => match parse_doc::<EntityDoc>(&mut errs, file, &prefix, body) {
                         Some(d) => entities.push((file.clone(), d)),
+                        None if name.is_none() => broken.unread(file),
                         None => broken.entities.extend(name),
                     },
                     "view" => match parse_doc::<ViewDoc>(&mut errs, file, &prefix, body) {
                         Some(d) => views.push((file.clone(), d)),
+                        None if name.is_none() => broken.unread(file),
                         None => broken.views.extend(name),
                     },
                     "model" => {
@@ -482,11 +486,14 @@ impl Registry {
                             models.push((file.clone(), d));
                         }
                     }
-                    other => errs.push(
-                        file,
-                        &format!("{prefix}kind"),
-                        format!("unknown kind `{other}`: expected entity, view or model"),
-                    ),
+                    other => {
+                        errs.push(
+                            file,
+                            &format!("{prefix}kind"),
+                            format!("unknown kind `{other}`: expected entity, view or model"),
+                        );
+                        broken.unread(file);
+                    }
                 }
             }
         }
@@ -549,6 +556,33 @@ struct Errs(Vec<SchemaError>);
 struct Broken {
     entities: HashSet<String>,
     views: HashSet<String>,
+    /// Files with a document whose kind or name could not be read (not YAML, no `kind`): whatever is
+    /// missing may be declared there.
+    unread: Vec<PathBuf>,
+}
+
+impl Broken {
+    fn unread(&mut self, file: &Path) {
+        if !self.unread.iter().any(|f| f == file) {
+            self.unread.push(file.to_owned());
+        }
+    }
+
+    /// For "X is not registered" while some file could not be read: where X may be.
+    fn unread_hint(&self) -> String {
+        if self.unread.is_empty() {
+            return String::new();
+        }
+        let files: Vec<String> = self
+            .unread
+            .iter()
+            .map(|f| f.display().to_string())
+            .collect();
+        format!(
+            "; it may be declared in {}, which could not be read (see above)",
+            files.join(", ")
+        )
+    }
 }
 
 impl Errs {
@@ -718,8 +752,10 @@ fn compile_view(
             file,
             "entity",
             format!(
-                "unknown entity `{}` (declared entities: {})",
-                d.entity, known
+                "unknown entity `{}` (declared entities: {}){}",
+                d.entity,
+                known,
+                broken.unread_hint()
             ),
         );
     }
@@ -1140,6 +1176,7 @@ fn compile_model(
     let context = compile_features(errs, file, "context", d.context);
     // Inputs that name a view which did not compile.
     let mut skipped = 0;
+    let mut missing: HashSet<String> = HashSet::new();
     let mut model_views: Vec<Arc<View>> = Vec::new();
     let mut slots = Vec::with_capacity(d.inputs.len());
     let mut offset = 0;
@@ -1173,8 +1210,19 @@ fn compile_model(
                     skipped += 1;
                     continue;
                 }
+                // Once per missing view: while a file could not be read, the view is most likely in
+                // it, and one line per input naming it would bury that file's own error.
+                if !broken.unread.is_empty() && !missing.insert(src.to_owned()) {
+                    skipped += 1;
+                    continue;
+                }
                 let known = known_names(views.keys().map(String::as_str));
-                errs.push(file, &format!("{at}.feature"), format!("model `{}` input {i} names view `{src}`, which is not registered (views: {})", d.name, known));
+                let more = if broken.unread.is_empty() {
+                    String::new()
+                } else {
+                    " (and later inputs from it)".to_owned()
+                };
+                errs.push(file, &format!("{at}.feature"), format!("model `{}` input {i}{more} names view `{src}`, which is not registered (views: {}){}", d.name, known, broken.unread_hint()));
                 continue;
             };
             let Some(feature) = view.feature_index(feat) else {
@@ -1645,6 +1693,40 @@ features:
         .expect_err("bad entity");
         assert_eq!(e.0.len(), 1, "{e}");
         assert!(e.to_string().contains("uuid"), "{e}");
+
+        // A view file that is not YAML at all names nothing: the model's inputs from the view it
+        // declared get one line, pointing at that file, not one each.
+        let m = model("  - {feature: user_profile:age}\n  - {feature: user_profile:age}\n");
+        let e = Registry::compile(
+            &[
+                (PathBuf::from("e.yaml"), ENTITIES.into()),
+                (
+                    PathBuf::from("v.yaml"),
+                    "kind: view\nname: x\n  bad: [\n".into(),
+                ),
+                (PathBuf::from("m.yaml"), m.clone()),
+            ],
+            Path::new("."),
+        )
+        .expect_err("unreadable view");
+        assert_eq!(e.0.len(), 2, "{e}");
+        assert_eq!(e.0[0].file, PathBuf::from("v.yaml"), "{e}");
+        assert!(e.0[1].message.contains("may be declared in v.yaml"), "{e}");
+        // With every file read, each input naming a missing view is its own error.
+        let e = Registry::compile(
+            &[
+                (PathBuf::from("e.yaml"), ENTITIES.into()),
+                (PathBuf::from("v.yaml"), VIEW.into()),
+                (
+                    PathBuf::from("m.yaml"),
+                    m.replace("user_profile:", "user_profil:"),
+                ),
+            ],
+            Path::new("."),
+        )
+        .expect_err("a typo");
+        assert_eq!(e.0.len(), 2, "{e}");
+        assert!(!e.to_string().contains("may be declared"), "{e}");
     }
 
     #[test]
