@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 use loadtest::drive::Cancel;
 use loadtest::run::{RunError, RunOptions};
@@ -29,7 +29,7 @@ enum Command {
     Run {
         /// Scenario file (TOML).
         scenario: PathBuf,
-        /// Override the scenario's target (loopback only).
+        /// Override the scenario's target (loopback only, unless --allow-remote).
         #[arg(long)]
         target: Option<String>,
         /// Override the measured duration in seconds (warm-up and sweep steps are capped to it).
@@ -67,7 +67,7 @@ enum Command {
     Check { scenario: PathBuf },
 }
 
-/// Exit codes: 0 ok, 1 error (unreachable target, bad file...), 2 invalid scenario,
+/// Exit codes: 0 ok, 1 error (unreachable target, bad file...), 2 invalid scenario or arguments,
 /// 3 error budget exceeded or no request succeeded, 130 interrupted.
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -95,13 +95,22 @@ fn main() -> ExitCode {
             scores,
             threads,
             for_s,
-        } => match serve_floor(&bind, scores, threads, for_s) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("error: {e:#}");
-                ExitCode::from(1)
+        } => {
+            let addr = match floor_addr(&bind, scores, threads) {
+                Ok(addr) => addr,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            match serve_floor(addr, scores, threads, for_s) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    ExitCode::from(1)
+                }
             }
-        },
+        }
     }
 }
 
@@ -294,25 +303,38 @@ fn run(
     }
 }
 
-fn serve_floor(bind: &str, scores: usize, threads: usize, for_s: u64) -> anyhow::Result<()> {
+/// The floor's arguments, checked: the address to listen on.
+fn floor_addr(bind: &str, scores: usize, threads: usize) -> Result<SocketAddr, String> {
     // Same rule and host syntax as targets (localhost included): this tool only listens on
     // loopback. Port 0 picks a free port.
     let Some((host, port)) = bind.rsplit_once(':').filter(|(h, _)| !h.is_empty()) else {
-        bail!("--bind {bind:?} needs a host and a port, e.g. 127.0.0.1:9100");
+        return Err(format!(
+            "--bind {bind:?} needs a host and a port, e.g. 127.0.0.1:9100"
+        ));
     };
     let Ok(port) = port.parse::<u16>() else {
-        bail!("--bind {bind:?}: the port must be 0-65535 (0 picks a free one)");
+        return Err(format!(
+            "--bind {bind:?}: the port must be 0-65535 (0 picks a free one)"
+        ));
     };
     let mut addr: SocketAddr = parse_loopback_url(&format!("http://{host}"))
-        .map_err(|reason| anyhow::anyhow!("--bind {bind:?}: {reason}"))?
+        .map_err(|reason| format!("--bind {bind:?}: {reason}"))?
         .addr;
     addr.set_port(port);
     if !(1..=10_000).contains(&scores) {
-        bail!("--scores must be between 1 and 10000");
+        return Err(format!(
+            "--scores must be between 1 and 10000 (got {scores})"
+        ));
     }
     if !(1..=64).contains(&threads) {
-        bail!("--threads must be between 1 and 64 (got {threads})");
+        return Err(format!(
+            "--threads must be between 1 and 64 (got {threads})"
+        ));
     }
+    Ok(addr)
+}
+
+fn serve_floor(addr: SocketAddr, scores: usize, threads: usize, for_s: u64) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads)
         .enable_all()

@@ -404,10 +404,12 @@ fn binary_check_validates() {
         .args(["floor", "--bind", "0.0.0.0:0", "--for-s", "1"])
         .output()
         .expect("run the binary");
-    assert!(
-        !refused.status.success(),
-        "floor must refuse non-loopback binds"
+    assert_eq!(
+        refused.status.code(),
+        Some(2),
+        "floor must refuse non-loopback binds as a usage error"
     );
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--bind"));
 }
 
 #[test]

@@ -150,7 +150,7 @@ pub fn render(r: &RunResult) -> String {
             .iter()
             .map(|(k, v)| format!("{k}: {v}"))
             .collect();
-        let _ = writeln!(out, "  errors by status: {}", kinds.join(", "));
+        let _ = writeln!(out, "  errors by status or kind: {}", kinds.join(", "));
     }
     if !r.error_codes.is_empty() {
         let codes: Vec<String> = r
