@@ -75,10 +75,42 @@ pub fn load_models(
     }
 }
 
+/// What start-up checks before it touches the store: the compiled schemas, the loaded models and the
+/// listening socket.
+struct Prepared {
+    telemetry: Arc<Telemetry>,
+    registry: Arc<Registry>,
+    engines: Engines,
+    listener: TcpListener,
+}
+
+impl Prepared {
+    async fn new(config: &Config) -> anyhow::Result<Self> {
+        let cfg = config.clone();
+        let telemetry = Arc::new(Telemetry::default());
+        let t = telemetry.clone();
+        let (registry, engines) = tokio::task::spawn_blocking(move || load_models(&cfg, &t))
+            .await
+            .context("model loading task failed")??;
+        let listener = TcpListener::bind(config.server.bind)
+            .await
+            .with_context(|| format!("cannot listen on {} (server.bind)", config.server.bind))?;
+        Ok(Self {
+            telemetry,
+            registry,
+            engines,
+            listener,
+        })
+    }
+}
+
 impl Application {
     pub async fn build(config: Config) -> anyhow::Result<Self> {
+        // Schemas, models, ONNX Runtime and the listening socket first: a start-up that fails on any of
+        // them leaves no new store file behind.
+        let ready = Prepared::new(&config).await?;
         let store = open_store(&config).await?;
-        Self::build_with_store(config, store, Clock::default()).await
+        Self::finish(config, store, Clock::default(), ready).await
     }
 
     /// Builds over a given store and clock (tests move the clock).
@@ -87,12 +119,22 @@ impl Application {
         store: Arc<dyn Store>,
         clock: Clock,
     ) -> anyhow::Result<Self> {
-        let cfg = config.clone();
-        let telemetry = Arc::new(Telemetry::default());
-        let t = telemetry.clone();
-        let (registry, engines) = tokio::task::spawn_blocking(move || load_models(&cfg, &t))
-            .await
-            .context("model loading task failed")??;
+        let ready = Prepared::new(&config).await?;
+        Self::finish(config, store, clock, ready).await
+    }
+
+    async fn finish(
+        config: Config,
+        store: Arc<dyn Store>,
+        clock: Clock,
+        ready: Prepared,
+    ) -> anyhow::Result<Self> {
+        let Prepared {
+            telemetry,
+            registry,
+            engines,
+            listener,
+        } = ready;
         let cache = FeatureCache::new(config.cache.max_bytes, clock);
         let hot_keys = store.keeps_hot_keys();
         let hydrator = Hydrator::new(
@@ -125,9 +167,6 @@ impl Application {
             );
         }
         let prefetcher = Prefetcher::new(config.prefetch.max_concurrent);
-        let listener = TcpListener::bind(config.server.bind)
-            .await
-            .with_context(|| format!("cannot listen on {} (server.bind)", config.server.bind))?;
         let gateway = Arc::new(Gateway {
             config,
             registry,

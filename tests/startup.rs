@@ -289,6 +289,28 @@ fn the_binary_reports_a_missing_onnx_runtime_library_and_how_to_get_it() {
 }
 
 #[test]
+fn a_serve_that_fails_at_start_up_leaves_no_store_file_behind() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = dir.path().join("data/s.redb");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
+        .current_dir(root())
+        .env("HYDRANT_STORE__EMBEDDED__PATH", &store)
+        .env("HYDRANT_REGISTRY__SCHEMAS", dir.path().join("nosuch"))
+        .env("HYDRANT_SERVER__BIND", "127.0.0.1:0")
+        .args(["serve"])
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("cannot read the schemas folder"), "{err}");
+    assert!(
+        !store.exists(),
+        "a failed start created {}",
+        store.display()
+    );
+}
+
+#[test]
 fn the_binary_says_where_a_relative_schemas_folder_was_looked_for() {
     let dir = tempfile::tempdir().expect("tempdir");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
