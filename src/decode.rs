@@ -6,7 +6,7 @@
 //! candidate list, a key that is empty, too long or holds control characters.
 
 use std::collections::HashMap;
-use std::fmt;
+use std::fmt::{self, Write as _};
 
 use axum::http::{HeaderMap, header};
 use compact_str::{CompactString, ToCompactString as _};
@@ -131,7 +131,10 @@ impl Format {
 ///
 /// The common case decodes directly; only a body that fails is decoded again with path tracking, so the
 /// error can name the field without every good request paying for the bookkeeping.
-pub fn parse_body<T: DeserializeOwned>(format: Format, body: &[u8]) -> Result<T, ApiError> {
+pub fn parse_body<T: DeserializeOwned + Positional>(
+    format: Format,
+    body: &[u8],
+) -> Result<T, ApiError> {
     // A UTF-8 byte order mark (some editors and Windows tools write one) is not part of the JSON.
     let body = match format {
         Format::Json => body.strip_prefix(b"\xef\xbb\xbf").unwrap_or(body),
@@ -202,7 +205,10 @@ pub fn parse_body<T: DeserializeOwned>(format: Format, body: &[u8]) -> Result<T,
     parse_body_tracked(format, body)
 }
 
-fn parse_body_tracked<T: DeserializeOwned>(format: Format, body: &[u8]) -> Result<T, ApiError> {
+fn parse_body_tracked<T: DeserializeOwned + Positional>(
+    format: Format,
+    body: &[u8],
+) -> Result<T, ApiError> {
     let malformed = |code, message: String, path: String| ApiError::Malformed {
         code,
         field: named_field(&path, &message).or((!path.is_empty() && path != ".").then_some(path)),
@@ -212,7 +218,7 @@ fn parse_body_tracked<T: DeserializeOwned>(format: Format, body: &[u8]) -> Resul
         Format::Json => {
             let mut de = serde_json::Deserializer::from_slice(body);
             let v: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-                let path = e.path().to_string();
+                let path = path_text(e.path(), T::FIELDS);
                 let inner = e.into_inner();
                 if inner.is_syntax() || inner.is_eof() {
                     malformed(
@@ -237,13 +243,23 @@ fn parse_body_tracked<T: DeserializeOwned>(format: Format, body: &[u8]) -> Resul
         Format::Msgpack => {
             let mut de = rmp_serde::Deserializer::new(std::io::Cursor::new(body));
             let v: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-                let path = e.path().to_string();
+                let path = path_text(e.path(), T::FIELDS);
                 let inner = e.into_inner();
                 match inner {
                     rmp_serde::decode::Error::Syntax(m)
                     | rmp_serde::decode::Error::Uncategorized(m) => {
+                        // In MessagePack's words rather than serde's.
+                        let m = m
+                            .replace("unit value", "nil (null)")
+                            .replace("struct Options", "a map of options");
                         malformed("invalid_field", field_message(&path, &m), path)
                     }
+                    // A well-formed value of the wrong type where a number or boolean was read.
+                    rmp_serde::decode::Error::TypeMismatch(marker) => malformed(
+                        "invalid_field",
+                        field_message(&path, &format!("invalid type: {}", marker_kind(marker))),
+                        path,
+                    ),
                     other => malformed(
                         "invalid_msgpack",
                         format!("the body is not valid MessagePack: {other}"),
@@ -345,6 +361,107 @@ fn named_field(path: &str, message: &str) -> Option<String> {
     })
 }
 
+/// A request type's field names by position. MessagePack encoders write a struct as an array of its
+/// fields by default (rmp-serde does), and an error there should name `options.deadline_ms`, not
+/// `[3][2]`.
+pub trait Positional {
+    /// The top-level fields in order, each with its own fields in order when it is a struct.
+    const FIELDS: &'static [(&'static str, &'static [&'static str])];
+}
+
+const OPTION_FIELDS: &[&str] = &["return_features", "timings", "deadline_ms"];
+
+impl Positional for PredictRequest {
+    const FIELDS: &'static [(&'static str, &'static [&'static str])] = &[
+        ("entities", &[]),
+        ("context", &[]),
+        ("candidates", &[]),
+        ("options", OPTION_FIELDS),
+    ];
+}
+
+impl Positional for FeaturesRequest {
+    const FIELDS: &'static [(&'static str, &'static [&'static str])] = &[
+        ("entities", &[]),
+        ("features", &[]),
+        ("options", OPTION_FIELDS),
+    ];
+}
+
+/// A field path as the error names it, `[i]` of a struct read by position replaced by the field's name.
+fn path_text(
+    path: &serde_path_to_error::Path,
+    fields: &'static [(&'static str, &'static [&'static str])],
+) -> String {
+    use serde_path_to_error::Segment;
+    let mut out = String::new();
+    let mut inner: &'static [&'static str] = &[];
+    for (depth, segment) in path.iter().enumerate() {
+        let name = match (depth, segment) {
+            (0, Segment::Seq { index }) => fields.get(*index).map(|&(name, sub)| {
+                inner = sub;
+                name
+            }),
+            (0, Segment::Map { key }) => {
+                inner = fields.iter().find(|(n, _)| n == key).map_or(&[], |f| f.1);
+                None
+            }
+            (1, Segment::Seq { index }) => inner.get(*index).copied(),
+            _ => None,
+        };
+        match (name, segment) {
+            (None, Segment::Seq { index }) => {
+                let _ = write!(out, "[{index}]");
+            }
+            (name, other) => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                match name {
+                    Some(n) => out.push_str(n),
+                    None => {
+                        let _ = write!(out, "{other}");
+                    }
+                }
+            }
+        }
+    }
+    if out.is_empty() { ".".to_owned() } else { out }
+}
+
+/// What a MessagePack value is, by its first byte, for "invalid type" messages.
+fn marker_kind(m: rmp::Marker) -> &'static str {
+    use rmp::Marker as M;
+    match m {
+        M::Null => "nil (null)",
+        M::True | M::False => "a boolean",
+        M::FixPos(_)
+        | M::FixNeg(_)
+        | M::U8
+        | M::U16
+        | M::U32
+        | M::U64
+        | M::I8
+        | M::I16
+        | M::I32
+        | M::I64 => "an integer",
+        M::F32 | M::F64 => "a float",
+        M::FixStr(_) | M::Str8 | M::Str16 | M::Str32 => "a string",
+        M::Bin8 | M::Bin16 | M::Bin32 => "binary data",
+        M::FixArray(_) | M::Array16 | M::Array32 => "an array",
+        M::FixMap(_) | M::Map16 | M::Map32 => "a map",
+        M::FixExt1
+        | M::FixExt2
+        | M::FixExt4
+        | M::FixExt8
+        | M::FixExt16
+        | M::Ext8
+        | M::Ext16
+        | M::Ext32 => "an extension value",
+        M::Reserved => "a reserved byte (0xc1)",
+    }
+}
+
 fn strip_position(m: &str) -> String {
     match m.rfind(" at line ") {
         Some(i) => m[..i].to_owned(),
@@ -429,9 +546,9 @@ impl<'de> Deserialize<'de> for EntityKeys {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Options {
-    #[serde(default, deserialize_with = "null_default")]
+    #[serde(default, deserialize_with = "flag_off")]
     pub return_features: bool,
-    #[serde(default = "yes", deserialize_with = "null_yes")]
+    #[serde(default = "yes", deserialize_with = "flag_on")]
     pub timings: bool,
     /// At least 1: a deadline of 0 could only ever be missed.
     #[serde(default, deserialize_with = "positive_ms")]
@@ -459,14 +576,42 @@ fn null_default<'de, D: Deserializer<'de>, T: Deserialize<'de> + Default>(
     Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
-/// [`null_default`] for a flag that is on unless turned off.
-fn null_yes<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
-    Ok(Option::<bool>::deserialize(d)?.unwrap_or(true))
+/// A boolean option, `null` reading as `default`. Read through `deserialize_any`: MessagePack's
+/// `deserialize_bool` answers a string with a decoding error ("wrong msgpack marker") that names no field.
+fn flag<'de, D: Deserializer<'de>>(d: D, default: bool) -> Result<bool, D::Error> {
+    struct Flag(bool);
+    impl<'de> Visitor<'de> for Flag {
+        type Value = bool;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a boolean")
+        }
+        fn visit_bool<E: de::Error>(self, v: bool) -> Result<bool, E> {
+            Ok(v)
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<bool, E> {
+            Ok(self.0)
+        }
+        fn visit_none<E: de::Error>(self) -> Result<bool, E> {
+            Ok(self.0)
+        }
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+    d.deserialize_any(Flag(default))
+}
+
+fn flag_off<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    flag(d, false)
+}
+
+fn flag_on<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    flag(d, true)
 }
 
 /// A whole number of milliseconds, at least 1 (a deadline of 0 could only ever be missed). `25.0` is
 /// taken as 25, as an integer context field takes it: JavaScript and some encoders write every number
-/// as a float. `null` is no deadline.
+/// as a float. `null` is no deadline. A deadline past `limits.request_timeout` is cut to it later.
 fn positive_ms<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
     struct Ms;
     impl<'de> Visitor<'de> for Ms {
@@ -501,9 +646,8 @@ fn positive_ms<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error>
             }
         }
         fn visit_f64<E: de::Error>(self, ms: f64) -> Result<Self::Value, E> {
-            // Past 2^53 a float holds no exact whole number of milliseconds; such deadlines are
-            // hundreds of thousands of years anyway.
-            if ms.fract() == 0.0 && (0.0..=9_007_199_254_740_992.0).contains(&ms) {
+            // A huge one saturates, as a huge integer is taken: either is cut to the request timeout.
+            if ms.is_finite() && ms.fract() == 0.0 && ms >= 0.0 {
                 self.visit_u64(ms as u64)
             } else {
                 Err(E::custom(format_args!(
@@ -1169,12 +1313,14 @@ mod tests {
         assert_eq!(deadline("25"), Ok(Some(25)));
         assert_eq!(deadline("25.0"), Ok(Some(25)));
         assert_eq!(deadline("2.5e1"), Ok(Some(25)));
+        // Huge ones saturate, integer or float alike (the gateway cuts them to its request timeout).
+        assert_eq!(deadline("18446744073709551615"), Ok(Some(u64::MAX)));
+        assert_eq!(deadline("1e300"), Ok(Some(u64::MAX)));
         for (bad, says) in [
             ("0", "at least 1 millisecond, got 0"),
             ("0.0", "at least 1 millisecond, got 0"),
             ("-3", "at least 1 millisecond, got -3"),
             ("2.5", "whole number of milliseconds, at least 1, got 2.5"),
-            ("1e300", "whole number of milliseconds"),
             ("\"soon\"", "expected a whole number of milliseconds"),
         ] {
             let e = deadline(bad).expect_err(bad);
@@ -1191,6 +1337,57 @@ mod tests {
         .expect("msgpack");
         let req = parse_body::<PredictRequest>(Format::Msgpack, &mp).expect("msgpack");
         assert_eq!(req.options.deadline_ms, Some(40));
+    }
+
+    /// In MessagePack a wrong-typed value is a field error naming the field, as in JSON, also where
+    /// the encoder wrote the request (or its options) as an array of fields.
+    #[test]
+    fn msgpack_type_errors_name_the_field_in_map_and_array_form() {
+        let mp = |v: serde_json::Value| rmp_serde::to_vec_named(&v).expect("msgpack");
+        for (body, field, says) in [
+            (
+                serde_json::json!({"entities": {"user_id": "u_1"}, "options": {"timings": "no"}}),
+                "options.timings",
+                "expected a boolean",
+            ),
+            (
+                serde_json::json!({"entities": {"user_id": "u_1"}, "options": {"return_features": [1]}}),
+                "options.return_features",
+                "expected a boolean",
+            ),
+            // Array form: [entities, context, candidates, [return_features, timings, deadline_ms]].
+            (
+                serde_json::json!([{"user_id": "u_1"}, {}, [{"item_id": "i_1"}], [false, true, 0]]),
+                "options.deadline_ms",
+                "at least 1 millisecond",
+            ),
+            (
+                serde_json::json!([{"user_id": "u_1"}, {}, [{"item_id": "i_1"}], ["yes"]]),
+                "options.return_features",
+                "expected a boolean",
+            ),
+            (
+                serde_json::json!([{"user_id": "u_1"}, {}, [{"item_id": 1.5}]]),
+                "candidates[0].item_id",
+                "",
+            ),
+        ] {
+            let e = parse_body::<PredictRequest>(Format::Msgpack, &mp(body.clone()))
+                .expect_err("a type error");
+            assert_eq!(e.code(), "invalid_field", "{body}: {e}");
+            let text = e.to_string();
+            assert!(
+                text.starts_with(&format!("{field}: ")) && text.contains(says),
+                "{body}: {text}"
+            );
+        }
+        // A number where a map is read by serde's typed path (a u64 visitor meeting a string).
+        let e = parse_body::<FeaturesRequest>(
+            Format::Msgpack,
+            &mp(serde_json::json!([{"user_id": ["u_1"]}, ["user_profile"], {"timings": 5}])),
+        )
+        .expect_err("timings: 5");
+        assert!(e.to_string().starts_with("options.timings: "), "{e}");
     }
 
     #[test]

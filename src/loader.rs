@@ -483,6 +483,10 @@ pub struct RowsRequest {
     pub rows: Vec<serde_json::Map<String, serde_json::Value>>,
 }
 
+impl crate::decode::Positional for RowsRequest {
+    const FIELDS: &'static [(&'static str, &'static [&'static str])] = &[("rows", &[])];
+}
+
 /// Rows as JSON objects, refusing NaN and infinities (which MessagePack can carry and JSON cannot):
 /// `serde_json::Value` would quietly turn them into null, a missing value.
 fn finite_rows<'de, D: serde::Deserializer<'de>>(

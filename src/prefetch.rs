@@ -215,6 +215,11 @@ pub struct PrefetchRequest {
     pub views: Option<Vec<String>>,
 }
 
+impl crate::decode::Positional for PrefetchRequest {
+    const FIELDS: &'static [(&'static str, &'static [&'static str])] =
+        &[("entities", &[]), ("views", &[])];
+}
+
 /// The keys a prefetch reads, per view.
 pub type PrefetchPlan = Vec<(Arc<View>, Vec<CompactString>)>;
 
