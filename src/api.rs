@@ -143,7 +143,7 @@ async fn split(req: Request, gw: &Gateway) -> Result<(HeaderMap, Uri, Bytes), Ap
 /// Segment `i` of the URI's path (`/v1/models/ctr/predict`: 3 is `ctr`), percent-decoded as axum's
 /// `Path` would. The router has matched the route, so the segment exists; an undecodable one is left as
 /// sent (it names no model, so the caller gets a 404 naming it).
-fn path_segment(uri: &Uri, i: usize) -> Cow<'_, str> {
+pub(crate) fn path_segment(uri: &Uri, i: usize) -> Cow<'_, str> {
     let raw = uri.path().split('/').nth(i).unwrap_or("");
     if raw.contains('%') {
         percent_decode_str(raw)
@@ -192,8 +192,9 @@ async fn write_rows(State(gw): State<Arc<Gateway>>, req: Request) -> Result<Resp
     gw.write_rows(&path_segment(&uri, 3), &headers, &body).await
 }
 
-async fn live() -> StatusCode {
-    StatusCode::OK
+/// The Open Inference Protocol's server-live answer.
+async fn live() -> Json<serde_json::Value> {
+    Json(json!({"live": true}))
 }
 
 async fn ready(State(gw): State<Arc<Gateway>>) -> Response {

@@ -52,6 +52,7 @@ pub struct Config {
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
     /// Address the HTTP API listens on; port 0 picks a free port.
+    #[serde(deserialize_with = "socket_addr")]
     pub bind: SocketAddr,
     /// How long in-flight requests get to finish after SIGINT/SIGTERM.
     #[serde(with = "duration")]
@@ -666,6 +667,10 @@ impl Config {
             ("store.embedded.path", &self.store.embedded.path),
             ("registry.schemas", &self.registry.schemas),
             ("registry.models", &self.registry.models),
+            (
+                "inference.onnxruntime_library",
+                &self.inference.onnxruntime_library,
+            ),
         ] {
             if path.as_os_str().is_empty() {
                 return Err((key, "expected a path, got an empty one".to_owned()));
@@ -867,6 +872,16 @@ fn set_path(table: &mut toml::Table, keys: &[String], value: toml::Value) -> Res
 }
 
 /// Durations written as `250ms`, `2s`, `5m`, `1h`, `30d`.
+/// An IP address and port. Host names are not resolved: a listener binds an address.
+fn socket_addr<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
+    let s = String::deserialize(d)?;
+    s.trim().parse().map_err(|_| {
+        serde::de::Error::custom(format!(
+            "`{s}` is not an IP address and port: expected e.g. `0.0.0.0:8080`, `127.0.0.1:8080` or `[::1]:8080` (a host name such as localhost is not resolved)"
+        ))
+    })
+}
+
 pub mod duration {
     use std::time::Duration;
 
@@ -885,6 +900,10 @@ pub mod duration {
         let text = s.trim();
         if text.is_empty() {
             return Err(format!("`{s}` is not a valid duration ({expected})"));
+        }
+        // Zero is zero in any unit.
+        if text == "0" {
+            return Ok(Duration::ZERO);
         }
         let mut rest = text;
         let mut total_ns: u64 = 0;
@@ -1013,10 +1032,15 @@ mod tests {
             e.contains("limits.request_timeout") && e.contains("not a valid duration"),
             "{e}"
         );
-        let e = Config::load(None, env(&[("HYDRANT_SERVER__BIND", "nowhere")]))
-            .expect_err("must fail")
-            .to_string();
-        assert!(e.contains("server.bind"), "{e}");
+        for bad in ["nowhere", "localhost:8080"] {
+            let e = Config::load(None, env(&[("HYDRANT_SERVER__BIND", bad)]))
+                .expect_err("must fail")
+                .to_string();
+            assert!(
+                e.contains("server.bind") && e.contains("127.0.0.1:8080"),
+                "{e}"
+            );
+        }
         let e = Config::load(None, env(&[("HYDRANT_LIMITS__MAX_CANDIDATES", "0")]))
             .expect_err("must fail")
             .to_string();
@@ -1329,6 +1353,8 @@ mod tests {
             ("30d", 2_592_000_000),
             ("10min", 600_000),
             ("2 hours", 7_200_000),
+            ("0", 0),
+            ("0s", 0),
         ] {
             assert_eq!(parse(text), Ok(Duration::from_millis(ms)), "{text}");
         }

@@ -122,8 +122,9 @@ where
         }
         // The model label is a registered name, or empty for unknown names.
         let model = if route.contains("{model}") {
-            let segment = req.uri().path().split('/').nth(3).unwrap_or("");
-            self.shared.models.iter().position(|m| m == segment)
+            // As the handler reads it: `c%74r` is served as `ctr`, so it is counted as `ctr`.
+            let segment = crate::api::path_segment(req.uri(), 3);
+            self.shared.models.iter().position(|m| *m == segment)
         } else {
             None
         };

@@ -41,6 +41,9 @@ pub fn known_names<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
     let mut v: Vec<&str> = names.into_iter().collect();
     v.sort_unstable();
     v.dedup();
+    if v.is_empty() {
+        return "none".to_owned();
+    }
     v.join(", ")
 }
 

@@ -881,7 +881,13 @@ async fn bad_requests_get_documented_errors_and_the_gateway_keeps_serving() {
             c.name
         );
     }
-    assert_eq!(app.get("/v2/health/live").await.status, 200);
+    let live = app.get("/v2/health/live").await;
+    assert_eq!(live.status, 200);
+    assert_eq!(
+        live.json(),
+        json!({"live": true}),
+        "the Open Inference Protocol's answer"
+    );
     assert_eq!(app.get("/v2/health/ready").await.status, 200);
 }
 

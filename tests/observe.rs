@@ -21,8 +21,9 @@ fn sample(text: &str, series: &str) -> f64 {
 async fn metrics_count_the_traffic_that_was_sent() {
     let app = TestApp::spawn().await;
     let body = json!({"entities": {"user_id": "u_1"}, "candidates": [{"item_id": "i_1"}, {"item_id": "i_2"}]});
-    for _ in 0..5 {
-        assert_eq!(app.predict("ctr", &body).await.status, 200);
+    // The last names the model percent-encoded: served as `ctr`, and counted as `ctr`.
+    for model in ["ctr", "ctr", "ctr", "ctr", "c%74r"] {
+        assert_eq!(app.predict(model, &body).await.status, 200);
     }
     assert_eq!(
         app.predict("ctr", &json!({"candidates": []})).await.status,
