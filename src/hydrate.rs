@@ -447,9 +447,15 @@ impl Hydrator {
                 Fail::Error,
                 "store returned the wrong number of values".to_owned(),
             )),
-            Ok(Err(StoreError::Timeout)) | Err(_) => {
-                Err((Fail::Timeout, format!("no answer within {timeout:?}")))
-            }
+            // The store's own read timeout (`store.redis.command_timeout`), often the shorter one.
+            Ok(Err(StoreError::Timeout)) => Err((
+                Fail::Timeout,
+                format!(
+                    "no answer within the store's read timeout ({:?} after sending)",
+                    started.elapsed()
+                ),
+            )),
+            Err(_) => Err((Fail::Timeout, format!("no answer within {timeout:?}"))),
             Ok(Err(e)) => Err((Fail::Error, e.to_string())),
         };
         let outcome = match &result {
