@@ -1035,7 +1035,7 @@ impl PredictRequest {
                     "ambiguous_entity",
                     format!("entities.{}", entity.name),
                     format!(
-                        "entity `{}` is given both in `entities` and in `candidates`: give it in one place",
+                        "entities.{0}: entity `{0}` is given both in `entities` and in `candidates`: give it in one place",
                         entity.name
                     ),
                 ));

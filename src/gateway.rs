@@ -366,7 +366,20 @@ impl Gateway {
             });
         };
         let format = Format::of_request(headers)?;
-        let req: crate::loader::RowsRequest = parse_body(format, body)?;
+        // A row the decoder refuses (a name given twice, NaN) is a bad row like the ones `parse_rows`
+        // refuses, and answered the same way.
+        let req: crate::loader::RowsRequest = parse_body(format, body).map_err(|e| match e {
+            ApiError::Malformed {
+                code: "invalid_field",
+                message,
+                field: Some(field),
+            } if field.starts_with("rows[") => ApiError::Invalid {
+                code: "invalid_row",
+                message: format!("{message} (nothing was written)"),
+                field: Some(field),
+            },
+            other => other,
+        })?;
         let writes = crate::loader::parse_rows(
             v,
             &self.config.store.prefix,

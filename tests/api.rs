@@ -539,8 +539,8 @@ async fn bad_requests_get_documented_errors_and_the_gateway_keeps_serving() {
             content_type: "application/msgpack",
             body: non_finite,
             status: 400,
-            code: "invalid_field",
-            field: None,
+            code: "invalid_row",
+            field: Some("rows[0].age"),
         },
         Case {
             name: "an event timestamp in the future",
@@ -787,7 +787,7 @@ async fn bad_requests_get_documented_errors_and_the_gateway_keeps_serving() {
             content_type: "application/json",
             body: br#"{"rows": [{"user_id": "u_dup2", "user_id": "u_dup3", "age": 1}]}"#.to_vec(),
             status: 400,
-            code: "invalid_field",
+            code: "invalid_row",
             field: Some("rows[0]"),
         },
         Case {

@@ -306,6 +306,13 @@ async fn v2_infer_rejects_bad_tensors_with_the_reason() {
             json!({"inputs": [{"name": "features", "shape": [1, 27], "datatype": "FP32", "data": row}], "outputs": [{"name": "logits"}]}),
             "unknown output",
         ),
+        // serde would read an array as the request's fields in order.
+        (
+            "an array, not an object",
+            json!([[{"name": "features", "shape": [1, 27], "datatype": "FP32", "data": row}]]),
+            "expected a JSON object",
+        ),
+        ("null", json!(null), "expected a JSON object"),
     ];
     for (name, body, needle) in cases {
         let r = app

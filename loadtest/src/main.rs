@@ -285,10 +285,21 @@ fn run(
         }
         Err(e @ RunError::UnknownModel { .. }) => {
             eprintln!("error: {e}");
-            eprintln!(
-                "hint: check `model` in {}, or point --target at a gateway that serves it",
-                path.display()
-            );
+            // A 404 for the route itself (not `unknown_model`) usually means a path in the target URL:
+            // it is a prefix put before /v1/models/..., for a gateway served under one.
+            let route_missing = matches!(&e, RunError::UnknownModel { body, target, .. }
+                if body.contains("unknown_route")
+                    || target.trim_start_matches("http://").contains('/'));
+            if route_missing {
+                eprintln!(
+                    "hint: a path in the target URL is a prefix put before /v1/models/...: give the gateway's base URL (e.g. http://127.0.0.1:8080) unless it is served under that prefix"
+                );
+            } else {
+                eprintln!(
+                    "hint: check `model` in {}, or point --target at a gateway that serves it",
+                    path.display()
+                );
+            }
             ExitCode::from(1)
         }
         Err(e @ (RunError::Unreachable { .. } | RunError::NotReady { .. })) => {
@@ -307,7 +318,15 @@ fn run(
 fn floor_addr(bind: &str, scores: usize, threads: usize) -> Result<SocketAddr, String> {
     // Same rule and host syntax as targets (localhost included): this tool only listens on
     // loopback. Port 0 picks a free port.
-    let Some((host, port)) = bind.rsplit_once(':').filter(|(h, _)| !h.is_empty()) else {
+    if bind.contains("://") {
+        return Err(format!(
+            "--bind {bind:?} takes an address, not a URL: e.g. 127.0.0.1:9100"
+        ));
+    }
+    let Some((host, port)) = bind
+        .rsplit_once(':')
+        .filter(|(h, _)| !h.is_empty() && !bind.ends_with(']'))
+    else {
         return Err(format!(
             "--bind {bind:?} needs a host and a port, e.g. 127.0.0.1:9100"
         ));
@@ -343,7 +362,7 @@ fn serve_floor(addr: SocketAddr, scores: usize, threads: usize, for_s: u64) -> a
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
-            .with_context(|| format!("cannot listen on {addr}"))?;
+            .with_context(|| format!("cannot listen on {addr} (--bind)"))?;
         let local = listener.local_addr().context("listener address")?;
         println!("floor listening on http://{local} (stops after {for_s} s or on Ctrl-C)");
         let stop = async move {

@@ -503,6 +503,25 @@ async fn binary_refuses_an_unknown_model() {
         "before the warm-up"
     );
     assert_eq!(gw.predicts(), 1, "one probe, no load");
+    assert!(stderr.contains("check `model`"), "{stderr}");
+
+    // A target URL with a path: the hint is about the path, not the model.
+    let mut cmd = run_command(
+        "5",
+        &format!("{}/v1", gw.url()),
+        &dir.join("out"),
+        &crate_path("scenarios/smoke.toml"),
+    );
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .expect("join")
+        .expect("run the binary");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("a path in the target URL is a prefix"),
+        "{stderr}"
+    );
 }
 
 /// The floor answers a MessagePack request in MessagePack, as hydrant does, so a `format =
