@@ -348,12 +348,17 @@ fn msgpack_keys_are_strings(b: &[u8]) -> bool {
 /// The field a "missing field `x`" or "duplicate field `x`" error is about, under `path`: serde names
 /// it only in the message, since the error is raised by the object that lacks or repeats it.
 fn named_field(path: &str, message: &str) -> Option<String> {
+    // serde's own words, and [`given_twice`]'s (whose error is raised at the map holding the name).
     let name = ["missing field `", "duplicate field `"]
         .iter()
-        .find_map(|p| message.split_once(p))?
-        .1
-        .split('`')
-        .next()?;
+        .find_map(|p| message.split_once(p))
+        .and_then(|(_, rest)| rest.split('`').next())
+        .or_else(|| {
+            message
+                .split_once("` is given twice")
+                .and_then(|(before, _)| before.rsplit_once('`'))
+                .map(|(_, name)| name)
+        })?;
     Some(if path.is_empty() || path == "." {
         name.to_owned()
     } else {

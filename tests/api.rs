@@ -504,7 +504,7 @@ async fn bad_requests_get_documented_errors_and_the_gateway_keeps_serving() {
             body: br#"{"entities": {"user_id": "u_1"}, "candidates": [{"item_id": "i_1"}, {"item_id": "i_2", "item_id": "i_3"}]}"#.to_vec(),
             status: 400,
             code: "invalid_field",
-            field: Some("candidates[1]"),
+            field: Some("candidates[1].item_id"),
         },
         Case {
             name: "bytes after the MessagePack request",
@@ -788,7 +788,7 @@ async fn bad_requests_get_documented_errors_and_the_gateway_keeps_serving() {
             body: br#"{"rows": [{"user_id": "u_dup2", "user_id": "u_dup3", "age": 1}]}"#.to_vec(),
             status: 400,
             code: "invalid_row",
-            field: Some("rows[0]"),
+            field: Some("rows[0].user_id"),
         },
         Case {
             name: "an entity given twice to /v1/features",
@@ -797,7 +797,7 @@ async fn bad_requests_get_documented_errors_and_the_gateway_keeps_serving() {
             body: br#"{"entities": {"user_id": ["u_1"], "user_id": ["u_2"]}, "features": ["user_profile:age"]}"#.to_vec(),
             status: 400,
             code: "invalid_field",
-            field: Some("entities"),
+            field: Some("entities.user_id"),
         },
         Case {
             name: "an entity given twice to /v1/prefetch",
@@ -806,7 +806,7 @@ async fn bad_requests_get_documented_errors_and_the_gateway_keeps_serving() {
             body: br#"{"entities": {"user_id": ["u_1"], "user_id": ["u_2"]}}"#.to_vec(),
             status: 400,
             code: "invalid_field",
-            field: Some("entities"),
+            field: Some("entities.user_id"),
         },
         Case {
             name: "features without entities",
