@@ -132,11 +132,14 @@ impl Gateway {
         t.set(Stage::Infer, out.infer_us);
         if let Some((o, row)) = out.outputs.first_non_finite() {
             let name = model.outputs.get(o).map_or("?", String::as_str);
-            engine.recycle(out);
-            return Err(ApiError::Internal(format!(
-                "model `{}` gave a non-finite `{name}` (NaN or infinity) for row {row}: check the features it was given (`options.return_features` shows them)",
+            // The answer is a generic 500, so the log carries the row the model was given.
+            let features = out.input.chunks(model.width.max(1)).nth(row).unwrap_or(&[]);
+            let err = ApiError::Internal(format!(
+                "model `{}` gave a non-finite `{name}` (NaN or infinity) for row {row}, whose input was {features:?}",
                 model.name
-            )));
+            ));
+            engine.recycle(out);
+            return Err(err);
         }
 
         // postprocess

@@ -234,6 +234,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 );
                 failed |= report.rejected_rows > 0 || !report.failed.is_empty();
             }
+            // Closed here, while the runtime still runs: closing from the store's drop as the process
+            // exits is cut short, and fred warns about it.
+            store.close().await;
             Ok(if stop.load(std::sync::atomic::Ordering::Relaxed) {
                 ExitCode::from(130)
             } else if failed {

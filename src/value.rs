@@ -96,6 +96,10 @@ impl Dtype {
             (Self::Int64, Value::Float(f)) if f.fract() != 0.0 => Err(format!(
                 "expected int64, got {f}, which is not a whole number"
             )),
+            // An integer past 2^63 arrives here as a float: echoing it would show it rounded.
+            (Self::Int64, Value::Float(f)) if f.abs() >= 9_223_372_036_854_775_808.0 => {
+                Err("expected int64, got a number outside its range (-9223372036854775808 to 9223372036854775807)".to_owned())
+            }
             (Self::Int64, Value::Float(f)) => Err(format!(
                 "expected int64, got {f}: whole numbers written as floats must be within ±2^53, and integers within ±2^63"
             )),
@@ -108,6 +112,21 @@ impl Dtype {
             )),
             (t, v) => Err(format!("expected {t}, got {}", v.kind())),
         }
+    }
+
+    /// Converts a JSON value for a feature of this type, so that a mistake is reported in the feature's
+    /// terms: a list for a string feature is "expected string, got a list", not a complaint about its
+    /// elements.
+    pub fn from_json(self, v: &serde_json::Value) -> Result<Value, String> {
+        match (self, v) {
+            (Self::Float32List(_), _) | (_, serde_json::Value::Null) => {}
+            (t, serde_json::Value::Array(_)) => return Err(format!("expected {t}, got a list")),
+            (t, serde_json::Value::Object(_)) => {
+                return Err(format!("expected {t}, got an object"));
+            }
+            _ => {}
+        }
+        self.coerce(Value::from_json(v)?)
     }
 }
 
@@ -391,10 +410,42 @@ mod tests {
             .expect_err("fraction");
         assert!(e.contains("not a whole number"), "{e}");
         let e = Dtype::Int64
-            .coerce(Value::Float(1e20))
-            .expect_err("too large");
+            .coerce(Value::Float(1e16))
+            .expect_err("past 2^53");
         assert!(e.contains("2^53"), "{e}");
         assert_eq!(Dtype::Int64.coerce(Value::Float(42.0)), Ok(Value::Int(42)));
+        // An integer past int64 (JSON `9223372036854775808`) is not echoed rounded.
+        let big: serde_json::Value = serde_json::from_str("9223372036854775808").expect("json");
+        let e = Dtype::Int64.from_json(&big).expect_err("past 2^63");
+        assert!(
+            e.contains("outside its range") && !e.contains("9223372036854776000"),
+            "{e}"
+        );
+        assert_eq!(
+            Dtype::Int64.from_json(&serde_json::json!(i64::MIN)),
+            Ok(Value::Int(i64::MIN))
+        );
+    }
+
+    #[test]
+    fn from_json_names_the_feature_type_for_lists_and_objects() {
+        let list = serde_json::json!(["us"]);
+        assert_eq!(
+            Dtype::String.from_json(&list),
+            Err("expected string, got a list".to_owned())
+        );
+        assert_eq!(
+            Dtype::Int64.from_json(&serde_json::json!({"a": 1})),
+            Err("expected int64, got an object".to_owned())
+        );
+        assert_eq!(
+            Dtype::Float32List(2).from_json(&serde_json::json!([1, 2.5])),
+            Ok(Value::List(vec![1.0, 2.5].into_boxed_slice()))
+        );
+        assert_eq!(
+            Dtype::String.from_json(&serde_json::Value::Null),
+            Ok(Value::Null)
+        );
     }
 
     #[test]

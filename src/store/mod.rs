@@ -41,6 +41,12 @@ pub trait Store: Send + Sync + 'static {
     /// `embedded` or `redis`, for metrics and logs.
     fn backend(&self) -> &'static str;
 
+    /// Closes the store's connections and waits for that, for a command about to exit. Dropping the store
+    /// closes them too, but in the background, which an exiting runtime may cut short.
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+
     /// Reads every key in one round trip; `None` where a key does not exist.
     fn get_many<'a>(
         &'a self,

@@ -66,6 +66,8 @@ pub struct RedisStore {
     /// Stops the invalidation subscriber's tasks (which then close its connection); set by
     /// `subscribe_invalidations`.
     subscriber: Mutex<Option<tokio::sync::watch::Sender<bool>>>,
+    /// The pool was closed (`close`), so dropping the store does not close it again.
+    closed: std::sync::atomic::AtomicBool,
     /// Every view whose hot set this replica has written, so a decay halves all of them, not just the
     /// views sampled in the flush that happened to win the decay lock.
     hot_views: Mutex<std::collections::BTreeSet<String>>,
@@ -160,6 +162,7 @@ impl RedisStore {
             channel: format!("{prefix}:invalidate"),
             flushes: AtomicU64::new(0),
             subscriber: Mutex::new(None),
+            closed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -407,7 +410,11 @@ impl Drop for RedisStore {
         if let Some(stop) = self.subscriber.lock().take() {
             let _ = stop.send(true);
         }
-        // Close the pool's connections; without a runtime (process exit) there is nothing left to close.
+        // Close the pool's connections (unless `close` did); without a runtime (process exit) there is
+        // nothing left to close.
+        if self.closed.swap(true, Relaxed) {
+            return;
+        }
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let pool = self.pool.clone();
             rt.spawn(async move {
@@ -474,6 +481,17 @@ fn store_error(e: FredError) -> StoreError {
 impl Store for RedisStore {
     fn backend(&self) -> &'static str {
         "redis"
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            if let Some(stop) = self.subscriber.lock().take() {
+                let _ = stop.send(true);
+            }
+            if !self.closed.swap(true, Relaxed) {
+                let _ = self.pool.quit().await;
+            }
+        })
     }
 
     fn keeps_hot_keys(&self) -> bool {
