@@ -75,13 +75,13 @@ pub fn load_models(
     }
 }
 
-/// What start-up checks before it touches the store: the compiled schemas, the loaded models and the
-/// listening socket.
+/// What start-up checks before it touches the store: the compiled schemas and the loaded models. (The
+/// socket is bound last, once the gateway can serve: a port that accepts connections early would queue
+/// callers, and a probe, behind a store that may take seconds to connect.)
 struct Prepared {
     telemetry: Arc<Telemetry>,
     registry: Arc<Registry>,
     engines: Engines,
-    listener: TcpListener,
 }
 
 impl Prepared {
@@ -92,22 +92,18 @@ impl Prepared {
         let (registry, engines) = tokio::task::spawn_blocking(move || load_models(&cfg, &t))
             .await
             .context("model loading task failed")??;
-        let listener = TcpListener::bind(config.server.bind)
-            .await
-            .with_context(|| format!("cannot listen on {} (server.bind)", config.server.bind))?;
         Ok(Self {
             telemetry,
             registry,
             engines,
-            listener,
         })
     }
 }
 
 impl Application {
     pub async fn build(config: Config) -> anyhow::Result<Self> {
-        // Schemas, models, ONNX Runtime and the listening socket first: a start-up that fails on any of
-        // them leaves no new store file behind.
+        // Schemas, models and ONNX Runtime first: a start-up that fails on them leaves no new store file
+        // behind.
         let ready = Prepared::new(&config).await?;
         let store = open_store(&config).await?;
         Self::finish(config, store, Clock::default(), ready).await
@@ -133,7 +129,6 @@ impl Application {
             telemetry,
             registry,
             engines,
-            listener,
         } = ready;
         let cache = FeatureCache::new(config.cache.max_bytes, clock);
         let hot_keys = store.keeps_hot_keys();
@@ -167,6 +162,9 @@ impl Application {
             );
         }
         let prefetcher = Prefetcher::new(config.prefetch.max_concurrent);
+        let listener = TcpListener::bind(config.server.bind)
+            .await
+            .with_context(|| format!("cannot listen on {} (server.bind)", config.server.bind))?;
         let gateway = Arc::new(Gateway {
             config,
             registry,
