@@ -621,7 +621,20 @@ pub fn parse_rows(
         None => Ok(writes),
         Some((i, reason)) => Err(ApiError::invalid(
             "invalid_row",
-            format!("rows[{i}]"),
+            // The field, when the reason names one (`feature `age`: ...`, `` `event_timestamp` ...``), as
+            // a decoding error does.
+            match reason
+                .strip_prefix("feature `")
+                .and_then(|r| r.split_once('`'))
+                .map(|(feature, _)| feature)
+                .or_else(|| {
+                    reason
+                        .starts_with("`event_timestamp`")
+                        .then_some("event_timestamp")
+                }) {
+                Some(field) => format!("rows[{i}].{field}"),
+                None => format!("rows[{i}]"),
+            },
             format!(
                 "rows[{i}]: {reason} ({bad} of {} rows invalid; nothing was written)",
                 rows.len()
@@ -1541,7 +1554,7 @@ mod tests {
             msg.starts_with("rows[1]: feature `age`") && msg.contains("2 of 3"),
             "{msg}"
         );
-        assert!(matches!(e, ApiError::Invalid { field: Some(ref f), .. } if f == "rows[1]"));
+        assert!(matches!(e, ApiError::Invalid { field: Some(ref f), .. } if f == "rows[1].age"));
 
         let ok = parse_rows(
             &v,

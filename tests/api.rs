@@ -522,7 +522,7 @@ async fn bad_requests_get_documented_errors_and_the_gateway_keeps_serving() {
             body: j(json!({"rows": [{"user_id": "u_big", "avg_session_minutes": 1e300}]})),
             status: 400,
             code: "invalid_row",
-            field: Some("rows[0]"),
+            field: Some("rows[0].avg_session_minutes"),
         },
         Case {
             name: "an embedding element beyond float32's range",
@@ -531,7 +531,7 @@ async fn bad_requests_get_documented_errors_and_the_gateway_keeps_serving() {
             body: j(json!({"rows": [{"user_id": "u_big", "embedding": [0, 1e300, 0, 0]}]})),
             status: 400,
             code: "invalid_row",
-            field: Some("rows[0]"),
+            field: Some("rows[0].embedding"),
         },
         Case {
             name: "NaN and infinity in MessagePack rows",
@@ -551,7 +551,7 @@ async fn bad_requests_get_documented_errors_and_the_gateway_keeps_serving() {
             ),
             status: 400,
             code: "invalid_row",
-            field: Some("rows[0]"),
+            field: Some("rows[0].event_timestamp"),
         },
         Case {
             name: "a negative event timestamp",
@@ -560,7 +560,7 @@ async fn bad_requests_get_documented_errors_and_the_gateway_keeps_serving() {
             body: j(json!({"rows": [{"user_id": "u_f", "event_timestamp": -5}]})),
             status: 400,
             code: "invalid_row",
-            field: Some("rows[0]"),
+            field: Some("rows[0].event_timestamp"),
         },
         Case {
             name: "malformed JSON",

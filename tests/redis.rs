@@ -903,7 +903,7 @@ async fn the_rows_api_writes_all_rows_or_none() {
     .await;
     assert_eq!(r.status, 400);
     let j = r.json();
-    assert_eq!(j["error"]["field"], "rows[1]", "{j}");
+    assert_eq!(j["error"]["field"], "rows[1].age", "{j}");
     let msg = j["error"]["message"].as_str().expect("message");
     assert!(
         msg.contains("age") && msg.contains("2 of 3") && msg.contains("nothing was written"),
