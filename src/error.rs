@@ -221,11 +221,12 @@ impl ApiError {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
-        // RFC 9110: a 405 lists the methods the resource takes.
-        if let Self::MethodNotAllowed { allow, .. } = &self
-            && let Ok(v) = HeaderValue::from_str(allow)
-        {
-            resp.headers_mut().insert(header::ALLOW, v);
+        // RFC 9110: a 405 lists the methods the resource takes (a GET route answers HEAD too).
+        if let Self::MethodNotAllowed { allow, .. } = &self {
+            let methods = if allow == "GET" { "GET, HEAD" } else { allow };
+            if let Ok(v) = HeaderValue::from_str(methods) {
+                resp.headers_mut().insert(header::ALLOW, v);
+            }
         }
         resp
     }

@@ -93,11 +93,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             no_models,
         } => {
             let mut config = config;
+            // Messages name the setting a path came from; here the command line may have given it.
+            let mut renames: Vec<(&str, &str)> = Vec::new();
             if let Some(d) = dir {
                 config.registry.schemas = d;
+                renames.push(("registry.schemas", "the folder given to validate"));
             }
             if let Some(m) = models {
                 config.registry.models = m;
+                renames.push(("registry.models", "--models"));
             }
             let result = if no_models {
                 Registry::load_dir(&config.registry.schemas, &config.registry.models)
@@ -116,7 +120,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     Ok(ExitCode::SUCCESS)
                 }
                 Err(e) => {
-                    eprintln!("{e:#}");
+                    let text = renames
+                        .iter()
+                        .fold(format!("{e:#}"), |t, (from, to)| t.replace(from, to));
+                    eprintln!("{text}");
                     Ok(ExitCode::FAILURE)
                 }
             }

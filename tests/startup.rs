@@ -328,6 +328,20 @@ fn the_binary_says_where_a_relative_schemas_folder_was_looked_for() {
             && err.contains(&cwd.display().to_string()),
         "{err}"
     );
+    // Given on the command line, the folder is named as such, not as the setting.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
+        .current_dir(dir.path())
+        .args(["validate", "elsewhere", "--no-models"])
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("elsewhere")
+            && err.contains("the folder given to validate")
+            && !err.contains("registry.schemas"),
+        "{err}"
+    );
 }
 
 #[test]
