@@ -461,6 +461,40 @@ fn the_binary_refuses_absurd_sizes_without_panicking() {
     }
 }
 
+/// A SIGTERM while the gateway is still starting (here: waiting for a Redis that accepts the connection
+/// and never answers) ends the start-up cleanly, without waiting out the connect timeout.
+#[test]
+fn sigterm_during_start_up_exits_cleanly() {
+    // Accepts connections into its backlog and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let redis = silent.local_addr().expect("addr");
+    let started = std::time::Instant::now();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
+        .current_dir(root())
+        .env("HYDRANT_SERVER__BIND", "127.0.0.1:0")
+        .env("HYDRANT_STORE__REDIS__URL", format!("redis://{redis}"))
+        .env("HYDRANT_STORE__REDIS__CONNECT_TIMEOUT", "30s")
+        .arg("serve")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starts");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let out = child.wait_with_output().expect("exits");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "exit status {:?}: {err}", out.status);
+    assert!(err.contains("interrupted during start-up"), "{err}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "it waited out the connect timeout"
+    );
+    drop(silent);
+}
+
 #[test]
 fn sigterm_drains_and_exits_cleanly() {
     let dir = tempfile::tempdir().expect("tempdir");
