@@ -438,6 +438,9 @@ impl Registry {
         let mut views = Vec::new();
         let mut models = Vec::new();
         for (file, text) in sources {
+            // A file with no document at all (empty, or only comments) is most likely one saved before
+            // it was written: said, rather than skipped.
+            let mut documents = 0;
             for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
                 let value = match serde_yaml::Value::deserialize(doc) {
                     Ok(v) => v,
@@ -450,6 +453,7 @@ impl Registry {
                 if value.is_null() {
                     continue; // an empty document, e.g. a trailing `---`
                 }
+                documents += 1;
                 let prefix = if i == 0 {
                     String::new()
                 } else {
@@ -498,6 +502,13 @@ impl Registry {
                         broken.unread(file);
                     }
                 }
+            }
+            if documents == 0 && !broken.unread.contains(file) {
+                errs.push(
+                    file,
+                    "",
+                    "the file holds no schema (it is empty or only comments): expected a document with `kind: entity`, `kind: view` or `kind: model`, or remove the file".into(),
+                );
             }
         }
 
@@ -1730,6 +1741,33 @@ features:
         .expect_err("a typo");
         assert_eq!(e.0.len(), 2, "{e}");
         assert!(!e.to_string().contains("may be declared"), "{e}");
+    }
+
+    #[test]
+    fn a_schema_file_with_no_document_is_refused() {
+        for empty in ["", "# to do\n", "---\n"] {
+            let e = Registry::compile(
+                &[
+                    (PathBuf::from("e.yaml"), ENTITIES.into()),
+                    (PathBuf::from("v.yaml"), VIEW.into()),
+                    (PathBuf::from("blank.yaml"), empty.into()),
+                ],
+                Path::new("."),
+            )
+            .expect_err("an empty file");
+            assert_eq!(e.0.len(), 1, "{empty:?}: {e}");
+            assert_eq!(e.0[0].file, PathBuf::from("blank.yaml"));
+            assert!(e.0[0].message.contains("holds no schema"), "{e}");
+        }
+        // A trailing `---` after a document is no empty file.
+        Registry::compile(
+            &[
+                (PathBuf::from("e.yaml"), format!("{ENTITIES}---\n")),
+                (PathBuf::from("v.yaml"), VIEW.into()),
+            ],
+            Path::new("."),
+        )
+        .expect("a trailing ---");
     }
 
     #[test]
