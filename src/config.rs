@@ -871,7 +871,6 @@ fn set_path(table: &mut toml::Table, keys: &[String], value: toml::Value) -> Res
     Ok(())
 }
 
-/// Durations written as `250ms`, `2s`, `5m`, `1h`, `30d`.
 /// An IP address and port. Host names are not resolved: a listener binds an address.
 fn socket_addr<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
     let s = String::deserialize(d)?;
@@ -882,6 +881,7 @@ fn socket_addr<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SocketAddr, D::
     })
 }
 
+/// Durations written as `250ms`, `2s`, `5m`, `1h`, `30d`.
 pub mod duration {
     use std::time::Duration;
 

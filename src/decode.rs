@@ -593,14 +593,9 @@ fn flag<'de, D: Deserializer<'de>>(d: D, default: bool) -> Result<bool, D::Error
         fn visit_bool<E: de::Error>(self, v: bool) -> Result<bool, E> {
             Ok(v)
         }
+        // What JSON's `null` and MessagePack's nil read as through `deserialize_any`.
         fn visit_unit<E: de::Error>(self) -> Result<bool, E> {
             Ok(self.0)
-        }
-        fn visit_none<E: de::Error>(self) -> Result<bool, E> {
-            Ok(self.0)
-        }
-        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
-            d.deserialize_any(self)
         }
     }
     d.deserialize_any(Flag(default))
@@ -624,14 +619,9 @@ fn positive_ms<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error>
         fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             f.write_str("a whole number of milliseconds, at least 1")
         }
-        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
+        // `null` (nil): no deadline.
         fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
             Ok(None)
-        }
-        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-            d.deserialize_any(self)
         }
         fn visit_u64<E: de::Error>(self, ms: u64) -> Result<Self::Value, E> {
             if ms == 0 {
@@ -661,7 +651,7 @@ fn positive_ms<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error>
             }
         }
     }
-    d.deserialize_option(Ms)
+    d.deserialize_any(Ms)
 }
 
 /// The error for a field name sent twice in one object: every request and row refuses that rather

@@ -92,6 +92,28 @@ pub struct FailedBatch {
     pub unconfirmed: bool,
 }
 
+/// Why a row was refused, and the field it is about when it is one field's fault.
+#[derive(Debug)]
+pub struct RowError {
+    pub field: Option<String>,
+    pub reason: String,
+}
+
+impl From<String> for RowError {
+    fn from(reason: String) -> Self {
+        Self {
+            field: None,
+            reason,
+        }
+    }
+}
+
+impl From<RowError> for String {
+    fn from(e: RowError) -> Self {
+        e.reason
+    }
+}
+
 /// Turns one JSON object into the store key and record of `view`.
 pub fn parse_row(
     view: &View,
@@ -99,7 +121,7 @@ pub fn parse_row(
     row: &serde_json::Map<String, serde_json::Value>,
     now_ms: i64,
     limits: &LimitsConfig,
-) -> Result<(String, Record), String> {
+) -> Result<(String, Record), RowError> {
     let entity = &view.entity;
     let raw_key = row
         .get(&entity.name)
@@ -114,10 +136,52 @@ pub fn parse_row(
                 "`{}` must be a string or an integer, got {}",
                 entity.name,
                 excerpt(&other.to_string())
-            ));
+            )
+            .into());
         }
     };
     let entity_key = key_string(entity, &k, &entity.name, limits).map_err(|e| e.to_string())?;
+    let event_ts_ms = event_timestamp(row, now_ms).map_err(|reason| RowError {
+        field: Some(EVENT_TIMESTAMP.to_owned()),
+        reason,
+    })?;
+    for name in row.keys() {
+        if !takes_column(view, name) {
+            return Err(format!(
+                "unknown feature `{name}` (view `{}` has: {})",
+                view.name,
+                feature_names(view)
+            )
+            .into());
+        }
+    }
+    let mut values = Vec::with_capacity(view.features.len());
+    for f in &view.features {
+        let v = match row.get(&f.name) {
+            None => Value::Null,
+            Some(j) => f.dtype.from_json(j).map_err(|e| RowError {
+                field: Some(f.name.clone()),
+                reason: format!("feature `{}`: {e}", f.name),
+            })?,
+        };
+        values.push(v);
+    }
+    Ok((
+        key(prefix, &view.name, &entity_key),
+        Record {
+            schema_version: view.version,
+            event_ts_ms,
+            values,
+            layout: view.layout,
+        },
+    ))
+}
+
+/// A row's `event_timestamp` in milliseconds since the Unix epoch (`now_ms` when it has none).
+fn event_timestamp(
+    row: &serde_json::Map<String, serde_json::Value>,
+    now_ms: i64,
+) -> Result<i64, String> {
     let event_ts_ms = match row.get(EVENT_TIMESTAMP) {
         None | Some(serde_json::Value::Null) => now_ms,
         Some(serde_json::Value::Number(n)) => {
@@ -170,35 +234,7 @@ pub fn parse_row(
             "`event_timestamp` is more than a day in the future ({event_ts_ms} ms since the epoch): it is when the values were true"
         ));
     }
-    for name in row.keys() {
-        if !takes_column(view, name) {
-            return Err(format!(
-                "unknown feature `{name}` (view `{}` has: {})",
-                view.name,
-                feature_names(view)
-            ));
-        }
-    }
-    let mut values = Vec::with_capacity(view.features.len());
-    for f in &view.features {
-        let v = match row.get(&f.name) {
-            None => Value::Null,
-            Some(j) => f
-                .dtype
-                .from_json(j)
-                .map_err(|e| format!("feature `{}`: {e}", f.name))?,
-        };
-        values.push(v);
-    }
-    Ok((
-        key(prefix, &view.name, &entity_key),
-        Record {
-            schema_version: view.version,
-            event_ts_ms,
-            values,
-            layout: view.layout,
-        },
-    ))
+    Ok(event_ts_ms)
 }
 
 /// Whether a row of `view` may name `name`: its entity key, `event_timestamp`, or one of its features.
@@ -270,7 +306,7 @@ pub async fn load_until<R: BufRead>(
             break;
         }
         last_read = line;
-        match parsed.and_then(|m| parse_row(view, prefix, &m, now, limits)) {
+        match parsed.and_then(|m| parse_row(view, prefix, &m, now, limits).map_err(String::from)) {
             Ok((k, record)) => {
                 if batch.writes.is_empty() {
                     batch.first_line = line;
@@ -606,37 +642,28 @@ pub fn parse_rows(
         });
     }
     let mut writes = Vec::with_capacity(rows.len());
-    let mut first_bad: Option<(usize, String)> = None;
+    let mut first_bad: Option<(usize, RowError)> = None;
     let mut bad = 0;
     for (i, row) in rows.iter().enumerate() {
         match parse_row(view, prefix, row, now_ms, limits) {
             Ok((k, record)) => writes.push((k, record.encode())),
-            Err(reason) => {
+            Err(e) => {
                 bad += 1;
-                first_bad.get_or_insert((i, reason));
+                first_bad.get_or_insert((i, e));
             }
         }
     }
     match first_bad {
         None => Ok(writes),
-        Some((i, reason)) => Err(ApiError::invalid(
+        Some((i, e)) => Err(ApiError::invalid(
             "invalid_row",
-            // The field, when the reason names one (`feature `age`: ...`, `` `event_timestamp` ...``), as
-            // a decoding error does.
-            match reason
-                .strip_prefix("feature `")
-                .and_then(|r| r.split_once('`'))
-                .map(|(feature, _)| feature)
-                .or_else(|| {
-                    reason
-                        .starts_with("`event_timestamp`")
-                        .then_some("event_timestamp")
-                }) {
+            match &e.field {
                 Some(field) => format!("rows[{i}].{field}"),
                 None => format!("rows[{i}]"),
             },
             format!(
-                "rows[{i}]: {reason} ({bad} of {} rows invalid; nothing was written)",
+                "rows[{i}]: {} ({bad} of {} rows invalid; nothing was written)",
+                e.reason,
                 rows.len()
             ),
         )),

@@ -155,12 +155,8 @@ async fn run_infer(
 ) -> Result<(Response, usize), OipError> {
     // serde would also fill the struct from a JSON array, field by field, and name the struct in its
     // errors: the request is an object, and says so.
-    match body
-        .strip_prefix(b"\xef\xbb\xbf")
-        .unwrap_or(body)
-        .iter()
-        .find(|b| !b.is_ascii_whitespace())
-    {
+    let body = body.strip_prefix(b"\xef\xbb\xbf").unwrap_or(body);
+    match body.iter().find(|b| !b.is_ascii_whitespace()) {
         Some(b'{') => {}
         _ => {
             return Err(bad(
@@ -168,7 +164,6 @@ async fn run_infer(
             ));
         }
     }
-    let body = body.strip_prefix(b"\xef\xbb\xbf").unwrap_or(body);
     let req: InferRequest =
         serde_json::from_slice(body).map_err(|e| bad(format!("invalid infer request: {e}")))?;
     let info = engine.info();

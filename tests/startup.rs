@@ -11,6 +11,34 @@ use hydrant::app::Application;
 use hydrant::clock::Clock;
 use hydrant::store::EmbeddedStore;
 
+/// The hydrant binary, run from `cwd`.
+fn hydrant(cwd: &Path) -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"));
+    c.current_dir(cwd);
+    c
+}
+
+/// Runs `cmd`, which must fail, and returns what it printed on stderr.
+fn fails(cmd: &mut std::process::Command) -> String {
+    let out = cmd.output().expect("runs");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "it succeeded: {err}");
+    err
+}
+
+/// Sends SIGTERM to a running `hydrant serve`, waits for it, and checks that it exited cleanly: its stderr.
+fn terminate(child: std::process::Child) -> String {
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let out = child.wait_with_output().expect("exits");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "exit status {:?}: {err}", out.status);
+    err
+}
+
 /// A copy of the demo schemas and models in a temp folder, with `edit` applied.
 fn workspace(edit: impl FnOnce(&Path, &Path)) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -271,14 +299,11 @@ async fn cuda_on_a_machine_without_it_is_a_clear_start_up_error() {
 
 #[test]
 fn the_binary_reports_a_missing_onnx_runtime_library_and_how_to_get_it() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
-        .current_dir(root())
-        .env("ORT_DYLIB_PATH", "/nonexistent/libonnxruntime.so")
-        .args(["validate"])
-        .output()
-        .expect("runs");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    let err = fails(
+        hydrant(&root())
+            .env("ORT_DYLIB_PATH", "/nonexistent/libonnxruntime.so")
+            .args(["validate"]),
+    );
     assert!(
         err.contains("ONNX Runtime library not found")
             && err.contains("make ort")
@@ -292,16 +317,13 @@ fn the_binary_reports_a_missing_onnx_runtime_library_and_how_to_get_it() {
 fn a_serve_that_fails_at_start_up_leaves_no_store_file_behind() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = dir.path().join("data/s.redb");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
-        .current_dir(root())
-        .env("HYDRANT_STORE__EMBEDDED__PATH", &store)
-        .env("HYDRANT_REGISTRY__SCHEMAS", dir.path().join("nosuch"))
-        .env("HYDRANT_SERVER__BIND", "127.0.0.1:0")
-        .args(["serve"])
-        .output()
-        .expect("runs");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
+    let err = fails(
+        hydrant(&root())
+            .env("HYDRANT_STORE__EMBEDDED__PATH", &store)
+            .env("HYDRANT_REGISTRY__SCHEMAS", dir.path().join("nosuch"))
+            .env("HYDRANT_SERVER__BIND", "127.0.0.1:0")
+            .args(["serve"]),
+    );
     assert!(err.contains("cannot read the schemas folder"), "{err}");
     assert!(
         !store.exists(),
@@ -313,14 +335,11 @@ fn a_serve_that_fails_at_start_up_leaves_no_store_file_behind() {
 #[test]
 fn the_binary_says_where_a_relative_schemas_folder_was_looked_for() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
-        .current_dir(dir.path())
-        .env("HYDRANT_REGISTRY__SCHEMAS", "nope/schemas")
-        .args(["validate", "--no-models"])
-        .output()
-        .expect("runs");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    let err = fails(
+        hydrant(dir.path())
+            .env("HYDRANT_REGISTRY__SCHEMAS", "nope/schemas")
+            .args(["validate", "--no-models"]),
+    );
     let cwd = std::fs::canonicalize(dir.path()).expect("canonical");
     assert!(
         err.contains("nope/schemas")
@@ -329,13 +348,7 @@ fn the_binary_says_where_a_relative_schemas_folder_was_looked_for() {
         "{err}"
     );
     // Given on the command line, the folder is named as such, not as the setting.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
-        .current_dir(dir.path())
-        .args(["validate", "elsewhere", "--no-models"])
-        .output()
-        .expect("runs");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    let err = fails(hydrant(dir.path()).args(["validate", "elsewhere", "--no-models"]));
     assert!(
         err.contains("elsewhere")
             && err.contains("the folder given to validate")
@@ -349,15 +362,7 @@ fn the_binary_reports_a_bad_config_with_file_key_and_reason() {
     let dir = tempfile::tempdir().expect("tempdir");
     let cfg = dir.path().join("h.toml");
     std::fs::write(&cfg, "[limits]\nrequest_timeout = \"forever\"\n").expect("write");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
-        .current_dir(root())
-        .arg("--config")
-        .arg(&cfg)
-        .arg("serve")
-        .output()
-        .expect("runs");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    let err = fails(hydrant(&root()).arg("--config").arg(&cfg).arg("serve"));
     assert!(
         err.contains("h.toml")
             && err.contains("limits.request_timeout")
@@ -368,14 +373,11 @@ fn the_binary_reports_a_bad_config_with_file_key_and_reason() {
 
 /// Runs `hydrant validate --no-models` on the schemas in `dir`, which must fail; its error output.
 fn validate_refused(dir: &std::path::Path) -> String {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
-        .current_dir(root())
-        .args(["validate", "--no-models"])
-        .arg(dir.join("schemas"))
-        .output()
-        .expect("runs");
-    assert!(!out.status.success());
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    fails(
+        hydrant(&root())
+            .args(["validate", "--no-models"])
+            .arg(dir.join("schemas")),
+    )
 }
 
 #[test]
@@ -448,14 +450,11 @@ fn the_binary_refuses_absurd_sizes_without_panicking() {
             "99999999999999999999999s",
         ),
     ] {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
-            .current_dir(root())
-            .env(var, value)
-            .args(["validate", "--no-models"])
-            .output()
-            .expect("runs");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{var}={value} was accepted");
+        let err = fails(
+            hydrant(&root())
+                .env(var, value)
+                .args(["validate", "--no-models"]),
+        );
         assert!(err.contains(var) && err.contains("must be"), "{err}");
         assert!(!err.contains("panicked"), "{err}");
     }
@@ -469,8 +468,7 @@ fn sigterm_during_start_up_exits_cleanly() {
     let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let redis = silent.local_addr().expect("addr");
     let started = std::time::Instant::now();
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
-        .current_dir(root())
+    let child = hydrant(&root())
         .env("HYDRANT_SERVER__BIND", "127.0.0.1:0")
         .env("HYDRANT_STORE__REDIS__URL", format!("redis://{redis}"))
         .env("HYDRANT_STORE__REDIS__CONNECT_TIMEOUT", "30s")
@@ -479,14 +477,7 @@ fn sigterm_during_start_up_exits_cleanly() {
         .spawn()
         .expect("starts");
     std::thread::sleep(std::time::Duration::from_millis(1500));
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success());
-    let out = child.wait_with_output().expect("exits");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "exit status {:?}: {err}", out.status);
+    let err = terminate(child);
     assert!(err.contains("interrupted during start-up"), "{err}");
     assert!(
         started.elapsed() < std::time::Duration::from_secs(20),
@@ -503,8 +494,7 @@ fn sigterm_drains_and_exits_cleanly() {
         .local_addr()
         .expect("addr")
         .port();
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
-        .current_dir(root())
+    let child = hydrant(&root())
         .env("HYDRANT_SERVER__BIND", format!("127.0.0.1:{port}"))
         .env("HYDRANT_STORE__EMBEDDED__PATH", dir.path().join("s.redb"))
         .env("HYDRANT_TELEMETRY__LOG_LEVEL", "info")
@@ -520,13 +510,6 @@ fn sigterm_drains_and_exits_cleanly() {
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success());
-    let out = child.wait_with_output().expect("exits");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "exit status {:?}: {err}", out.status);
+    let err = terminate(child);
     assert!(err.contains("draining in-flight requests"), "{err}");
 }

@@ -46,9 +46,8 @@ pub fn redact(url: &str) -> String {
     }
 }
 
-fn parse(raw: &str, allow_remote: bool) -> Result<Url, String> {
-    let url = raw;
-    let shown = redact(raw);
+fn parse(url: &str, allow_remote: bool) -> Result<Url, String> {
+    let shown = redact(url);
     let rest = url
         .strip_prefix("redis://")
         .ok_or_else(|| format!("{shown:?}: expected redis://[user:password@]host:port[/db]"))?;

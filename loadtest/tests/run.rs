@@ -313,6 +313,14 @@ fn quiet(out_dir: std::path::PathBuf) -> RunOptions {
     }
 }
 
+/// Runs the binary off the async workers (the fake gateway answers on them meanwhile).
+async fn output(mut cmd: Command) -> std::process::Output {
+    tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .expect("join")
+        .expect("run the binary")
+}
+
 /// `loadtest run --quiet --duration-s D --target T --out-dir O SCENARIO`.
 fn run_command(duration_s: &str, target: &str, out_dir: &Path, scenario: &Path) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_loadtest"));
@@ -484,12 +492,9 @@ async fn binary_refuses_an_unknown_model() {
     let file = dir.join("nope.toml");
     let text = std::fs::read_to_string(crate_path("scenarios/smoke.toml")).expect("smoke");
     std::fs::write(&file, text.replace("model = \"ctr\"", "model = \"nope\"")).expect("write");
-    let mut cmd = run_command("5", &gw.url(), &dir.join("out"), &file);
+    let cmd = run_command("5", &gw.url(), &dir.join("out"), &file);
     let started = Instant::now();
-    let out = tokio::task::spawn_blocking(move || cmd.output())
-        .await
-        .expect("join")
-        .expect("run the binary");
+    let out = output(cmd).await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
@@ -506,16 +511,13 @@ async fn binary_refuses_an_unknown_model() {
     assert!(stderr.contains("check `model`"), "{stderr}");
 
     // A target URL with a path: the hint is about the path, not the model.
-    let mut cmd = run_command(
+    let cmd = run_command(
         "5",
         &format!("{}/v1", gw.url()),
         &dir.join("out"),
         &crate_path("scenarios/smoke.toml"),
     );
-    let out = tokio::task::spawn_blocking(move || cmd.output())
-        .await
-        .expect("join")
-        .expect("run the binary");
+    let out = output(cmd).await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(

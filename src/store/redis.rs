@@ -203,6 +203,15 @@ impl RedisStore {
         Ok(out)
     }
 
+    /// Stops the invalidation subscriber, and says whether the caller is the one to close the pool
+    /// (`close` or the drop, whichever comes first).
+    fn stop_and_claim_close(&self) -> bool {
+        if let Some(stop) = self.subscriber.lock().take() {
+            let _ = stop.send(true);
+        }
+        !self.closed.swap(true, Relaxed)
+    }
+
     /// Writes a batch, or answers [`StoreError::Timeout`] after `write_timeout`. A timed-out batch may
     /// still be applied later (fred keeps it queued for the reconnection), so the write goes on in its own
     /// task and its keys are announced twice: at once, and again when the write ends, so a replica that
@@ -407,12 +416,9 @@ impl RedisStore {
 
 impl Drop for RedisStore {
     fn drop(&mut self) {
-        if let Some(stop) = self.subscriber.lock().take() {
-            let _ = stop.send(true);
-        }
         // Close the pool's connections (unless `close` did); without a runtime (process exit) there is
         // nothing left to close.
-        if self.closed.swap(true, Relaxed) {
+        if !self.stop_and_claim_close() {
             return;
         }
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
@@ -485,10 +491,7 @@ impl Store for RedisStore {
 
     fn close(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
-            if let Some(stop) = self.subscriber.lock().take() {
-                let _ = stop.send(true);
-            }
-            if !self.closed.swap(true, Relaxed) {
+            if self.stop_and_claim_close() {
                 let _ = self.pool.quit().await;
             }
         })
@@ -554,7 +557,6 @@ impl Store for RedisStore {
     }
 }
 
-/// Queues one `SET key value [PX ttl]` per write on a pipeline or a transaction (both queue, not send).
 /// One batch of `SET ... PX`: a `MULTI`/`EXEC` on a standalone server, pipelined `SET`s on a cluster.
 async fn write_batch(
     client: fred::clients::Client,
@@ -577,6 +579,7 @@ async fn write_batch(
     Ok(())
 }
 
+/// Queues one `SET key value [PX ttl]` per write on a pipeline or a transaction (both queue, not send).
 async fn queue_sets<C: KeysInterface + Sync>(
     c: &C,
     writes: Writes,
