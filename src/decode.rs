@@ -17,7 +17,7 @@ use smallvec::{SmallVec, smallvec};
 use crate::config::LimitsConfig;
 use crate::error::ApiError;
 use crate::schema::{Entity, Model, Registry, View};
-use crate::value::{Dtype, Value};
+use crate::value::{Dtype, Value, list_element};
 
 /// A wire format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -713,6 +713,168 @@ fn options_object<'de, D: Deserializer<'de>>(d: D) -> Result<Options, D::Error> 
     Ok(Option::<Field>::deserialize(d)?.map_or_else(Options::default, |f| f.0))
 }
 
+/// A context value as sent: a feature value, or the shape of one that no feature type takes (an object, a
+/// list holding something other than numbers). That shape is kept rather than refused while decoding, so
+/// the error can be put in the field's terms: `["ios"]` for a string field is "expected string, got a
+/// list", not a complaint that lists hold numbers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ContextValue {
+    Value(Value),
+    /// An object (`element` is `None`), or a list whose element `element` is not a number.
+    Unfit {
+        what: &'static str,
+        element: Option<(usize, &'static str)>,
+    },
+}
+
+impl ContextValue {
+    /// The value as `dtype`, or why it is not one.
+    fn typed(self, dtype: Dtype) -> Result<Value, String> {
+        match self {
+            Self::Value(v) => dtype.coerce(v),
+            Self::Unfit {
+                what,
+                element: Some((i, kind)),
+            } if matches!(dtype, Dtype::Float32List(_)) => Err(format!(
+                "expected {dtype}, got {what} whose element {i} is {kind}"
+            )),
+            Self::Unfit { what, .. } => Err(format!("expected {dtype}, got {what}")),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ContextValue {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        /// A list element: a number, or the kind of what was sent instead.
+        enum Element {
+            Number(f64),
+            Other(&'static str),
+        }
+        impl<'de> Deserialize<'de> for Element {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct E;
+                impl<'de> Visitor<'de> for E {
+                    type Value = Element;
+                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                        f.write_str("a number")
+                    }
+                    fn visit_i64<X: de::Error>(self, i: i64) -> Result<Element, X> {
+                        Ok(Element::Number(i as f64))
+                    }
+                    fn visit_u64<X: de::Error>(self, u: u64) -> Result<Element, X> {
+                        Ok(Element::Number(u as f64))
+                    }
+                    fn visit_f64<X: de::Error>(self, f: f64) -> Result<Element, X> {
+                        Ok(Element::Number(f))
+                    }
+                    fn visit_bool<X: de::Error>(self, _: bool) -> Result<Element, X> {
+                        Ok(Element::Other("a boolean"))
+                    }
+                    fn visit_str<X: de::Error>(self, _: &str) -> Result<Element, X> {
+                        Ok(Element::Other("a string"))
+                    }
+                    fn visit_bytes<X: de::Error>(self, _: &[u8]) -> Result<Element, X> {
+                        Ok(Element::Other("binary"))
+                    }
+                    fn visit_unit<X: de::Error>(self) -> Result<Element, X> {
+                        Ok(Element::Other("null"))
+                    }
+                    fn visit_none<X: de::Error>(self) -> Result<Element, X> {
+                        Ok(Element::Other("null"))
+                    }
+                    fn visit_seq<A: de::SeqAccess<'de>>(
+                        self,
+                        mut seq: A,
+                    ) -> Result<Element, A::Error> {
+                        while seq.next_element::<de::IgnoredAny>()?.is_some() {}
+                        Ok(Element::Other("a list"))
+                    }
+                    fn visit_map<A: de::MapAccess<'de>>(
+                        self,
+                        mut map: A,
+                    ) -> Result<Element, A::Error> {
+                        while map
+                            .next_entry::<de::IgnoredAny, de::IgnoredAny>()?
+                            .is_some()
+                        {}
+                        Ok(Element::Other("an object"))
+                    }
+                }
+                d.deserialize_any(E)
+            }
+        }
+
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ContextValue;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("null, a boolean, a number, a string or a list of numbers")
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<ContextValue, E> {
+                Ok(ContextValue::Value(Value::Null))
+            }
+            fn visit_none<E: de::Error>(self) -> Result<ContextValue, E> {
+                Ok(ContextValue::Value(Value::Null))
+            }
+            fn visit_bool<E: de::Error>(self, b: bool) -> Result<ContextValue, E> {
+                Ok(ContextValue::Value(Value::Bool(b)))
+            }
+            fn visit_i64<E: de::Error>(self, i: i64) -> Result<ContextValue, E> {
+                Ok(ContextValue::Value(Value::Int(i)))
+            }
+            fn visit_u64<E: de::Error>(self, u: u64) -> Result<ContextValue, E> {
+                // Past int64 it is a number still: a float field takes it, an int64 field says it is
+                // out of range.
+                Ok(ContextValue::Value(
+                    i64::try_from(u).map_or(Value::Float(u as f64), Value::Int),
+                ))
+            }
+            fn visit_f64<E: de::Error>(self, f: f64) -> Result<ContextValue, E> {
+                Value::deserialize(de::value::F64Deserializer::<E>::new(f)).map(ContextValue::Value)
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<ContextValue, E> {
+                Ok(ContextValue::Value(Value::Str(s.into())))
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<ContextValue, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(65_536));
+                while let Some(e) = seq.next_element::<Element>()? {
+                    match e {
+                        Element::Number(x) => {
+                            out.push(list_element(out.len(), x).map_err(de::Error::custom)?);
+                        }
+                        Element::Other(kind) => {
+                            let i = out.len();
+                            while seq.next_element::<de::IgnoredAny>()?.is_some() {}
+                            return Ok(ContextValue::Unfit {
+                                what: "a list",
+                                element: Some((i, kind)),
+                            });
+                        }
+                    }
+                }
+                Ok(ContextValue::Value(Value::List(out.into_boxed_slice())))
+            }
+            fn visit_map<A: de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<ContextValue, A::Error> {
+                while map
+                    .next_entry::<de::IgnoredAny, de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(ContextValue::Unfit {
+                    what: "an object",
+                    element: None,
+                })
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 /// `POST /v1/models/{model}/predict`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -721,7 +883,7 @@ pub struct PredictRequest {
     #[serde(default, deserialize_with = "null_default")]
     pub entities: Fields<EntityKey>,
     #[serde(default, deserialize_with = "null_default")]
-    pub context: Fields<Value>,
+    pub context: Fields<ContextValue>,
     #[serde(default)]
     pub candidates: Option<Vec<Fields<EntityKey>>>,
     #[serde(default, deserialize_with = "options_object")]
@@ -987,11 +1149,10 @@ impl PredictRequest {
                 bad = Some((name.to_owned(), e));
                 continue;
             };
+            let dtype = model.context[i].dtype;
             // Taken rather than cloned: the request is not read again.
-            match model.context[i]
-                .dtype
-                .coerce(std::mem::replace(value, Value::Null))
-            {
+            let sent = std::mem::replace(value, ContextValue::Value(Value::Null));
+            match sent.typed(dtype) {
                 Ok(v) => context[i] = Some(v),
                 Err(e) => {
                     let e = ApiError::invalid(
@@ -1281,6 +1442,46 @@ mod tests {
     }
 
     #[test]
+    fn context_values_of_the_wrong_shape_are_named_in_the_fields_terms() {
+        let typed = |json: &str, dtype: Dtype| {
+            serde_json::from_str::<ContextValue>(json)
+                .expect("decodes")
+                .typed(dtype)
+        };
+        assert_eq!(
+            typed("[0.5, 2]", Dtype::Float32List(2)),
+            Ok(Value::List(vec![0.5, 2.0].into_boxed_slice()))
+        );
+        assert_eq!(
+            typed(r#"[0.5, "x", [1]]"#, Dtype::Float32List(3)),
+            Err("expected float32[3], got a list whose element 1 is a string".to_owned())
+        );
+        assert_eq!(
+            typed(r#"["ios"]"#, Dtype::String),
+            Err("expected string, got a list".to_owned())
+        );
+        assert_eq!(
+            typed(r#"{"a": [1, {}]}"#, Dtype::Float32List(2)),
+            Err("expected float32[2], got an object".to_owned())
+        );
+        assert_eq!(typed("null", Dtype::Int64), Ok(Value::Null));
+        assert_eq!(
+            typed("1e300", Dtype::Float32List(1)),
+            Err("expected float32[1], got a number".to_owned())
+        );
+        // Elements are still checked against float32's range.
+        let e = serde_json::from_str::<ContextValue>("[1, 1e300]").expect_err("out of range");
+        assert!(e.to_string().contains("list element 1"), "{e}");
+        // The same through MessagePack, whose maps and lists decode through the same visitor.
+        let packed = rmp_serde::to_vec(&serde_json::json!(["a", 1])).expect("msgpack");
+        let v: ContextValue = rmp_serde::from_slice(&packed).expect("decodes");
+        assert_eq!(
+            v.typed(Dtype::Float32List(2)),
+            Err("expected float32[2], got a list whose element 0 is a string".to_owned())
+        );
+    }
+
+    #[test]
     fn null_optional_fields_read_as_not_sent_and_deadlines_take_whole_floats() {
         let req = parse_body::<PredictRequest>(
             Format::Json,
@@ -1455,7 +1656,10 @@ mod tests {
             req.entities.get("user_id"),
             Some(&EntityKey::Str("u_1".into()))
         );
-        assert_eq!(req.context.get("hour_of_day"), Some(&Value::Int(7)));
+        assert_eq!(
+            req.context.get("hour_of_day"),
+            Some(&ContextValue::Value(Value::Int(7)))
+        );
         assert!(req.options.return_features && !req.options.timings);
         assert_eq!(req.options.deadline_ms, Some(25));
     }

@@ -902,6 +902,38 @@ async fn error_messages_name_what_was_expected() {
         .expect("message")
         .to_owned();
     assert!(m.contains("int64") && m.contains("string"), "{m}");
+    // A shape no feature type takes is put in the field's terms, not the decoder's.
+    for (context, field, expected) in [
+        (
+            json!({"device": ["ios"]}),
+            "context.device",
+            "context.device: expected string, got a list",
+        ),
+        (
+            json!({"device": {"os": "ios"}}),
+            "context.device",
+            "context.device: expected string, got an object",
+        ),
+        (
+            json!({"hour_of_day": [1, "a"]}),
+            "context.hour_of_day",
+            "context.hour_of_day: expected int64, got a list",
+        ),
+        (
+            json!({"hour_of_day": 18446744073709551615_u64}),
+            "context.hour_of_day",
+            "context.hour_of_day: expected int64, got a number outside its range",
+        ),
+    ] {
+        let r = app
+            .predict("ctr", &json!({"entities": {"user_id": "u_1"}, "context": context, "candidates": [{"item_id": "i_1"}]}))
+            .await;
+        assert_eq!(r.status, 400, "{context}");
+        let body = r.json();
+        assert_eq!(body["error"]["field"], field, "{body}");
+        let m = body["error"]["message"].as_str().expect("message");
+        assert!(m.starts_with(expected), "{context}: {m}");
+    }
     let r = app.predict("ctrr", &json!({})).await;
     let m = r.json()["error"]["message"]
         .as_str()
