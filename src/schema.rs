@@ -675,11 +675,14 @@ fn compile_entity(errs: &mut Errs, file: &Path, d: EntityDoc) -> Option<Entity> 
     .filter(|_| name_ok)
 }
 
+/// The features that compile. `failed` gets the names of those that did not, so that inputs naming
+/// them are not reported a second time as undeclared.
 fn compile_features(
     errs: &mut Errs,
     file: &Path,
     base: &str,
     docs: Vec<FeatureDoc>,
+    failed: &mut HashSet<String>,
 ) -> Vec<Feature> {
     let mut out = Vec::with_capacity(docs.len());
     let mut seen = HashSet::new();
@@ -698,6 +701,7 @@ fn compile_features(
             Ok(t) => t,
             Err(e) => {
                 errs.push(file, &format!("{at}.dtype"), e);
+                failed.insert(f.name);
                 continue;
             }
         };
@@ -706,6 +710,7 @@ fn compile_features(
             Some(v) => match Value::from_yaml(v).and_then(|v| dtype.coerce(v)) {
                 Ok(Value::Null) => {
                     errs.push(file, &format!("{at}.default"), format!("expected a {dtype} value, got null (leave `default` out for the zero value)"));
+                    failed.insert(f.name);
                     continue;
                 }
                 Ok(v) => v,
@@ -715,6 +720,7 @@ fn compile_features(
                         &format!("{at}.default"),
                         format!("does not match dtype {dtype}: {e}"),
                     );
+                    failed.insert(f.name);
                     continue;
                 }
             },
@@ -790,7 +796,9 @@ fn compile_view(
             );
         }
     }
-    let features = compile_features(errs, file, "features", d.features);
+    // A view with a feature that does not compile is not registered at all: models naming it get no
+    // follow-on errors through `Broken::views`.
+    let features = compile_features(errs, file, "features", d.features, &mut HashSet::new());
     let ttl = d.cache.ttl.unwrap_or(Duration::from_secs(300));
     let store_timeout = d.store.timeout.unwrap_or(Duration::from_millis(50));
     let (zero, nonzero) = (Duration::ZERO, Duration::from_nanos(1));
@@ -1187,7 +1195,8 @@ fn compile_model(
             "must be at most 1000000 (1 s)".into(),
         );
     }
-    let context = compile_features(errs, file, "context", d.context);
+    let mut broken_context = HashSet::new();
+    let context = compile_features(errs, file, "context", d.context, &mut broken_context);
     // Inputs that name a view which did not compile.
     let mut skipped = 0;
     let mut missing: HashSet<String> = HashSet::new();
@@ -1211,6 +1220,8 @@ fn compile_model(
                     context[index].dtype,
                     context[index].default.clone(),
                 ),
+                // Its own error is reported; the model still does not compile.
+                None if broken_context.contains(feat) => continue,
                 None => {
                     errs.push(file, &format!("{at}.feature"), format!("model `{}` input {i} names context field `{feat}`, which the model's `context` does not declare", d.name));
                     continue;
@@ -1693,6 +1704,18 @@ features:
             assert_eq!(e.0.len(), 1, "{e}");
             assert_eq!(e.0[0].file, PathBuf::from("v.yaml"), "{e}");
         }
+        // A context field with a bad dtype or default: its own error, not "does not declare" as well.
+        for field in ["dtype: text, default: web", "dtype: string, default: [1]"] {
+            let bad = model("  - {feature: context:device}\n")
+                .replace("dtype: string, default: web", field);
+            let e = compile(&bad).expect_err("bad context field");
+            assert_eq!(e.0.len(), 1, "{e}");
+            assert!(e.0[0].path.starts_with("context[0]."), "{e}");
+        }
+        // Undeclared is still undeclared.
+        let e = compile(&model("  - {feature: context:weekday}\n")).expect_err("undeclared");
+        assert!(e.to_string().contains("does not declare"), "{e}");
+
         // A bad entity: no "unknown entity" on the views of it.
         let e = Registry::compile(
             &[
