@@ -131,15 +131,14 @@ impl Driver {
 
 /// Open loop at `rate` for `duration`; `stream` seeds the request mix. In-flight requests are
 /// awaited before returning (after Ctrl-C, for [`CANCEL_GRACE`] at most). Returns the time the
-/// schedule covered (shorter when cancelled); the segment counts as achieved only the answers that
-/// completed within it, so a server that falls behind shows what it delivered, not what was offered.
+/// schedule covered (shorter when cancelled). The segment learns when the schedule started and the
+/// time its sends stand for, for achieved rps (`Segment::ok_in_window`).
 ///
 /// The schedule thread builds the bodies and hands the due sends over in batches; this task
 /// (on a runtime worker) spawns them, so a spawn goes to the worker's local queue instead of
 /// waking a worker from outside once per request.
 pub async fn open_loop(d: &Arc<Driver>, rate: f64, duration: Duration, stream: u64) -> Duration {
-    let start = Instant::now();
-    lock(&d.collector).set_window_end(start + duration);
+    lock(&d.collector).start_schedule(Instant::now());
     let cap = d.scenario.load.max_in_flight.max(1);
     let sem = Arc::new(Semaphore::new(cap));
     let (tx, mut rx) = mpsc::unbounded_channel::<Vec<(Instant, Bytes)>>();
@@ -170,9 +169,8 @@ pub async fn open_loop(d: &Arc<Driver>, rate: f64, duration: Duration, stream: u
             }
         }
     }
-    let covered = scheduler.await.unwrap_or(Duration::ZERO);
-    // Cancelled: the window ends where the schedule stopped.
-    lock(&d.collector).set_window_end(start + covered);
+    let (covered, span) = scheduler.await.unwrap_or_default();
+    lock(&d.collector).set_span(span);
     // Every request is bounded by the request timeout, so the drain is too.
     let drain = d.scenario.timeout + Duration::from_secs(2);
     let permits = u32::try_from(cap).unwrap_or(u32::MAX);
@@ -185,14 +183,15 @@ pub async fn open_loop(d: &Arc<Driver>, rate: f64, duration: Duration, stream: u
 }
 
 /// Runs the fixed schedule on a blocking thread: every due send (intended time, body) goes to
-/// `tx`, batched per wake-up. Returns the time the schedule covered.
+/// `tx`, batched per wake-up. Returns the time the schedule covered and the time its sends stand
+/// for, one interval each: 3 s at 0.4/s sends at 0 and 2.5 s, which stand for 5 s, not 3.
 fn schedule(
     d: &Arc<Driver>,
     tx: &mpsc::UnboundedSender<Vec<(Instant, Bytes)>>,
     rate: f64,
     duration: Duration,
     stream: u64,
-) -> Duration {
+) -> (Duration, Duration) {
     let mut wl = Workload::new(&d.scenario, stream_seed(d.scenario.seed, stream));
     let interval = 1.0 / rate;
     let max_sends = ((rate * duration.as_secs_f64()).ceil() as u64).min(MAX_REQUESTS_PER_SEGMENT);
@@ -200,9 +199,10 @@ fn schedule(
     let end = t0 + duration;
     let due = |i: u64| t0 + Duration::from_secs_f64(i as f64 * interval);
     let mut i = 0u64;
+    let span = |sent: u64| Duration::from_secs_f64(sent as f64 * interval);
     while i < max_sends {
         if d.cancel.is_cancelled() {
-            return t0.elapsed().min(duration);
+            return (t0.elapsed().min(duration), span(i));
         }
         let now = Instant::now();
         let mut batch = Vec::new();
@@ -221,7 +221,7 @@ fn schedule(
             std::thread::sleep(wait.max(MIN_SLEEP).min(MAX_SLEEP));
         }
     }
-    duration
+    (duration, span(i))
 }
 
 /// Closed loop with `concurrency` workers for `duration`. Returns the time until the last worker

@@ -98,10 +98,16 @@ pub struct Segment {
     pub stages: Vec<Histogram<u64>>,
     /// Time the segment's load ran (set by the driver).
     pub elapsed: Duration,
-    /// Open loop: the end of the schedule. Achieved rps counts the answers that completed by then, so
-    /// neither a server that falls behind (its late answers) nor one straggler (the drain) skews it.
-    pub window_end: Option<Instant>,
-    /// Successful answers completed by `window_end`.
+    /// Open loop: when the schedule started, and when each successful answer completed (µs after it).
+    pub schedule: Option<(Instant, Histogram<u64>)>,
+    /// Open loop: the time the schedule's sends stand for, one interval each (the duration, or less when
+    /// cancelled; a little more when rate × duration is not whole). Closed loop: `elapsed`.
+    pub span: Duration,
+    /// The successful answers counted towards achieved rps. Open loop: those that completed within
+    /// `span`, starting from the fastest answer's latency after the schedule started. A server that
+    /// keeps up then shows the offered rate however slowly it answers; one that falls behind shows the
+    /// rate at which it answered, as its backlog completes after that window. (A window shifted by the
+    /// median would drop the first sends that happened to be faster than it.) Closed loop: all of them.
     pub ok_in_window: u64,
 }
 
@@ -122,7 +128,8 @@ impl Segment {
             degraded: 0,
             stages: (0..STAGES.len()).map(|_| histogram(2)).collect(),
             elapsed: Duration::ZERO,
-            window_end: None,
+            schedule: None,
+            span: Duration::ZERO,
             ok_in_window: 0,
         }
     }
@@ -135,8 +142,9 @@ impl Segment {
         match &s.outcome {
             Outcome::Ok(reply) => {
                 self.ok += 1;
-                if self.window_end.is_none_or(|end| s.at + s.latency <= end) {
-                    self.ok_in_window += 1;
+                if let Some((start, done)) = self.schedule.as_mut() {
+                    let at = (s.at + s.latency).saturating_duration_since(*start);
+                    done.saturating_record(us(at).max(1));
                 }
                 self.hist.saturating_record(us(s.latency).max(1));
                 if reply.degraded {
@@ -186,17 +194,37 @@ impl Segment {
             let _ = a.add(b);
         }
         self.elapsed += other.elapsed;
+        self.span += other.span;
         self.ok_in_window += other.ok_in_window;
-        self.window_end = self.window_end.or(other.window_end);
+    }
+
+    /// Closes the segment's books once every answer is in: see `ok_in_window`.
+    fn settle(&mut self, elapsed: Duration) {
+        self.elapsed = elapsed;
+        match self.schedule.take() {
+            Some((_, done)) => {
+                let fastest = if self.hist.is_empty() { 0 } else { self.hist.min() };
+                let end = fastest.saturating_add(us(self.span));
+                self.ok_in_window = if done.is_empty() {
+                    0
+                } else {
+                    done.count_between(fastest, end)
+                };
+            }
+            None => {
+                self.span = elapsed;
+                self.ok_in_window = self.ok;
+            }
+        }
     }
 
     pub fn error_count(&self) -> u64 {
         self.errors.values().sum()
     }
 
-    /// Successful answers per second of load: in open loop, those completed within the schedule.
+    /// Successful answers per second of load (see `ok_in_window`).
     pub fn achieved_rps(&self) -> f64 {
-        let s = self.elapsed.as_secs_f64();
+        let s = self.span.as_secs_f64();
         if s > 0.0 {
             self.ok_in_window as f64 / s
         } else {
@@ -334,17 +362,25 @@ impl Collector {
         self.timelines[seg.which.index()].record(second, &s);
     }
 
-    /// Open loop: answers that complete after `end` do not count towards the active segment's achieved rps.
-    pub fn set_window_end(&mut self, end: Instant) {
+    /// Open loop: the active segment's schedule starts at `start`; its answers' completion times are
+    /// kept until the segment ends, for achieved rps.
+    pub fn start_schedule(&mut self, start: Instant) {
         if let Some((seg, _)) = self.active.as_mut() {
-            seg.window_end = Some(end);
+            seg.schedule = Some((start, histogram(3)));
         }
     }
 
-    /// Ends the active segment; `elapsed` is how long its load ran.
+    /// Open loop: the time the schedule's sends stand for (see `Segment::span`).
+    pub fn set_span(&mut self, span: Duration) {
+        if let Some((seg, _)) = self.active.as_mut() {
+            seg.span = span;
+        }
+    }
+
+    /// Ends the active segment, every answer in; `elapsed` is how long its load ran.
     pub fn end(&mut self, elapsed: Duration) -> Option<Segment> {
         self.active.take().map(|(mut seg, _)| {
-            seg.elapsed = elapsed;
+            seg.settle(elapsed);
             seg
         })
     }

@@ -58,8 +58,8 @@ async fn open_loop_measures_the_known_delay() {
     assert_eq!(r.offered_rps, Some(100.0));
 }
 
-/// A server that cannot keep up with the schedule: achieved rps is what it delivered (answers that
-/// completed within the schedule), not the offered rate, though every request is answered in the end.
+/// A server that cannot keep up with the schedule: achieved rps is what it delivered, not the offered
+/// rate, though every request is answered in the end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn achieved_rps_is_what_a_server_that_falls_behind_delivered() {
     let gw = FakeGateway::start(FakeConfig {
@@ -89,6 +89,35 @@ async fn achieved_rps_is_what_a_server_that_falls_behind_delivered() {
         "a server that answers one request per 20 ms delivers at most 50 rps, reported {}",
         r.hydrant.achieved_rps
     );
+}
+
+/// A server that keeps up however slowly it answers: achieved rps is the offered rate, though the
+/// last second's answers arrive after the schedule ends. And a rate whose sends do not fill the
+/// duration evenly (1 s at 2.5/s sends at 0, 0.4 and 0.8 s) is not reported as 3 per second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn achieved_rps_of_a_slow_server_that_keeps_up_is_the_offered_rate() {
+    let gw = FakeGateway::start(FakeConfig {
+        delay: Duration::from_millis(400),
+        ..FakeConfig::default()
+    })
+    .await;
+    for (rate, duration, low, high) in [("50", 2, 45.0, 51.0), ("2.5", 1, 2.3, 2.7)] {
+        let s = scenario(
+            &gw.url(),
+            &format!("mode = \"open-loop\"\nrate = {rate}\nduration_s = {duration}"),
+            "",
+        );
+        let r = run(s, &opts("slow-keeps-up"), Cancel::new())
+            .await
+            .expect("run")
+            .result;
+        assert_eq!(r.hydrant.errors, 0, "{:?}", r.hydrant.errors_by_kind);
+        assert!(
+            (low..=high).contains(&r.hydrant.achieved_rps),
+            "{rate}/s for {duration} s to a server that answers in 400 ms: reported {}",
+            r.hydrant.achieved_rps
+        );
+    }
 }
 
 /// The coordinated-omission check: a 500 ms stall shows in the open-loop p99 because every request
