@@ -51,6 +51,16 @@ fn docker_compose_config_accepts_the_file_and_it_has_every_service() {
         doc["services"]["hydrant"]["command"][0].as_str(),
         Some("serve")
     );
+    // The load tester starts once hydrant answers ready (it fails at once on a refused connection),
+    // and may write its report into the host's folder.
+    assert_eq!(
+        doc["services"]["loadtest"]["depends_on"]["hydrant"]["condition"].as_str(),
+        Some("service_healthy")
+    );
+    let check = serde_yaml::to_string(&doc["services"]["hydrant"]["healthcheck"]["test"])
+        .expect("yaml");
+    assert!(check.contains("/v2/health/ready"), "{check}");
+    assert_eq!(doc["services"]["loadtest"]["user"].as_str(), Some("0:0"));
     // The seed job runs the same bulk loader as `make loadtest`'s local topology.
     let seed = serde_yaml::to_string(&doc["services"]["seed"]["command"]).expect("yaml");
     let local = std::fs::read_to_string(root().join("scripts/loadtest.sh")).expect("script");
