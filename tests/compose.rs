@@ -57,8 +57,8 @@ fn docker_compose_config_accepts_the_file_and_it_has_every_service() {
         doc["services"]["loadtest"]["depends_on"]["hydrant"]["condition"].as_str(),
         Some("service_healthy")
     );
-    let check = serde_yaml::to_string(&doc["services"]["hydrant"]["healthcheck"]["test"])
-        .expect("yaml");
+    let check =
+        serde_yaml::to_string(&doc["services"]["hydrant"]["healthcheck"]["test"]).expect("yaml");
     assert!(check.contains("/v2/health/ready"), "{check}");
     assert_eq!(doc["services"]["loadtest"]["user"].as_str(), Some("0:0"));
     // The seed job runs the same bulk loader as `make loadtest`'s local topology.

@@ -203,7 +203,11 @@ impl Segment {
         self.elapsed = elapsed;
         match self.schedule.take() {
             Some((_, done)) => {
-                let fastest = if self.hist.is_empty() { 0 } else { self.hist.min() };
+                let fastest = if self.hist.is_empty() {
+                    0
+                } else {
+                    self.hist.min()
+                };
                 let end = fastest.saturating_add(us(self.span));
                 self.ok_in_window = if done.is_empty() {
                     0

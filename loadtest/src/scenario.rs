@@ -77,8 +77,7 @@ enum ModeName {
 }
 
 /// How one context field is generated per request.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, PartialEq)]
 pub enum ContextGen {
     /// Uniform integer in `[lo, hi]`.
     IntRange([i64; 2]),
@@ -90,14 +89,112 @@ pub enum ContextGen {
     Value(ContextValue),
 }
 
+const CONTEXT_GENERATORS: &[&str] = &["int_range", "float_range", "one_of", "value"];
+
+impl<'de> Deserialize<'de> for ContextGen {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ContextGen;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(
+                    "a table with one of int_range = [lo, hi], float_range = [lo, hi], one_of = [...] or value = ...",
+                )
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<ContextGen, A::Error> {
+                let Some(key) = map.next_key::<String>()? else {
+                    return Err(de::Error::custom(
+                        "is empty: give one of int_range, float_range, one_of or value",
+                    ));
+                };
+                let generator = match key.as_str() {
+                    "int_range" => ContextGen::IntRange(map.next_value::<Pair<i64>>()?.0),
+                    "float_range" => ContextGen::FloatRange(map.next_value::<Pair<f64>>()?.0),
+                    "one_of" => ContextGen::OneOf(map.next_value()?),
+                    "value" => ContextGen::Value(map.next_value()?),
+                    other => return Err(de::Error::unknown_field(other, CONTEXT_GENERATORS)),
+                };
+                if let Some(more) = map.next_key::<String>()? {
+                    return Err(de::Error::custom(format!(
+                        "gives both `{key}` and `{more}`: give exactly one of int_range, float_range, one_of or value"
+                    )));
+                }
+                Ok(generator)
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// `[lo, hi]`: exactly two elements (a plain `[T; 2]` would ignore a third).
+struct Pair<T>([T; 2]);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Pair<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
+            type Value = Pair<T>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an array of two numbers, [lo, hi]")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Pair<T>, A::Error> {
+                let lo = seq
+                    .next_element()?
+                    .ok_or_else(|| de::Error::invalid_length(0, &self))?;
+                let hi = seq
+                    .next_element()?
+                    .ok_or_else(|| de::Error::invalid_length(1, &self))?;
+                let mut n = 2;
+                while seq.next_element::<de::IgnoredAny>()?.is_some() {
+                    n += 1;
+                }
+                if n > 2 {
+                    return Err(de::Error::invalid_length(n, &self));
+                }
+                Ok(Pair([lo, hi]))
+            }
+        }
+        d.deserialize_seq(V(std::marker::PhantomData))
+    }
+}
+
 /// A context value as it goes on the wire.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum ContextValue {
     Bool(bool),
     Int(i64),
     Float(f64),
     Str(String),
+}
+
+impl<'de> Deserialize<'de> for ContextValue {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = ContextValue;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a boolean, a number or a string")
+            }
+            fn visit_bool<E: de::Error>(self, b: bool) -> Result<ContextValue, E> {
+                Ok(ContextValue::Bool(b))
+            }
+            fn visit_i64<E: de::Error>(self, i: i64) -> Result<ContextValue, E> {
+                Ok(ContextValue::Int(i))
+            }
+            fn visit_u64<E: de::Error>(self, u: u64) -> Result<ContextValue, E> {
+                i64::try_from(u)
+                    .map(ContextValue::Int)
+                    .map_err(|_| E::custom(format!("{u} is outside the int64 range")))
+            }
+            fn visit_f64<E: de::Error>(self, f: f64) -> Result<ContextValue, E> {
+                Ok(ContextValue::Float(f))
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<ContextValue, E> {
+                Ok(ContextValue::Str(s.to_owned()))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// `candidates = 100` or `candidates = [1, 10]`.
@@ -180,7 +277,10 @@ struct RawScenario {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a [load] table (mode = ..., duration_s = ...)"
+)]
 struct RawLoad {
     mode: ModeName,
     rate: Option<f64>,
@@ -194,7 +294,10 @@ struct RawLoad {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a table such as [users] keys = 1000 (and zipf, entity, prefix)"
+)]
 struct RawKeySpace {
     entity: Option<String>,
     prefix: Option<String>,
@@ -203,9 +306,12 @@ struct RawKeySpace {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a [floor] table (enabled = true, ...)"
+)]
 struct RawFloor {
-    enabled: bool,
+    enabled: Option<bool>,
     url: Option<String>,
     scores: Option<i64>,
     threads: Option<i64>,
@@ -775,6 +881,8 @@ fn validate(
             c.unused("load.rate", &l.rate, mode)?;
             c.unused("load.fraction", &l.fraction, mode)?;
             c.unused("load.step_s", &l.step_s, mode)?;
+            // A closed loop sends when the previous answer arrives: there is no schedule to be late for.
+            c.unused("load.late_threshold_ms", &l.late_threshold_ms, mode)?;
             Mode::ClosedLoop {
                 concurrency: c.concurrency(l.concurrency, max_in_flight)?,
             }
@@ -846,7 +954,17 @@ fn validate(
 
     let floor = match raw.floor {
         None => None,
-        Some(f) if !f.enabled => None,
+        // A [floor] that sets something but not `enabled` is ambiguous: say which it is.
+        Some(f)
+            if f.enabled.is_none()
+                && (f.url.is_some() || f.scores.is_some() || f.threads.is_some()) =>
+        {
+            return c.fail(
+                "floor.enabled",
+                "is required when [floor] sets other keys: true to drive the floor, false to skip it",
+            );
+        }
+        Some(f) if f.enabled != Some(true) => None,
         Some(f) => {
             let url = match f.url {
                 Some(u) => Some(c.target("floor.url", &u)?),
@@ -1032,6 +1150,71 @@ keys = 2000
         let bad = BASE.replace("candidates = 1", "candidates = \"many\"");
         let msg = parse(&bad).expect_err("bad type").to_string();
         assert!(msg.contains("[min, max]"), "{msg}");
+
+        // Generators of the wrong shape are refused with what was expected, not ignored in part.
+        let base = BASE.to_string() + "\n[context]\n";
+        for (generator, expected) in [
+            (
+                "{ int_range = [1, 2, 100] }",
+                "invalid length 3, expected an array of two numbers",
+            ),
+            (
+                "{ float_range = [0.0] }",
+                "invalid length 1, expected an array of two numbers",
+            ),
+            (
+                "{ int_range = [0, 1], value = 3 }",
+                "gives both `int_range` and `value`",
+            ),
+            (
+                "{ range = [0, 1] }",
+                "unknown field `range`, expected one of `int_range`",
+            ),
+            (
+                "{ value = { a = 1 } }",
+                "expected a boolean, a number or a string",
+            ),
+            (
+                "{ value = [1, 2] }",
+                "expected a boolean, a number or a string",
+            ),
+            ("{ }", "is empty: give one of int_range"),
+            ("3", "expected a table with one of int_range"),
+        ] {
+            let msg = parse(&format!("{base}h = {generator}\n"))
+                .expect_err(generator)
+                .to_string();
+            assert!(msg.contains(expected), "{generator}: {msg}");
+        }
+        let s = parse(&format!(
+            "{base}h = {{ float_range = [0, 1] }}\nv = {{ value = 2 }}\n"
+        ))
+        .expect("integers are numbers");
+        assert_eq!(s.context[0].1, ContextGen::FloatRange([0.0, 1.0]));
+        assert_eq!(s.context[1].1, ContextGen::Value(ContextValue::Int(2)));
+
+        let top = format!(
+            "users = 5\n{}",
+            BASE.replace("[users]\nkeys = 1000\nzipf = 1.1", "")
+        );
+        let msg = parse(&top).expect_err("not a table").to_string();
+        assert!(msg.contains("a table such as [users] keys = 1000"), "{msg}");
+    }
+
+    #[test]
+    fn floor_and_closed_loop_keys_say_when_they_do_not_apply() {
+        let (key, msg) = invalid(&format!("{BASE}\n[floor]\nthreads = 4\n"));
+        assert_eq!(key, "floor.enabled", "{msg}");
+        let s = parse(&format!("{BASE}\n[floor]\n")).expect("an empty [floor] is off");
+        assert!(s.floor.is_none());
+        let s = parse(&format!("{BASE}\n[floor]\nenabled = true\n")).expect("floor");
+        assert!(s.floor.is_some());
+        let closed = BASE.replace(
+            "mode = \"open-loop\"\nrate = 100",
+            "mode = \"closed-loop\"\nconcurrency = [1]\nlate_threshold_ms = 5",
+        );
+        let (key, msg) = invalid(&closed);
+        assert_eq!(key, "load.late_threshold_ms", "{msg}");
     }
 
     #[test]
