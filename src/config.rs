@@ -363,6 +363,33 @@ pub fn read_text_file(path: &Path, max_bytes: u64) -> std::io::Result<String> {
 
 impl Config {
     /// Loads `path` (when given) and applies `HYDRANT_*` overrides from `env`.
+    /// The process environment for [`Config::load`]. A variable that is not UTF-8 is skipped, unless it
+    /// is one of ours, which is an error naming it (`std::env::vars` would panic on any of them).
+    pub fn environment() -> Result<Vec<(String, String)>, ConfigError> {
+        let mut out = Vec::new();
+        for (var, value) in std::env::vars_os() {
+            match (var.into_string(), value.into_string()) {
+                (Ok(var), Ok(value)) => out.push((var, value)),
+                (var, _) => {
+                    let name = match &var {
+                        Ok(v) => v.clone(),
+                        Err(v) => v.to_string_lossy().into_owned(),
+                    };
+                    if name
+                        .get(..ENV_PREFIX.len())
+                        .is_some_and(|p| p.eq_ignore_ascii_case(ENV_PREFIX))
+                    {
+                        return Err(ConfigError::Env {
+                            var: name,
+                            reason: "is not valid UTF-8".to_owned(),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
     pub fn load(
         path: Option<&Path>,
         env: impl IntoIterator<Item = (String, String)>,

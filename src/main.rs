@@ -72,7 +72,7 @@ fn load_config(path: Option<&Path>) -> anyhow::Result<Config> {
         None if default.exists() => Some(default),
         None => None,
     };
-    Ok(Config::load(path, std::env::vars())?)
+    Ok(Config::load(path, Config::environment()?)?)
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {

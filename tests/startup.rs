@@ -460,6 +460,31 @@ fn the_binary_refuses_absurd_sizes_without_panicking() {
     }
 }
 
+/// Another program's variable that is not UTF-8 (a Latin-1 locale setting, say) is none of hydrant's
+/// business; one of hydrant's own is refused by name.
+#[test]
+fn a_variable_that_is_not_utf8_is_ignored_unless_it_is_ours() {
+    use std::os::unix::ffi::OsStrExt as _;
+    let latin1 = std::ffi::OsStr::from_bytes(b"caf\xe9");
+    let out = hydrant(&root())
+        .env("SOME_OTHER_TOOL", latin1)
+        .args(["validate", "--no-models"])
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let err = fails(
+        hydrant(&root())
+            .env("HYDRANT_SERVER__BIND", latin1)
+            .args(["validate", "--no-models"]),
+    );
+    assert!(
+        err.contains("HYDRANT_SERVER__BIND") && err.contains("not valid UTF-8"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
 /// A SIGTERM while the gateway is still starting (here: waiting for a Redis that accepts the connection
 /// and never answers) ends the start-up cleanly, without waiting out the connect timeout.
 #[test]
