@@ -397,11 +397,18 @@ fn open_session(
             .commit_from_file(&model.path)
             .map_err(|x| e(&x))
     };
-    if !model.path.exists() {
-        return Err(format!(
-            "the ONNX file does not exist (`file:` is read from the models folder, registry.models{})",
-            crate::schema::relative_hint(&model.path)
-        ));
+    match std::fs::metadata(&model.path) {
+        Err(_) => {
+            return Err(format!(
+                "the ONNX file does not exist (`file:` is read from the models folder, registry.models{})",
+                crate::schema::relative_hint(&model.path)
+            ));
+        }
+        // ONNX Runtime would wait forever on a FIFO and fail obscurely on a folder.
+        Ok(meta) if !meta.is_file() => {
+            return Err("not a regular file (a folder, FIFO or device)".to_owned());
+        }
+        Ok(_) => {}
     }
     match model.device {
         DeviceKind::Cpu => cpu().map(|s| (s, "cpu")).map_err(|m| format!("not a loadable ONNX model: {m}")),

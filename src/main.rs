@@ -82,29 +82,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()?;
     match cli.command {
-        Command::Serve => rt.block_on(async {
-            // Listened for from the start: a SIGTERM or Ctrl-C while the models load or the store
-            // connects ends the start-up cleanly rather than killing the process.
-            let (tx, stopped) = tokio::sync::watch::channel(false);
-            tokio::spawn(async move {
-                shutdown_signal().await;
-                let _ = tx.send(true);
-            });
-            let mut during = stopped.clone();
-            let app = tokio::select! {
-                app = Application::build(config) => app?,
-                _ = during.wait_for(|s| *s) => {
-                    eprintln!("interrupted during start-up: not serving");
-                    return Ok(ExitCode::SUCCESS);
-                }
-            };
-            let mut stopped = stopped;
-            app.run_until_stopped(async move {
-                let _ = stopped.wait_for(|s| *s).await;
-            })
-            .await?;
-            Ok(ExitCode::SUCCESS)
-        }),
+        Command::Serve => serve(&rt, config),
         Command::Validate {
             dir,
             models,
@@ -271,4 +249,31 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             })
         }),
     }
+}
+
+/// `hydrant serve`: until SIGTERM or Ctrl-C.
+fn serve(rt: &tokio::runtime::Runtime, config: Config) -> anyhow::Result<ExitCode> {
+    rt.block_on(async {
+        // Listened for from the start: a SIGTERM or Ctrl-C while the models load or the store
+        // connects ends the start-up cleanly rather than killing the process.
+        let (tx, stopped) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            let _ = tx.send(true);
+        });
+        let mut during = stopped.clone();
+        let app = tokio::select! {
+            app = Application::build(config) => app?,
+            _ = during.wait_for(|s| *s) => {
+                eprintln!("interrupted during start-up: not serving");
+                return Ok(ExitCode::SUCCESS);
+            }
+        };
+        let mut stopped = stopped;
+        app.run_until_stopped(async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        })
+        .await?;
+        Ok(ExitCode::SUCCESS)
+    })
 }

@@ -142,6 +142,20 @@ async fn a_corrupt_or_missing_onnx_file_is_a_start_up_error() {
     );
     // It names the schema file and its key, where the fix goes.
     assert!(e.contains("ctr.yaml") && e.contains("`file: "), "{e}");
+    // A FIFO would block ONNX Runtime's read for ever; a folder fails obscurely.
+    let dir = workspace(|_, m| {
+        std::fs::remove_file(m.join("ctr.onnx")).expect("rm");
+        let fifo = std::process::Command::new("mkfifo")
+            .arg(m.join("ctr.onnx"))
+            .status()
+            .expect("mkfifo");
+        assert!(fifo.success());
+    });
+    let e = build_error(&dir).await;
+    assert!(
+        e.contains("ctr.onnx") && e.contains("not a regular file"),
+        "{e}"
+    );
 }
 
 #[tokio::test]
