@@ -137,14 +137,30 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             // Listening starts before the store is opened, so an interrupted connect also says so.
             let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
             let flag = stop.clone();
+            let (tx, mut stopped) = tokio::sync::watch::channel(false);
             tokio::spawn(async move {
                 shutdown_signal().await;
-                eprintln!("interrupted: finishing the batches being written (again to quit at once)");
                 flag.store(true, std::sync::atomic::Ordering::Relaxed);
+                let _ = tx.send(true);
                 shutdown_signal().await;
                 std::process::exit(130);
             });
-            let store = open_store(&config).await?;
+            // Nothing is written while the store connects: a signal then stops at once.
+            let store = tokio::select! {
+                store = open_store(&config) => store?,
+                _ = stopped.wait_for(|s| *s) => {
+                    eprintln!("interrupted while opening the store: nothing was loaded");
+                    return Ok(ExitCode::from(130));
+                }
+            };
+            if !*stopped.borrow() {
+                let mut later = stopped.clone();
+                tokio::spawn(async move {
+                    if later.wait_for(|s| *s).await.is_ok() {
+                        eprintln!("interrupted: finishing the batches being written (again to quit at once)");
+                    }
+                });
+            }
             // Every file opens before any is loaded: a typo in the last name must not leave the first
             // files loaded and the rest not.
             let mut opened = Vec::with_capacity(files.len());

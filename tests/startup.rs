@@ -525,6 +525,42 @@ fn sigterm_during_start_up_exits_cleanly() {
     drop(silent);
 }
 
+/// The same for the bulk loader: nothing is written while the store connects, so a signal stops it at
+/// once (exit 130), not when the connect timeout runs out.
+#[test]
+fn sigterm_while_the_loader_connects_stops_it_at_once() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let redis = silent.local_addr().expect("addr");
+    let started = std::time::Instant::now();
+    let child = hydrant(&root())
+        .env("HYDRANT_STORE__REDIS__URL", format!("redis://{redis}"))
+        .env("HYDRANT_STORE__REDIS__CONNECT_TIMEOUT", "30s")
+        .args([
+            "load",
+            "--view",
+            "user_profile",
+            "demo/rows/user_profile.jsonl",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starts");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let out = child.wait_with_output().expect("exits");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(err.contains("nothing was loaded"), "{err}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "it waited out the connect timeout"
+    );
+    drop(silent);
+}
+
 #[test]
 fn sigterm_drains_and_exits_cleanly() {
     let dir = tempfile::tempdir().expect("tempdir");
