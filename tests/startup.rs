@@ -237,6 +237,16 @@ async fn a_damaged_or_busy_embedded_store_is_refused_with_what_to_do() {
         e.contains("is damaged") && e.contains("hydrant load"),
         "{e}"
     );
+    // An empty file is no store either (redb would quietly make it a new one).
+    std::fs::write(&path, b"").expect("truncate");
+    let e = EmbeddedStore::open(&path).err().expect("empty");
+    let e = format!("{e:#}");
+    assert!(e.contains("is an empty file"), "{e}");
+    assert_eq!(
+        std::fs::metadata(&path).expect("kept").len(),
+        0,
+        "left as it was"
+    );
 }
 
 /// A schema saved with a byte-order mark right before its first key loads like any other; a config

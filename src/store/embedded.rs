@@ -41,6 +41,14 @@ impl EmbeddedStore {
             })?;
         }
         let existed = path.exists();
+        // redb would take an empty file for a new store; a store is never empty on disk, so this is a
+        // placeholder or a copy that failed, and serving it would answer every key as not found.
+        if std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() == 0) {
+            anyhow::bail!(
+                "the embedded store {} is an empty file, not a store: restore it from a copy, or remove it to start a new store and load the rows again (`hydrant load`)",
+                path.display()
+            );
+        }
         // Every page's checksum is verified on open: a damaged file is refused here, with a message,
         // rather than panicking inside redb on the first read that meets the damage.
         let db = Builder::new()
@@ -59,7 +67,8 @@ impl EmbeddedStore {
                 e => anyhow::anyhow!("cannot open the embedded store {}: {e}", path.display()),
             })?;
         if !existed {
-            tracing::info!(path = %path.display(), "created a new, empty embedded store");
+            // Loud: a mistyped store.embedded.path would otherwise serve every key as not found.
+            tracing::warn!(path = %path.display(), "created a new, empty embedded store (store.embedded.path): every key reads as not found until rows are loaded");
         }
         // Create the table up front so reads never see "table does not exist".
         let tx = db.begin_write()?;
