@@ -126,6 +126,17 @@ async fn split(req: Request, gw: &Gateway) -> Result<(HeaderMap, Uri, Bytes), Ap
     if declared.is_some_and(|n| n > limits.max_body_bytes as u64) {
         return Err(body_too_large(limits.max_body_bytes));
     }
+    // A compressed body would be refused as malformed JSON or MessagePack; say what is wrong with it.
+    for coding in req.headers().get_all(header::CONTENT_ENCODING) {
+        let text = coding.to_str().unwrap_or("");
+        if text
+            .split(',')
+            .map(str::trim)
+            .any(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity"))
+        {
+            return Err(ApiError::UnsupportedEncoding(text.to_owned()));
+        }
+    }
     let (mut parts, body) = req.into_parts();
     let headers = std::mem::take(&mut parts.headers);
     let uri = std::mem::take(&mut parts.uri);

@@ -68,17 +68,26 @@ impl Format {
     /// refused that way the answer is 406. A header that names neither type (`text/html`) gets the
     /// request's format.
     pub fn of_response(headers: &HeaderMap, request: Self) -> Result<Self, ApiError> {
-        let Some(accept) = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()) else {
+        // Several `Accept` lines are one list, in order (RFC 9110, 5.3).
+        let lines = headers.get_all(header::ACCEPT);
+        let mut accept = lines.iter().filter_map(|v| v.to_str().ok()).peekable();
+        if accept.peek().is_none() {
             return Ok(request);
-        };
+        }
         // Per format: the q it was named with and where (first wins), and the q of a wildcard.
         let mut named: [Option<(f32, usize)>; 2] = [None, None];
         let mut wildcard: Option<f32> = None;
-        for (pos, part) in accept.split(',').enumerate() {
+        for (pos, part) in accept.flat_map(|line| line.split(',')).enumerate() {
             let mut params = part.split(';');
             let media = params.next().unwrap_or("").trim();
+            // Parameter names are case-insensitive: `Q=0` refuses as `q=0` does.
             let Some(q) = params
-                .find_map(|p| p.trim().strip_prefix("q="))
+                .find_map(|p| {
+                    let p = p.trim();
+                    p.get(..2)
+                        .filter(|name| name.eq_ignore_ascii_case("q="))
+                        .map(|_| &p[2..])
+                })
                 .map_or(Some(1.0), |q| q.trim().parse::<f32>().ok())
                 .filter(|q| (0.0..=1.0).contains(q))
             else {
@@ -122,7 +131,8 @@ impl Format {
         } else if !refused(other) {
             Ok(other)
         } else {
-            Err(ApiError::NotAcceptable(accept.to_owned()))
+            let all: Vec<&str> = lines.iter().filter_map(|v| v.to_str().ok()).collect();
+            Err(ApiError::NotAcceptable(all.join(", ")))
         }
     }
 }
@@ -1713,6 +1723,22 @@ mod tests {
             let e = Format::of_response(&h, Format::Json).expect_err(refuse_both);
             assert_eq!(e.status(), axum::http::StatusCode::NOT_ACCEPTABLE);
         }
+        // `Q=0` is `q=0`.
+        assert_eq!(pick("application/json;Q=0", Format::Json), Format::Msgpack);
+        // Two `Accept` lines are one list, in order.
+        let lines = |first: &'static str, second: &'static str| {
+            let mut h = HeaderMap::new();
+            h.append(header::ACCEPT, header::HeaderValue::from_static(first));
+            h.append(header::ACCEPT, header::HeaderValue::from_static(second));
+            Format::of_response(&h, Format::Json)
+        };
+        assert_eq!(
+            lines("application/json;q=0.1", "application/msgpack").expect("acceptable"),
+            Format::Msgpack
+        );
+        let e = lines("application/json;q=0", "application/msgpack;q=0").expect_err("both refused");
+        assert_eq!(e.status(), axum::http::StatusCode::NOT_ACCEPTABLE);
+        assert!(e.to_string().contains("application/msgpack;q=0"), "{e}");
     }
 
     #[test]

@@ -43,6 +43,8 @@ pub enum ApiError {
     },
     #[error("unsupported content type `{0}`: send `application/json` or `application/msgpack`")]
     UnsupportedMediaType(String),
+    #[error("unsupported `Content-Encoding: {0}`: send the body uncompressed")]
+    UnsupportedEncoding(String),
     /// `Accept` refuses (`q=0`) both answer formats.
     #[error(
         "`Accept: {0}` refuses both answer formats: accept `application/json` or `application/msgpack`"
@@ -102,7 +104,9 @@ impl ApiError {
             Self::NotFound { .. } => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::UnsupportedMediaType(_) | Self::UnsupportedEncoding(_) => {
+                StatusCode::UNSUPPORTED_MEDIA_TYPE
+            }
             Self::NotAcceptable(_) => StatusCode::NOT_ACCEPTABLE,
             Self::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
@@ -120,7 +124,9 @@ impl ApiError {
             | Self::Invalid { code, .. }
             | Self::NotFound { code, .. }
             | Self::TooLarge { code, .. } => code,
-            Self::UnsupportedMediaType(_) => "unsupported_media_type",
+            Self::UnsupportedMediaType(_) | Self::UnsupportedEncoding(_) => {
+                "unsupported_media_type"
+            }
             Self::NotAcceptable(_) => "not_acceptable",
             Self::Overloaded(_) => "overloaded",
             Self::TooManyRequests(_) => "too_many_requests",

@@ -934,6 +934,40 @@ async fn error_messages_name_what_was_expected() {
         let m = body["error"]["message"].as_str().expect("message");
         assert!(m.starts_with(expected), "{context}: {m}");
     }
+    // A compressed body is named as such, not reported as malformed JSON.
+    for path in ["/v1/models/ctr/predict", "/v2/models/ctr/infer"] {
+        let r = app
+            .post_with(
+                path,
+                &[
+                    ("content-type", "application/json"),
+                    ("content-encoding", "gzip"),
+                ],
+                vec![0x1f, 0x8b, 0x08, 0x00],
+            )
+            .await;
+        assert_eq!(r.status, 415, "{path}");
+        let body = r.json();
+        let m = body["error"]["message"]
+            .as_str()
+            .or(body["error"].as_str())
+            .expect("message");
+        assert!(m.contains("Content-Encoding: gzip"), "{path}: {m}");
+    }
+    let r = app
+        .post_with(
+            "/v1/models/ctr/predict",
+            &[
+                ("content-type", "application/json"),
+                ("content-encoding", "identity"),
+            ],
+            serde_json::to_vec(
+                &json!({"entities": {"user_id": "u_1"}, "candidates": [{"item_id": "i_1"}]}),
+            )
+            .expect("json"),
+        )
+        .await;
+    assert_eq!(r.status, 200, "identity is no encoding");
     let r = app.predict("ctrr", &json!({})).await;
     let m = r.json()["error"]["message"]
         .as_str()
