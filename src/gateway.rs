@@ -69,8 +69,8 @@ impl Gateway {
         let started = Instant::now();
         let stats = engine.stats();
         let result = self.run_predict(engine, headers, body, started).await;
-        if result.is_err() {
-            stats.errors.fetch_add(1, Relaxed);
+        if let Err(e) = &result {
+            stats.failed(e.status());
         }
         result
     }

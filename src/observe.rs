@@ -390,14 +390,16 @@ pub fn stats(gw: &Gateway) -> Json {
         let (recent, span) = m.window.requests();
         let requests = m.requests.load(Relaxed);
         let errors = m.errors.load(Relaxed);
+        let rejected = m.rejected.load(Relaxed);
         models.insert(
             name.clone(),
             json!({
                 "requests": requests,
                 "errors": errors,
+                "rejected": rejected,
                 "rows": m.rows.load(Relaxed),
                 "rps": recent as f64 / span,
-                "error_rate": ratio(errors, requests + errors),
+                "error_rate": ratio(errors, requests + errors + rejected),
                 "queue_depth": gw.engines.get(&name).map_or(0, |e| e.queue_depth()),
                 "shed": {
                     "queue_full": m.shed_queue_full.load(Relaxed),

@@ -2,7 +2,6 @@
 //! It shares the model's queue, batcher and session pool with predict, so existing KServe/Triton clients
 //! get the same engine. Errors are `{"error": "..."}` as the protocol specifies.
 
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use axum::Json;
@@ -139,7 +138,7 @@ pub async fn infer(gw: &Gateway, model: &str, body: &[u8]) -> Result<Response, O
             Ok(response)
         }
         Err(e) => {
-            engine.stats().errors.fetch_add(1, Relaxed);
+            engine.stats().failed(e.0);
             Err(e)
         }
     }

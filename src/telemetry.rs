@@ -384,7 +384,10 @@ impl Window {
 #[derive(Debug, Default)]
 pub struct ModelStats {
     pub requests: AtomicU64,
+    /// Requests that failed on hydrant's side (5xx: shed, store, internal).
     pub errors: AtomicU64,
+    /// Requests refused for what the caller sent (4xx): the model's own health is not in question.
+    pub rejected: AtomicU64,
     pub rows: AtomicU64,
     pub stages: [Histogram; 7],
     pub total: Histogram,
@@ -433,6 +436,15 @@ impl CountHistogram {
 }
 
 impl ModelStats {
+    /// Counts a request that failed with `status`: a rejection (4xx) or an error (5xx).
+    pub fn failed(&self, status: axum::http::StatusCode) {
+        if status.is_client_error() {
+            self.rejected.fetch_add(1, Relaxed);
+        } else {
+            self.errors.fetch_add(1, Relaxed);
+        }
+    }
+
     pub fn record(&self, t: &Timings, rows: usize) {
         self.window.record(t);
         self.requests.fetch_add(1, Relaxed);

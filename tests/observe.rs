@@ -165,10 +165,17 @@ async fn stats_report_stage_percentiles_beside_hit_rates() {
         let body = json!({"entities": {"user_id": format!("u_{}", i % 4)}, "candidates": [{"item_id": "i_1"}]});
         assert_eq!(app.predict("ctr", &body).await.status, 200);
     }
+    // A caller's mistake is a rejection, not an error of the model.
+    let r = app
+        .predict("ctr", &json!({"candidates": [{"item_id": "i_1"}]}))
+        .await;
+    assert_eq!(r.status, 400);
     let s = app.get("/v1/stats").await.json();
     let m = &s["models"]["ctr"];
     assert_eq!(m["requests"], 20);
     assert_eq!(m["errors"], 0);
+    assert_eq!(m["rejected"], 1);
+    assert_eq!(m["error_rate"], 0.0);
     assert_eq!(m["rows"], 20);
     assert!(m["rps"].as_f64().expect("rps") > 0.0);
     for stage in [
