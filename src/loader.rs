@@ -196,6 +196,17 @@ fn event_timestamp(
                 // by the rule an int64 feature follows.
                 None => match Dtype::Int64.coerce(Value::Float(n.as_f64().unwrap_or(f64::NAN))) {
                     Ok(Value::Int(ms)) => ms,
+                    // Whole, but past what a float holds exactly: some millions of years away.
+                    _ if n.as_f64().is_some_and(|f| f.fract() == 0.0) => {
+                        let (side, when) = if n.as_f64().is_some_and(|f| f > 0.0) {
+                            ("future", "later")
+                        } else {
+                            ("past", "earlier")
+                        };
+                        return Err(format!(
+                            "`event_timestamp` {n} is too far in the {side} (milliseconds since the Unix epoch; {when} than any real event)"
+                        ));
+                    }
                     _ => {
                         return Err(format!(
                             "`event_timestamp` {n} is not whole milliseconds since the Unix epoch (an integer)"
@@ -1558,6 +1569,17 @@ mod tests {
             one(serde_json::json!("1970-01-02T00:00:00Z")).is_ok(),
             "an explicit old time"
         );
+        // Whole numbers past what a float holds exactly are out of range, not "not whole".
+        for (ts, side) in [(1e20, "future"), (-1e20, "past")] {
+            let e = one(serde_json::json!(ts))
+                .expect_err("far away")
+                .to_string();
+            assert!(e.contains(&format!("too far in the {side}")), "{e}");
+        }
+        let e = one(serde_json::json!(1.7e12 + 0.5))
+            .expect_err("fraction")
+            .to_string();
+        assert!(e.contains("not whole milliseconds"), "{e}");
     }
 
     #[test]
