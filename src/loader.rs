@@ -131,6 +131,20 @@ pub fn parse_row(
         serde_json::Value::Number(n) if n.is_i64() => {
             EntityKey::Int(n.as_i64().unwrap_or_default())
         }
+        serde_json::Value::Number(n) if n.is_u64() => {
+            return Err(format!(
+                "`{}` {n} is past the int64 range of integer entity keys (write it as a string if it is an id)",
+                entity.name
+            )
+            .into());
+        }
+        serde_json::Value::Number(n) => {
+            return Err(format!(
+                "`{}` must be a string or an integer, got {n}, which is not an integer",
+                entity.name
+            )
+            .into());
+        }
         other => {
             return Err(format!(
                 "`{}` must be a string or an integer, got {}",
@@ -918,7 +932,12 @@ fn csv_row(
             Some(Dtype::Bool) => match cell.to_ascii_lowercase().as_str() {
                 "true" | "1" => serde_json::Value::Bool(true),
                 "false" | "0" => serde_json::Value::Bool(false),
-                _ => return Err(format!("`{h}`: `{}` is not a boolean", excerpt(cell))),
+                _ => {
+                    return Err(format!(
+                        "`{h}`: `{}` is not a boolean (true or false, in any case, or 1 or 0)",
+                        excerpt(cell)
+                    ));
+                }
             },
             Some(Dtype::Float32List(_)) => serde_json::from_str(cell).map_err(|_| {
                 format!(
