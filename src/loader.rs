@@ -503,13 +503,25 @@ fn json_rows<R: BufRead>(mut reader: R) -> impl Iterator<Item = std::io::Result<
             }
             let parsed = match serde_json::from_str::<FiniteRow>(text) {
                 Ok(FiniteRow(m)) => Ok(m),
-                Err(e) if e.is_syntax() || e.is_eof() => Err(format!("not valid JSON: {e}")),
+                Err(e) if e.is_syntax() || e.is_eof() => {
+                    Err(format!("not valid JSON: {}", within_line(&e)))
+                }
                 // Not an object, or a name given twice.
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(within_line(&e)),
             };
             return Some(Ok((line, parsed)));
         }
     })
+}
+
+/// A JSON error in one line of a JSON Lines file: serde's "at line 1 column 38" would read as the file's
+/// line 1, so only the column is kept.
+fn within_line(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    match text.rfind(" at line ") {
+        Some(i) if e.line() > 0 => format!("{} (column {})", &text[..i], e.column()),
+        _ => text,
+    }
 }
 
 #[derive(Default)]
@@ -1518,6 +1530,11 @@ mod tests {
         );
         assert!(
             reasons[1].starts_with("`age` is given twice"),
+            "{reasons:?}"
+        );
+        // The position is within the file's line 2, not "at line 1".
+        assert!(
+            reasons[1].ends_with("(column 36)") && !reasons[1].contains("line 1"),
             "{reasons:?}"
         );
         assert_eq!(age_of(&store, "b").await, None);
