@@ -686,7 +686,7 @@ impl Config {
             if d > MAX_CONFIG_DURATION {
                 return Err((
                     key,
-                    format!("`{}` is too long: must be at most 1d", duration::format(d)),
+                    format!("{} is too long: must be at most 1d", duration::quoted(d)),
                 ));
             }
         }
@@ -934,10 +934,16 @@ pub mod duration {
         }
         let mut rest = text;
         let mut total_ns: u64 = 0;
+        let mut units_seen: Vec<u64> = Vec::new();
         while !rest.is_empty() {
             let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
             if digits == 0 {
                 return Err(format!("`{s}` is not a valid duration ({expected})"));
+            }
+            if rest[digits..].starts_with(['.', ',']) {
+                return Err(format!(
+                    "`{s}`: durations take whole numbers; write a fraction in a smaller unit (`1500ms`, not `1.5s`)"
+                ));
             }
             // Too many digits for 64 bits is too long a duration: saturate, and the caller's range
             // check says so in its own terms.
@@ -959,13 +965,28 @@ pub mod duration {
                 }
                 other => {
                     return Err(format!(
-                        "`{s}`: the unit `{other}` is not one hydrant takes: write us, ms, s, m, h or d (e.g. `250ms`, `5m`, `30d`)"
+                        "`{s}`: the unit `{other}` is not one hydrant takes: write ns, us, ms, s, m, h or d (e.g. `250ms`, `5m`, `30d`)"
                     ));
                 }
             };
+            // `1d 1d` is most likely a typo for something else; it is not read as `2d`.
+            if units_seen.contains(&ns_per) {
+                return Err(format!("`{s}` gives the unit `{unit}` twice ({expected})"));
+            }
+            units_seen.push(ns_per);
             total_ns = total_ns.saturating_add(number.saturating_mul(ns_per));
         }
         Ok(Duration::from_nanos(total_ns))
+    }
+
+    /// `d` quoted for a message as [`format`] writes it; one that [`parse`] saturated (too many digits
+    /// for 64 bits of nanoseconds) is not echoed as the odd value it became.
+    pub fn quoted(d: Duration) -> String {
+        if d >= Duration::from_nanos(u64::MAX) {
+            "a duration of over 500 years".to_owned()
+        } else {
+            format!("`{}`", format(d))
+        }
     }
 
     /// A duration the way [`parse`] reads it back: `2d`, `1h 30m`, `250ms`, `200us`.
@@ -1404,6 +1425,16 @@ mod tests {
             parse("99999999999999999999s"),
             Ok(Duration::from_nanos(u64::MAX))
         );
+        let e = load_err(&[("HYDRANT_LIMITS__REQUEST_TIMEOUT", "99999999999999999999s")]);
+        assert!(e.contains("over 500 years is too long"), "{e}");
+        for (text, says) in [
+            ("1.5s", "whole numbers"),
+            ("1d1d", "the unit `d` twice"),
+            ("1x", "write ns, us, ms"),
+        ] {
+            let e = parse(text).expect_err(text);
+            assert!(e.contains(says), "{text}: {e}");
+        }
         assert_eq!(parse("200us"), Ok(Duration::from_micros(200)));
         assert_eq!(format(Duration::from_micros(1_200)), "1ms 200us");
         let e = load_err(&[("HYDRANT_LIMITS__REQUEST_TIMEOUT", "2d")]);

@@ -801,15 +801,17 @@ fn compile_view(
     let features = compile_features(errs, file, "features", d.features, &mut HashSet::new());
     let ttl = d.cache.ttl.unwrap_or(Duration::from_secs(300));
     let store_timeout = d.store.timeout.unwrap_or(Duration::from_millis(50));
-    let (zero, nonzero) = (Duration::ZERO, Duration::from_nanos(1));
+    let (zero, ms1) = (Duration::ZERO, Duration::from_millis(1));
     // (path, value, min, max, the range as a schema writes it)
     for (path, value, min, max, range) in [
+        // Floors of 1ms: a duration under it is a unit typo (`50us` for `50ms`) that would make every
+        // lookup a miss, every record too old, or every store read time out.
         (
             "cache.ttl",
             Some(ttl),
-            nonzero,
+            ms1,
             MAX_CACHE_DURATION,
-            "longer than 0 and at most 365d",
+            "between 1ms and 365d",
         ),
         (
             "cache.negative_ttl",
@@ -828,9 +830,9 @@ fn compile_view(
         (
             "max_age",
             d.max_age,
-            nonzero,
+            ms1,
             MAX_RETENTION,
-            "longer than 0 and at most 36525d (100 years)",
+            "between 1ms and 36525d (100 years)",
         ),
         (
             "store.key_ttl",
@@ -842,24 +844,22 @@ fn compile_view(
         (
             "store.timeout",
             Some(store_timeout),
-            nonzero,
+            ms1,
             MAX_CONFIG_DURATION,
-            "longer than 0 and at most 1d",
+            "between 1ms and 1d",
         ),
     ] {
         if let Some(v) = value
             && !(min..=max).contains(&v)
         {
-            let v = crate::config::duration::format(v);
-            errs.push(
-                file,
-                path,
-                format!("`{v}` is out of range: must be {range}"),
-            );
+            let v = crate::config::duration::quoted(v);
+            errs.push(file, path, format!("{v} is out of range: must be {range}"));
         }
     }
+    // Against a ttl that is itself out of range this would only repeat that error.
     if let Some(r) = d.cache.refresh_after
         && r >= ttl
+        && (ms1..=MAX_CACHE_DURATION).contains(&ttl)
     {
         errs.push(
             file,
@@ -1018,12 +1018,14 @@ fn parse_transform(v: &serde_yaml::Value) -> Result<Option<Transform>, String> {
         "bucketize" => {
             let b: Bucketize = params(name, &need(p)?)?;
             if b.boundaries.is_empty()
+                || b.boundaries.iter().any(|x| !x.is_finite())
                 || b.boundaries
                     .windows(2)
                     .any(|w| w[0].partial_cmp(&w[1]) != Some(std::cmp::Ordering::Less))
             {
                 return Err(
-                    "bucketize: boundaries must be non-empty and strictly increasing".into(),
+                    "bucketize: boundaries must be non-empty, finite and strictly increasing"
+                        .into(),
                 );
             }
             Transform::Bucketize {
@@ -1122,11 +1124,14 @@ fn compile_chain(
                 ));
             }
             (Transform::OneHot { .. } | Transform::HashBucket { .. }, Flow::Num(_)) => {
+                let why = if i == 0 {
+                    format!("the feature is {dtype}")
+                } else {
+                    format!("transform[{}] has made it numbers", i - 1)
+                };
                 return Err((
                     at(i),
-                    format!(
-                        "one_hot and hash_bucket take strings, but this value is numeric ({dtype})"
-                    ),
+                    format!("one_hot and hash_bucket take strings, but {why}"),
                 ));
             }
             (_, Flow::Str) => {
@@ -1443,6 +1448,23 @@ features:
         ))
         .expect_err("fill");
         assert_eq!(e.0[0].path, "inputs[0].transform[0]");
+        // A boundary that is not a number would bucket nothing the way the schema says.
+        for bounds in ["[.nan]", "[1, .inf]"] {
+            let e = compile(&model(&format!(
+                "  - {{feature: user_profile:age, transform: {{bucketize: {{boundaries: {bounds}}}}}}}\n"
+            )))
+            .expect_err(bounds);
+            assert!(e.to_string().contains("finite"), "{bounds}: {e}");
+        }
+        // Two one_hot in a chain: the second meets numbers, and says so.
+        let e = compile(&model(
+            "  - {feature: user_profile:country, transform: [{one_hot: {vocabulary: [us]}}, {one_hot: {vocabulary: [us]}}]}\n",
+        ))
+        .expect_err("one_hot twice");
+        assert!(
+            e.to_string().contains("transform[0] has made it numbers"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -1571,16 +1593,28 @@ features:
                 "cache: {",
                 "store: {timeout: 2d}\ncache: {",
                 "store.timeout",
-                "at most 1d",
+                "between 1ms and 1d",
             ),
-            ("max_age: 30d", "max_age: 0s", "max_age", "at most 36525d"),
+            (
+                "cache: {",
+                "store: {timeout: 50us}\ncache: {",
+                "store.timeout",
+                "between 1ms and 1d",
+            ),
+            ("ttl: 5m", "ttl: 300us", "cache.ttl", "between 1ms and 365d"),
+            (
+                "max_age: 30d",
+                "max_age: 0s",
+                "max_age",
+                "between 1ms and 36525d",
+            ),
             (
                 "max_age: 30d",
                 "max_age: 500000000d",
                 "max_age",
-                "at most 36525d",
+                "over 500 years is out of range: must be between 1ms and 36525d",
             ),
-            ("ttl: 5m", "ttl: 500000000d", "cache.ttl", "at most 365d"),
+            ("ttl: 5m", "ttl: 500000000d", "cache.ttl", "and 365d"),
             (
                 "max_staleness: 1h",
                 "max_staleness: 18446744073709551615s",
