@@ -276,6 +276,10 @@ fn serve(rt: &tokio::runtime::Runtime, config: Config) -> anyhow::Result<ExitCod
         tokio::spawn(async move {
             shutdown_signal().await;
             let _ = tx.send(true);
+            // A second one does not wait for in-flight requests (server.shutdown_grace).
+            shutdown_signal().await;
+            eprintln!("second signal: quitting without waiting for requests in flight");
+            std::process::exit(130);
         });
         let mut during = stopped.clone();
         let app = tokio::select! {

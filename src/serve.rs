@@ -57,12 +57,17 @@ fn within_open_files(max_connections: usize) -> usize {
     let Some(open_files) = open_files_limit() else {
         return max_connections;
     };
-    let usable = open_files.saturating_sub(128).max(1);
+    // 128 descriptors kept back; under a small limit, half of it (`ulimit -n 100` still serves 50).
+    let usable = if open_files > 256 {
+        open_files - 128
+    } else {
+        (open_files / 2).max(1)
+    };
     if max_connections > usable {
         tracing::warn!(
             max_connections,
             open_files,
-            "server.max_connections is above the open-files limit (ulimit -n): using {usable}"
+            "server.max_connections is above what the open-files limit (ulimit -n {open_files}) leaves: at most {usable} connections are served at once; raise `ulimit -n` to serve more"
         );
         return usable;
     }
@@ -109,7 +114,7 @@ pub async fn serve(
             warned_full = true;
             tracing::warn!(
                 max_connections,
-                "server.max_connections open connections: new ones wait until one closes"
+                "{max_connections} connections are open, the most served at once (server.max_connections, or the open-files limit): new ones wait until one closes"
             );
         }
         let stream = tokio::select! {
