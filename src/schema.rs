@@ -479,18 +479,18 @@ impl Registry {
                 let name = body.get("name").and_then(|n| n.as_str()).map(str::to_owned);
                 match kind.as_str() {
                     "entity" => match parse_doc::<EntityDoc>(&mut errs, file, &prefix, body) {
-                        Some(d) => entities.push((file.clone(), d)),
+                        Some(d) => entities.push((file.clone(), prefix, d)),
                         None if name.is_none() => broken.unread(file),
                         None => broken.entities.extend(name),
                     },
                     "view" => match parse_doc::<ViewDoc>(&mut errs, file, &prefix, body) {
-                        Some(d) => views.push((file.clone(), d)),
+                        Some(d) => views.push((file.clone(), prefix, d)),
                         None if name.is_none() => broken.unread(file),
                         None => broken.views.extend(name),
                     },
                     "model" => {
                         if let Some(d) = parse_doc::<ModelDoc>(&mut errs, file, &prefix, body) {
-                            models.push((file.clone(), d));
+                            models.push((file.clone(), prefix, d));
                         }
                     }
                     other => {
@@ -513,57 +513,76 @@ impl Registry {
         }
 
         let mut reg = Registry::default();
-        for (file, d) in entities {
+        // Where each name was first defined, for "defined twice" messages that name both places.
+        let mut first: HashMap<(&str, String), String> = HashMap::new();
+        let mut twice =
+            |errs: &mut Errs, kind: &'static str, name: &str, file: &Path, prefix: &str| {
+                let here = if prefix.is_empty() {
+                    file.display().to_string()
+                } else {
+                    format!("{} ({})", file.display(), prefix.trim_end_matches(": "))
+                };
+                match first.get(&(kind, name.to_owned())) {
+                    Some(there) => {
+                        errs.push(
+                            file,
+                            "name",
+                            format!("{kind} `{name}` is defined twice: also in {there}"),
+                        );
+                        true
+                    }
+                    None => {
+                        first.insert((kind, name.to_owned()), here);
+                        false
+                    }
+                }
+            };
+        for (file, prefix, d) in entities {
+            errs.in_document(&prefix);
             let name = d.name.clone();
             let compiled = compile_entity(&mut errs, &file, d);
             if compiled.is_none() {
                 broken.entities.insert(name);
             }
-            if let Some(e) = compiled {
-                if reg.entities.contains_key(&e.name) {
-                    errs.push(
-                        &file,
-                        "name",
-                        format!("entity `{}` is defined twice", e.name),
-                    );
-                } else {
-                    reg.entities.insert(e.name.clone(), e);
-                }
+            if let Some(e) = compiled
+                && !twice(&mut errs, "entity", &e.name, &file, &prefix)
+            {
+                reg.entities.insert(e.name.clone(), e);
             }
         }
-        for (file, d) in views {
+        for (file, prefix, d) in views {
+            errs.in_document(&prefix);
             let name = d.name.clone();
             let compiled = compile_view(&mut errs, &file, d, &reg.entities, &broken);
             if compiled.is_none() {
                 broken.views.insert(name);
             }
             if let Some(v) = compiled {
-                if reg.views.contains_key(&v.name) {
-                    errs.push(&file, "name", format!("view `{}` is defined twice", v.name));
+                if twice(&mut errs, "view", &v.name, &file, &prefix) {
+                    // Which definition is meant is unknown: models naming it are checked against
+                    // neither, rather than against the first with errors that may not apply.
+                    reg.views.remove(&v.name);
+                    broken.views.insert(v.name.clone());
                 } else {
                     reg.views.insert(v.name.clone(), Arc::new(v));
                 }
             }
         }
-        for (file, d) in models {
-            if let Some(m) = compile_model(&mut errs, &file, d, &reg.views, &broken, models_dir) {
-                if reg.models.contains_key(&m.name) {
-                    errs.push(
-                        &file,
-                        "name",
-                        format!("model `{}` is defined twice", m.name),
-                    );
-                } else {
-                    reg.models.insert(m.name.clone(), Arc::new(m));
-                }
+        for (file, prefix, d) in models {
+            errs.in_document(&prefix);
+            if let Some(m) = compile_model(&mut errs, &file, d, &reg.views, &broken, models_dir)
+                && !twice(&mut errs, "model", &m.name, &file, &prefix)
+            {
+                reg.models.insert(m.name.clone(), Arc::new(m));
             }
         }
+        errs.in_document("");
         errs.finish(reg)
     }
 }
 
 #[derive(Default)]
-struct Errs(Vec<SchemaError>);
+struct Errs(Vec<SchemaError>, String);
 
 /// Entities and views that were declared but did not compile (their own errors are reported).
 #[derive(Default)]
@@ -601,11 +620,24 @@ impl Broken {
 
 impl Errs {
     fn push(&mut self, file: &Path, path: &str, message: String) {
+        // In a file of several documents, which one (`document 2: ...`); empty for the first.
+        let doc = &self.1;
+        let path = match (doc.is_empty(), path.is_empty()) {
+            (true, _) => path.to_owned(),
+            (false, true) => doc.trim_end_matches(": ").to_owned(),
+            (false, false) => format!("{doc}{path}"),
+        };
         self.0.push(SchemaError {
             file: file.to_owned(),
-            path: path.to_owned(),
+            path,
             message,
         });
+    }
+
+    /// Errors pushed from here on are in the document `prefix` names (`document 2: `, or empty).
+    fn in_document(&mut self, prefix: &str) {
+        self.1.clear();
+        self.1.push_str(prefix);
     }
 
     fn finish<T>(self, ok: T) -> Result<T, SchemaErrors> {
@@ -627,8 +659,12 @@ fn parse_doc<T: serde::de::DeserializeOwned>(
         Ok(d) => Some(d),
         Err(e) => {
             let path = e.path().to_string();
-            let path = if path == "." { String::new() } else { path };
-            errs.push(file, &format!("{prefix}{path}"), e.inner().to_string());
+            let path = if path == "." {
+                prefix.trim_end_matches(": ").to_owned()
+            } else {
+                format!("{prefix}{path}")
+            };
+            errs.push(file, &path, e.inner().to_string());
             None
         }
     }
@@ -1798,6 +1834,50 @@ features:
         .expect_err("a typo");
         assert_eq!(e.0.len(), 2, "{e}");
         assert!(!e.to_string().contains("may be declared"), "{e}");
+    }
+
+    #[test]
+    fn errors_name_the_document_and_a_second_definition_names_the_first() {
+        let m = model("  - {feature: user_profile:age}\n");
+        let other = VIEW.replace(
+            "- {name: age, dtype: int64, default: 30}",
+            "- {name: other, dtype: int64}",
+        );
+        assert_ne!(other, VIEW, "the test's view lost its `age`");
+        let two_entities = "kind: entity\nname: shop_id\ndtype: strin\n---\nkind: entity\nname: shop2_id\ndtype: strin\n";
+        let e = Registry::compile(
+            &[
+                (PathBuf::from("e.yaml"), ENTITIES.into()),
+                (
+                    PathBuf::from("a.yaml"),
+                    format!("{two_entities}---\n{other}"),
+                ),
+                (PathBuf::from("v.yaml"), VIEW.into()),
+                (PathBuf::from("m.yaml"), m),
+            ],
+            Path::new("."),
+        )
+        .expect_err("two problems and a duplicate");
+        let paths: Vec<(String, &str)> =
+            e.0.iter()
+                .map(|x| (x.file.display().to_string(), x.path.as_str()))
+                .collect();
+        assert_eq!(
+            paths,
+            [
+                ("a.yaml".to_owned(), "dtype"),
+                ("a.yaml".to_owned(), "document 2: dtype"),
+                ("v.yaml".to_owned(), "name"),
+            ],
+            "{e}"
+        );
+        // No follow-on error from the model, whose `age` only one of the two definitions has.
+        assert!(
+            e.0[2]
+                .message
+                .contains("defined twice: also in a.yaml (document 3)"),
+            "{e}"
+        );
     }
 
     #[test]
