@@ -109,6 +109,8 @@ pub struct Segment {
     /// rate at which it answered, as its backlog completes after that window. (A window shifted by the
     /// median would drop the first sends that happened to be faster than it.) Closed loop: all of them.
     pub ok_in_window: u64,
+    /// Driven on a schedule (open loop), so late sends mean something.
+    pub open_loop: bool,
 }
 
 impl Segment {
@@ -131,6 +133,7 @@ impl Segment {
             schedule: None,
             span: Duration::ZERO,
             ok_in_window: 0,
+            open_loop: false,
         }
     }
 
@@ -196,6 +199,7 @@ impl Segment {
         self.elapsed += other.elapsed;
         self.span += other.span;
         self.ok_in_window += other.ok_in_window;
+        self.open_loop |= other.open_loop;
     }
 
     /// Closes the segment's books once every answer is in: see `ok_in_window`.
@@ -203,6 +207,7 @@ impl Segment {
         self.elapsed = elapsed;
         match self.schedule.take() {
             Some((_, done)) => {
+                self.open_loop = true;
                 let fastest = if self.hist.is_empty() {
                     0
                 } else {

@@ -30,8 +30,9 @@ pub struct LatencySummary {
     pub p999_us: Option<u64>,
     pub max_us: Option<u64>,
     pub mean_us: Option<f64>,
-    pub late_sends: u64,
-    pub late_share: f64,
+    /// Open loop only (`None`, JSON `null`, for a closed loop, which has no schedule to be late for).
+    pub late_sends: Option<u64>,
+    pub late_share: Option<f64>,
     pub errors_by_kind: BTreeMap<String, u64>,
 }
 

@@ -790,12 +790,14 @@ fn summary(seg: &Segment) -> LatencySummary {
         p999_us: seg.quantile_us(0.999),
         max_us: (!seg.hist.is_empty()).then(|| seg.hist.max()),
         mean_us: (!seg.hist.is_empty()).then(|| seg.hist.mean()),
-        late_sends: seg.late,
-        late_share: if requests > 0 {
-            seg.late as f64 / requests as f64
-        } else {
-            0.0
-        },
+        late_sends: seg.open_loop.then_some(seg.late),
+        late_share: seg.open_loop.then(|| {
+            if requests > 0 {
+                seg.late as f64 / requests as f64
+            } else {
+                0.0
+            }
+        }),
         errors_by_kind: seg.errors.clone(),
     }
 }
@@ -921,10 +923,10 @@ fn assemble(
     for (name, sum) in
         std::iter::once(("hydrant", &hydrant)).chain(floor.iter().map(|f| ("floor", f)))
     {
-        if sum.late_share > late_limit {
+        if sum.late_share.is_some_and(|l| l > late_limit) {
             warnings.push(format!(
                 "{name}: {} of the sends started more than {} ms after their intended time or were refused at load.max_in_flight: the load generator (or the machine) could not keep the schedule, so the offered load was not applied evenly; latencies still count from the intended times",
-                report::fmt_pct(sum.late_share),
+                report::fmt_pct(sum.late_share.unwrap_or(0.0)),
                 s.load.late_threshold.as_secs_f64() * 1000.0
             ));
         }
@@ -934,6 +936,22 @@ fn assemble(
                 s.load.max_in_flight
             ));
         }
+    }
+    // A floor that fails is no floor: the ratios to it compare against errors.
+    if let Some(f) = &floor
+        && f.requests > 0
+        && f.error_rate > 0.01
+    {
+        warnings.push(format!(
+            "floor: {} of its requests failed ({}): the comparison with it does not hold{}",
+            f.errors,
+            report::fmt_pct(f.error_rate),
+            if s.floor.as_ref().is_some_and(|fl| fl.url.is_some()) {
+                "; check floor.url"
+            } else {
+                ""
+            }
+        ));
     }
     if interrupted {
         warnings.push("interrupted: the numbers cover only what ran before Ctrl-C".to_string());

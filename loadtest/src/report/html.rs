@@ -92,8 +92,8 @@ fn latency_table(
     if open_loop {
         row(
             "late sends",
-            fmt_pct(h.late_share),
-            f.map(|f| fmt_pct(f.late_share)),
+            fmt_pct(h.late_share.unwrap_or(0.0)),
+            f.map(|f| fmt_pct(f.late_share.unwrap_or(0.0))),
             None,
         );
     }
@@ -248,6 +248,8 @@ pub fn render(r: &RunResult) -> String {
     }
     out.push_str("</div>");
 
+    // The measured phase of every mode but closed-loop runs on a schedule.
+    let open_loop = r.mode != "closed-loop";
     let _ = write!(
         out,
         "<h2>Measured phase: {}</h2><p class=\"note\">{:.1} s measured{}. Latencies are of successful answers{}.</p>",
@@ -255,13 +257,13 @@ pub fn render(r: &RunResult) -> String {
         h.measured_s,
         r.offered_rps
             .map_or_else(String::new, |o| format!(", offered {}", fmt_rate(o))),
-        if r.offered_rps.is_some() {
+        if open_loop {
             ", measured from each request's intended send time (open loop: a stall counts against every request that should have been sent during it)"
         } else {
             ", measured from the actual send (closed loop)"
         }
     );
-    latency_table(&mut out, h, r.floor.as_ref(), r.offered_rps.is_some());
+    latency_table(&mut out, h, r.floor.as_ref(), open_loop);
     if r.floor.is_some() {
         let _ = write!(
             out,
@@ -438,7 +440,11 @@ pub fn render(r: &RunResult) -> String {
             fmt_us,
         ));
     } else {
-        out.push_str("<p class=\"note\">Not available: the answers carried no timings_us and /v1/stats had no stages for this model.</p>");
+        out.push_str(if h.ok == 0 {
+            "<p class=\"note\">Not available: no request succeeded.</p>"
+        } else {
+            "<p class=\"note\">Not available: the answers carried no timings_us and /v1/stats had no stages for this model.</p>"
+        });
     }
     if !r.stages.is_empty() && !r.stats_window_stages.is_empty() {
         let _ = write!(

@@ -134,12 +134,12 @@ pub fn render(r: &RunResult) -> String {
         f.map(|f| format!("{} ({})", f.errors, fmt_pct(f.error_rate))),
         None,
     );
-    if r.offered_rps.is_some() {
+    if let Some(late) = r.hydrant.late_share {
         row(
             &mut out,
             "late sends",
-            fmt_pct(r.hydrant.late_share),
-            f.map(|f| fmt_pct(f.late_share)),
+            fmt_pct(late),
+            f.map(|f| fmt_pct(f.late_share.unwrap_or(0.0))),
             None,
         );
     }
