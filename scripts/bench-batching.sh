@@ -10,7 +10,8 @@ rounds="${1:-2}"
 model="${2:-ctr}"
 source scripts/lib.sh
 
-cargo build --release --bin hydrant && cargo build --release -p loadtest
+cargo build --release --bin hydrant
+cargo build --release -p loadtest
 bin=target/release
 out="target/loadtest/batching-$model"
 mkdir -p "$out"

@@ -10,7 +10,8 @@ rounds="${1:-5}" conns="${2:-64}" secs="${3:-4}"
 command -v wrk >/dev/null || { echo "bench-cpu.sh needs wrk (apt-get install -y wrk)" >&2; exit 2; }
 source scripts/lib.sh
 
-cargo build --release --bin hydrant && cargo build --release -p loadtest
+cargo build --release --bin hydrant
+cargo build --release -p loadtest
 bin=target/release
 
 start_redis

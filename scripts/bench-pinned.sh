@@ -16,7 +16,8 @@ source scripts/lib.sh
 if [ -n "${BIN:-}" ]; then
   bin="$BIN"
 else
-  cargo build --release --bin hydrant && cargo build --release -p loadtest
+  cargo build --release --bin hydrant
+  cargo build --release -p loadtest
   bin=target/release
 fi
 

@@ -31,7 +31,8 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,m
 if [ -n "${BIN:-}" ]; then
   bin="$BIN"
 else
-  cargo build --release --bin hydrant && cargo build --release -p loadtest
+  cargo build --release --bin hydrant
+  cargo build --release -p loadtest
   bin=target/release
 fi
 [ -n "${SESSIONS:-}" ] && export HYDRANT_INFERENCE__DEFAULT_SESSIONS="$SESSIONS"

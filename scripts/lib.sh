@@ -14,12 +14,16 @@ cleanup() {
   wait 2>/dev/null || true
   rm -rf "$work"
 }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT
+# Ctrl-C reaches the foreground command (the load tester), which writes its partial report and exits;
+# bash runs this trap only after that, then cleans up on exit. The servers run in their own sessions
+# (`setsid`), so the terminal's Ctrl-C does not stop them under the load tester's feet.
+trap 'exit 130' INT TERM
 
 # Starts redis-server on a free port (no persistence), sets $redis_port and points the gateway at it.
 start_redis() {
   redis_port="$(free_port)"
-  redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" >"$work/redis.log" 2>&1 &
+  setsid redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" >"$work/redis.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 1 100); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break; sleep 0.05; done
   export HYDRANT_STORE__REDIS__URL="redis://127.0.0.1:$redis_port"

@@ -11,7 +11,8 @@ shift
 
 source scripts/lib.sh
 
-cargo build --release --bin hydrant && cargo build --release -p loadtest
+cargo build --release --bin hydrant
+cargo build --release -p loadtest
 bin=target/release
 
 start_redis
@@ -23,7 +24,7 @@ start_redis
 # gateway (the compose `hydrant` service)
 port="$(free_port)"
 HYDRANT_SERVER__BIND="127.0.0.1:$port" HYDRANT_TELEMETRY__LOG_LEVEL="${LOG_LEVEL:-warn}" \
-  "$bin/hydrant" serve >"$work/hydrant.log" 2>&1 &
+  setsid "$bin/hydrant" serve >"$work/hydrant.log" 2>&1 &
 pids+=($!)
 wait_ready "$port" "$work/hydrant.log"
 

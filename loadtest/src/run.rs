@@ -453,6 +453,11 @@ pub async fn run(
         cancel.is_cancelled(),
     );
 
+    if opts.redis_url.is_some() && cancel.is_cancelled() {
+        result
+            .warnings
+            .push("the Redis GET probe (--redis-url) was skipped: the run was interrupted".into());
+    }
     if let Some(url) = &opts.redis_url
         && !cancel.is_cancelled()
     {
