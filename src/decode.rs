@@ -1227,7 +1227,7 @@ impl PredictRequest {
                             "missing_entity",
                             &field,
                             format!(
-                                "{field}: every candidate needs a `{}` key (view `{}` is keyed by it)",
+                                "{field}: every candidate needs `{}` (view `{}` is keyed by it)",
                                 entity.name, view.name
                             ),
                         ));
@@ -1348,6 +1348,27 @@ impl FeaturesRequest {
             ));
         }
         check_key_count(&self.entities, limits)?;
+        if self.options.return_features {
+            return Err(ApiError::invalid(
+                "invalid_field",
+                "options.return_features",
+                "options.return_features: /v1/features always answers with the features; the option is for predict",
+            ));
+        }
+        // A name that is no entity at all is the mistake to report, before any view misses its keys.
+        let mut names: Vec<&String> = self.entities.keys().collect();
+        names.sort();
+        if let Some(name) = names
+            .iter()
+            .find(|n| !registry.entities.contains_key(n.as_str()))
+        {
+            let known = crate::schema::known_names(registry.entities.keys().map(String::as_str));
+            return Err(ApiError::invalid(
+                "unknown_entity",
+                format!("entities.{name}"),
+                format!("entities.{name}: no entity `{name}` is registered (entities: {known})"),
+            ));
+        }
         let mut views: Vec<(std::sync::Arc<View>, Vec<CompactString>, Vec<usize>)> = Vec::new();
         for (i, name) in self.features.iter().enumerate() {
             let field = format!("features[{i}]");
@@ -1396,8 +1417,6 @@ impl FeaturesRequest {
             let mut seen = std::collections::HashSet::new();
             wanted.retain(|i| seen.insert(*i));
         }
-        let mut names: Vec<&String> = self.entities.keys().collect();
-        names.sort();
         for name in names {
             if !views.iter().any(|(v, _, _)| &v.entity.name == name) {
                 return Err(ApiError::invalid(

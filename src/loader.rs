@@ -161,12 +161,14 @@ pub fn parse_row(
     })?;
     for name in row.keys() {
         if !takes_column(view, name) {
-            return Err(format!(
-                "unknown feature `{name}` (view `{}` has: {})",
-                view.name,
-                feature_names(view)
-            )
-            .into());
+            return Err(RowError {
+                field: Some(name.clone()),
+                reason: format!(
+                    "unknown feature `{name}` (view `{}` has: {})",
+                    view.name,
+                    feature_names(view)
+                ),
+            });
         }
     }
     let mut values = Vec::with_capacity(view.features.len());
