@@ -42,6 +42,8 @@ pub struct InferRequest {
     pub inputs: Vec<InputTensor>,
     #[serde(default)]
     pub outputs: Option<Vec<RequestedOutput>>,
+    #[serde(default)]
+    pub parameters: Option<Parameters>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -50,11 +52,28 @@ pub struct InputTensor {
     pub shape: Vec<i64>,
     pub datatype: String,
     pub data: Json_,
+    #[serde(default)]
+    pub parameters: Option<Parameters>,
 }
 
 #[derive(Debug, Deserialize)]
 pub struct RequestedOutput {
     pub name: String,
+    #[serde(default)]
+    pub parameters: Option<Parameters>,
+}
+
+/// The protocol's free-form `parameters`. They are ignored, except the binary tensor extension's, which
+/// would change what the body means: refused, rather than answered as if they were not there.
+pub type Parameters = serde_json::Map<String, Json_>;
+
+fn check_parameters(at: &str, p: Option<&Parameters>) -> Result<(), OipError> {
+    if let Some(key) = p.and_then(|p| p.keys().find(|k| k.starts_with("binary_data"))) {
+        return Err(bad(format!(
+            "{at}parameters.{key}: the binary tensor extension is not supported; send the data as JSON"
+        )));
+    }
+    Ok(())
 }
 
 #[derive(Serialize)]
@@ -229,8 +248,20 @@ async fn run_infer(
             input.name, input.shape
         )));
     }
+    check_parameters("", req.parameters.as_ref())?;
+    for (i, t) in req.inputs.iter().enumerate() {
+        check_parameters(&format!("inputs[{i}]."), t.parameters.as_ref())?;
+    }
+    for (i, o) in req.outputs.iter().flatten().enumerate() {
+        check_parameters(&format!("outputs[{i}]."), o.parameters.as_ref())?;
+    }
     let wanted: Vec<usize> = match &req.outputs {
         None => (0..info.outputs.len()).collect(),
+        Some(outs) if outs.is_empty() => {
+            return Err(bad(
+                "outputs: an empty list asks for nothing; leave `outputs` out for every output",
+            ));
+        }
         Some(outs) => {
             let mut v = Vec::with_capacity(outs.len());
             for o in outs {

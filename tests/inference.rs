@@ -226,7 +226,8 @@ async fn v2_infer_runs_raw_tensors_through_the_same_model() {
         .await;
     assert_eq!(r.status, 400);
     let s = app.get("/v1/stats").await.json();
-    assert_eq!(s["models"]["ctr"]["errors"], 1, "{s}");
+    assert_eq!(s["models"]["ctr"]["rejected"], 1, "{s}");
+    assert_eq!(s["models"]["ctr"]["errors"], 0, "{s}");
     assert_eq!(app.get("/v2/models/ctr/ready").await.status, 200);
     assert_eq!(app.get("/v2/models/nope/ready").await.status, 404);
 }
@@ -285,6 +286,21 @@ async fn v2_infer_rejects_bad_tensors_with_the_reason() {
             "ragged rows that add up",
             json!({"inputs": [{"name": "features", "shape": [2, 27], "datatype": "FP32", "data": [vec![0.0; 28], vec![0.0; 26]]}]}),
             "row 0 has 28 elements",
+        ),
+        (
+            "no output asked for",
+            json!({"inputs": [{"name": "features", "shape": [1, 27], "datatype": "FP32", "data": row}], "outputs": []}),
+            "leave `outputs` out",
+        ),
+        (
+            "binary tensor data",
+            json!({"inputs": [{"name": "features", "shape": [1, 27], "datatype": "FP32", "data": row, "parameters": {"binary_data_size": 108}}]}),
+            "inputs[0].parameters.binary_data_size: the binary tensor extension is not supported",
+        ),
+        (
+            "binary outputs",
+            json!({"inputs": [{"name": "features", "shape": [1, 27], "datatype": "FP32", "data": row}], "parameters": {"binary_data_output": true}}),
+            "parameters.binary_data_output",
         ),
         (
             "an output asked for twice",
