@@ -716,6 +716,12 @@ impl Config {
             ));
         }
         check_redis_url(&redis.url).map_err(|reason| ("store.redis.url", reason))?;
+        if redis.url.is_empty() && !redis.tls_ca_file.as_os_str().is_empty() {
+            return Err((
+                "store.redis.tls_ca_file",
+                "is set, but store.redis.url is empty, so the embedded store is used: set the rediss:// URL too, or remove it".to_owned(),
+            ));
+        }
         check_log_level(&self.telemetry.log_level)
             .map_err(|reason| ("telemetry.log_level", reason))?;
         Ok(())
@@ -793,7 +799,13 @@ fn check_redis_url(url: &str) -> Result<(), String> {
     }
     let expected = "expected redis://, rediss:// (TLS), redis-cluster:// or rediss-cluster:// (the URL is not shown: it may hold a password)";
     match url.split_once("://") {
-        Some((scheme, _)) if REDIS_SCHEMES.iter().any(|s| s.eq_ignore_ascii_case(scheme)) => Ok(()),
+        Some((scheme, _)) if REDIS_SCHEMES.iter().any(|s| s.eq_ignore_ascii_case(scheme)) => {
+            // Parsed here, as the client will parse it, so a typo is a start-up error naming the
+            // file or variable, in words rather than the URL parser's.
+            fred::types::config::Config::from_url(url)
+                .map(drop)
+                .map_err(|e| redis_url_problem(e.details(), url.contains('@')))
+        }
         Some((scheme, _))
             if !scheme.is_empty()
                 && scheme.len() <= 32
@@ -807,6 +819,30 @@ fn check_redis_url(url: &str) -> Result<(), String> {
         }
         _ => Err(format!("not a URL with a scheme: {expected}")),
     }
+}
+
+/// What the Redis client's URL parser found wrong, in words. The URL is not echoed: it may hold a
+/// password.
+fn redis_url_problem(details: &str, has_credentials: bool) -> String {
+    let what = if details.contains("Port") {
+        "the port is not a number from 1 to 65535".to_owned()
+    } else if details.contains("Ipv6")
+        || details.contains("Ipv4")
+        || details.contains("Host")
+        || details.contains("Domain")
+    {
+        "the host is not a valid name or address (an IPv6 address goes in brackets: redis://[::1]:6379)".to_owned()
+    } else if details.to_ascii_lowercase().contains("database") || details.contains("db") {
+        "the database (the path, as in redis://host:6379/1) is not a number".to_owned()
+    } else {
+        format!("the client cannot read it ({details})")
+    };
+    let hint = if has_credentials {
+        "; if the user name or password holds `/`, `@`, `:`, `?` or `#`, percent-encode it (`/` is %2F)"
+    } else {
+        ""
+    };
+    format!("not a valid Redis URL: {what}{hint} (the URL is not shown: it may hold a password)")
 }
 
 /// A `tracing` filter whose bare directives are level names. `EnvFilter` reads a bare word as a target
@@ -1375,6 +1411,22 @@ mod tests {
             Config::load(None, env(&[("HYDRANT_STORE__REDIS__URL", url)]))
                 .unwrap_or_else(|e| panic!("{url}: {e}"));
         }
+        for (url, says) in [
+            ("redis://:secret@[bad", "the host is not a valid"),
+            (
+                "redis://:secret@127.0.0.1:99999",
+                "the port is not a number",
+            ),
+        ] {
+            let e = load_err(&[("HYDRANT_STORE__REDIS__URL", url)]);
+            assert!(
+                e.contains("HYDRANT_STORE__REDIS__URL") && e.contains(says),
+                "{url}: {e}"
+            );
+            assert!(!e.contains("secret"), "{e}");
+        }
+        let e = load_err(&[("HYDRANT_STORE__REDIS__TLS_CA_FILE", "/etc/ssl/ca.pem")]);
+        assert!(e.contains("store.redis.url is empty"), "{e}");
     }
 
     #[test]

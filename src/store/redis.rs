@@ -139,8 +139,13 @@ impl RedisStore {
                 tokio::spawn(async move {
                     let _ = pool.quit().await;
                 });
+                let tls = if cfg.url.get(..7).is_some_and(|s| s.eq_ignore_ascii_case("rediss:")) {
+                    ": the URL asks for TLS (rediss://); check that the server speaks TLS on that port"
+                } else {
+                    ""
+                };
                 anyhow::bail!(
-                    "Redis (store.redis.url) did not answer within {:?} (store.redis.connect_timeout)",
+                    "Redis (store.redis.url) did not answer within {:?} (store.redis.connect_timeout){tls}",
                     cfg.connect_timeout
                 );
             }
