@@ -145,6 +145,26 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 shutdown_signal().await;
                 std::process::exit(130);
             });
+            // Every file opens before any is loaded (and before the store is opened, or created): a
+            // typo in the last name must not leave the first files loaded and the rest not.
+            let mut opened = Vec::with_capacity(files.len());
+            for file in &files {
+                let f = std::fs::File::open(file)
+                    .map_err(|e| anyhow::anyhow!("cannot open {}: {e} (nothing was loaded)", file.display()))?;
+                if f.metadata().is_ok_and(|m| m.is_dir()) {
+                    anyhow::bail!(
+                        "{} is a directory: expected a JSON Lines or CSV file (nothing was loaded)",
+                        file.display()
+                    );
+                }
+                if let Some(kind) = compressed(&f) {
+                    anyhow::bail!(
+                        "{} is {kind}-compressed: expected a JSON Lines or CSV file; decompress it first (nothing was loaded)",
+                        file.display()
+                    );
+                }
+                opened.push(f);
+            }
             // Nothing is written while the store connects: a signal then stops at once.
             let store = tokio::select! {
                 store = open_store(&config) => store?,
@@ -160,20 +180,6 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         eprintln!("interrupted: finishing the batches being written (again to quit at once)");
                     }
                 });
-            }
-            // Every file opens before any is loaded: a typo in the last name must not leave the first
-            // files loaded and the rest not.
-            let mut opened = Vec::with_capacity(files.len());
-            for file in &files {
-                let f = std::fs::File::open(file)
-                    .map_err(|e| anyhow::anyhow!("cannot open {}: {e} (nothing was loaded)", file.display()))?;
-                if f.metadata().is_ok_and(|m| m.is_dir()) {
-                    anyhow::bail!(
-                        "{} is a directory: expected a JSON Lines or CSV file (nothing was loaded)",
-                        file.display()
-                    );
-                }
-                opened.push(f);
             }
             let mut failed = false;
             let count = files.len();
@@ -265,6 +271,26 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             })
         }),
     }
+}
+
+/// The compression `f` starts with, by its magic bytes; `f` is left at its start. (A compressed file
+/// would be read as text and refused line by line as "not UTF-8".)
+fn compressed(mut f: &std::fs::File) -> Option<&'static str> {
+    use std::io::{Read as _, Seek as _};
+    let mut head = [0u8; 6];
+    let n = f.read(&mut head).unwrap_or(0);
+    let _ = f.rewind();
+    let head = &head[..n];
+    [
+        (&b"\x1f\x8b"[..], "gzip"),
+        (b"\x28\xb5\x2f\xfd", "zstd"),
+        (b"BZh", "bzip2"),
+        (b"\xfd7zXZ\x00", "xz"),
+        (b"PK\x03\x04", "zip"),
+    ]
+    .into_iter()
+    .find(|(magic, _)| head.starts_with(magic))
+    .map(|(_, kind)| kind)
 }
 
 /// `hydrant serve`: until SIGTERM or Ctrl-C.

@@ -106,7 +106,10 @@ fn default_entity_dtype() -> String {
 }
 
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a feature such as {name: age, dtype: int64}"
+)]
 struct FeatureDoc {
     name: String,
     dtype: String,
@@ -117,7 +120,7 @@ struct FeatureDoc {
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a cache table such as {ttl: 5m}")]
 struct CacheDoc {
     #[serde(default, with = "opt_duration")]
     ttl: Option<Duration>,
@@ -130,7 +133,10 @@ struct CacheDoc {
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a store table such as {timeout: 50ms}"
+)]
 struct StoreDoc {
     #[serde(default, with = "opt_duration")]
     key_ttl: Option<Duration>,
@@ -156,7 +162,10 @@ struct ViewDoc {
 }
 
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "an input such as {feature: user_profile:age}"
+)]
 struct SlotDoc {
     feature: String,
     #[serde(default)]
@@ -164,7 +173,10 @@ struct SlotDoc {
 }
 
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a batching table such as {max_batch_rows: 256}"
+)]
 struct BatchingDoc {
     #[serde(default = "default_max_batch_rows")]
     max_batch_rows: usize,
@@ -1223,6 +1235,22 @@ fn compile_model(
             "the binding needs at least one input".into(),
         );
     }
+    if d.file.as_os_str().is_empty() {
+        errs.push(
+            file,
+            "file",
+            "is empty: expected the ONNX file's name, read from the models folder (e.g. `ctr.onnx`)"
+                .into(),
+        );
+    }
+    if d.input.as_ref().is_some_and(|i| i.trim().is_empty()) {
+        errs.push(
+            file,
+            "input",
+            "is empty: name the ONNX input the binding fills, or leave `input` out when the model has one"
+                .into(),
+        );
+    }
     if let Some(Err(e)) = d.sessions.map(|n| in_range(n, 1, MAX_SESSIONS)) {
         errs.push(file, "sessions", e);
     }
@@ -1752,6 +1780,18 @@ features:
         assert_eq!(e.0[0].path, "batching.max_batch_rows", "{e}");
         assert!(e.0[0].message.contains("between 1 and 100000"), "{e}");
         compile(&m.replace("outputs:", "sessions: 256\noutputs:")).expect("at the bound");
+        let e = compile(&m.replace("file: m.onnx", "file: \"\"")).expect_err("no file");
+        assert_eq!(e.0[0].path, "file", "{e}");
+        let e = compile(&m.replace("outputs:", "input: \"\"\noutputs:")).expect_err("no input");
+        assert_eq!(e.0[0].path, "input", "{e}");
+        // A wrong shape names what was expected in the schema's terms, not a Rust type.
+        let e =
+            compile(&m.replace("inputs:\n", "inputs:\n  - user_profile:age\n")).expect_err("shape");
+        assert!(
+            e.to_string()
+                .contains("an input such as {feature: user_profile:age}"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -356,6 +356,27 @@ fn a_serve_that_fails_at_start_up_leaves_no_store_file_behind() {
     );
 }
 
+/// A compressed data file is refused by name before anything is opened, the store included, rather
+/// than read as text and refused line by line as "not UTF-8".
+#[test]
+fn a_compressed_data_file_is_refused_before_the_store_is_created() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gz = dir.path().join("rows.jsonl.gz");
+    std::fs::write(&gz, b"\x1f\x8b\x08\x00\x00\x00\x00\x00").expect("write");
+    let store = dir.path().join("s.redb");
+    let err = fails(
+        hydrant(&root())
+            .env("HYDRANT_STORE__EMBEDDED__PATH", &store)
+            .args(["load", "--view", "user_profile"])
+            .arg(&gz),
+    );
+    assert!(
+        err.contains("rows.jsonl.gz is gzip-compressed") && err.contains("nothing was loaded"),
+        "{err}"
+    );
+    assert!(!store.exists(), "no store was created for nothing");
+}
+
 #[test]
 fn the_binary_says_where_a_relative_schemas_folder_was_looked_for() {
     let dir = tempfile::tempdir().expect("tempdir");
