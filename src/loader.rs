@@ -824,14 +824,19 @@ fn csv_rows<'a, R: BufRead + 'a>(
             Ok(false) => None,
             Ok(true) => {
                 let line = line_of(&mut rdr, rec.position());
-                let row = csv_row(&columns, &rec).map_err(|e| {
-                    // A quote left open runs a row on over the lines after it.
-                    if rec.iter().any(|c| c.contains('\n')) {
-                        format!("{e}: a quoted cell runs over several lines, so a quote may be left open")
-                    } else {
-                        e
-                    }
-                });
+                // A quote left open runs the row on over the lines after it, to the end of the file,
+                // and a string cell would take them all in silence. No feature value spans lines in
+                // CSV (JSON Lines can hold one), so a line break in a cell is refused, naming it.
+                let spans = columns
+                    .iter()
+                    .zip(rec.iter())
+                    .find(|(_, c)| c.contains(['\n', '\r']));
+                let row = match spans {
+                    Some(((h, _), _)) => Err(format!(
+                        "`{h}` runs over several lines, most likely from a quote left open (the rest of the file may have gone into it): a CSV value may not hold a line break; write such a value in JSON Lines"
+                    )),
+                    None => csv_row(&columns, &rec),
+                };
                 Some(Ok((line, row)))
             }
             Err(e) => {
@@ -1388,17 +1393,18 @@ mod tests {
         let report = load_users(&store, csv.as_bytes(), true)
             .await
             .expect("load");
-        assert_eq!(report.written, 2);
+        assert_eq!(report.written, 1);
         let lines: Vec<(usize, &str)> = report
             .rejected
             .iter()
-            .map(|r| (r.line, r.reason.as_str()))
+            .map(|r| (r.line, r.reason.split(',').next().unwrap_or_default()))
             .collect();
         assert_eq!(
             lines,
             vec![
+                (2, "`country` runs over several lines"),
                 (4, "`age`: `x` is not a number"),
-                (5, "2 cells, the header has 3"),
+                (5, "2 cells"),
             ]
         );
     }
@@ -1428,12 +1434,24 @@ mod tests {
             .expect("load");
         assert_eq!(report.rejected.len(), 1);
         assert!(
-            report.rejected[0]
-                .reason
-                .contains("a quote may be left open"),
+            report.rejected[0].reason.contains("a quote left open"),
             "{}",
             report.rejected[0].reason
         );
+        // ...also where the open cell is a string, which would otherwise take the rest of the file in.
+        let csv = "user_id,age,country\nv,1,\"never closed\nw,2,fine\n";
+        let report = load_users(&store, csv.as_bytes(), true)
+            .await
+            .expect("load");
+        assert_eq!((report.written, report.rejected.len()), (0, 1));
+        assert!(
+            report.rejected[0]
+                .reason
+                .starts_with("`country` runs over several lines"),
+            "{}",
+            report.rejected[0].reason
+        );
+        assert_eq!(age_of(&store, "w").await, None);
     }
 
     #[tokio::test]
