@@ -16,8 +16,9 @@ cleanup() {
 }
 trap cleanup EXIT
 # Ctrl-C reaches the foreground command (the load tester), which writes its partial report and exits;
-# bash runs this trap only after that, then cleans up on exit. The servers run in their own sessions
-# (`setsid`), so the terminal's Ctrl-C does not stop them under the load tester's feet.
+# bash runs this trap only after that, then cleans up on exit. Servers a report depends on (redis-server
+# here, hydrant in loadtest.sh) run in their own sessions (`setsid`), so the terminal's Ctrl-C does not
+# stop them under the load tester's feet.
 trap 'exit 130' INT TERM
 
 # Starts redis-server on a free port (no persistence), sets $redis_port and points the gateway at it.

@@ -100,7 +100,9 @@ fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes
 async fn predict(State(gw): State<Arc<Gateway>>, req: Request) -> Result<Response, ApiError> {
     // An unknown model is known from the path: answered before waiting for the body.
     let engine = gw.engine(&path_segment(req.uri(), 3))?;
-    let (headers, _, body) = split(req, &gw).await?;
+    let (headers, _, body) = split(req, &gw)
+        .await
+        .inspect_err(|e| engine.stats().failed(e.status()))?;
     gw.predict(engine, &headers, &body).await
 }
 
@@ -128,13 +130,16 @@ async fn split(req: Request, gw: &Gateway) -> Result<(HeaderMap, Uri, Bytes), Ap
     }
     // A compressed body would be refused as malformed JSON or MessagePack; say what is wrong with it.
     for coding in req.headers().get_all(header::CONTENT_ENCODING) {
-        let text = coding.to_str().unwrap_or("");
-        if text
-            .split(',')
-            .map(str::trim)
-            .any(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity"))
-        {
-            return Err(ApiError::UnsupportedEncoding(text.to_owned()));
+        let refused = match coding.to_str() {
+            Ok(text) => text
+                .split(',')
+                .map(str::trim)
+                .any(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity")),
+            Err(_) => true,
+        };
+        if refused {
+            let text = String::from_utf8_lossy(coding.as_bytes()).into_owned();
+            return Err(ApiError::UnsupportedEncoding(text));
         }
     }
     let (mut parts, body) = req.into_parts();
@@ -169,11 +174,18 @@ async fn v2_infer(
     State(gw): State<Arc<Gateway>>,
     req: Request,
 ) -> Result<Response, crate::oip::OipError> {
+    // Refusals before the model's own checks count in its stats too (an unknown model has none).
+    let failed = |status: StatusCode, uri: &Uri| {
+        if let Ok(engine) = gw.engine(&path_segment(uri, 3)) {
+            engine.stats().failed(status);
+        }
+    };
     let headers = req.headers();
     // The Open Inference Protocol's REST binding is JSON only.
     if let Some(ct) = headers.get(header::CONTENT_TYPE) {
         let ct = ct.to_str().unwrap_or("");
         if Format::parse(ct) != Some(Format::Json) {
+            failed(StatusCode::UNSUPPORTED_MEDIA_TYPE, req.uri());
             return Err(crate::oip::OipError(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 format!(
@@ -182,9 +194,11 @@ async fn v2_infer(
             ));
         }
     }
-    let (_, uri, body) = split(req, &gw)
-        .await
-        .map_err(|e| crate::oip::OipError(e.status(), e.to_string()))?;
+    let path = req.uri().clone();
+    let (_, uri, body) = split(req, &gw).await.map_err(|e| {
+        failed(e.status(), &path);
+        crate::oip::OipError(e.status(), e.to_string())
+    })?;
     crate::oip::infer(&gw, &path_segment(&uri, 3), &body).await
 }
 

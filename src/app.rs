@@ -48,6 +48,15 @@ pub fn load_models(
     config: &Config,
     telemetry: &Telemetry,
 ) -> anyhow::Result<(Arc<Registry>, Engines)> {
+    load_models_until(config, telemetry, &AtomicBool::new(false))
+}
+
+/// [`load_models`], stopping before the next model once `stop` is set (a signal during start-up).
+fn load_models_until(
+    config: &Config,
+    telemetry: &Telemetry,
+    stop: &AtomicBool,
+) -> anyhow::Result<(Arc<Registry>, Engines)> {
     let registry = Registry::load_dir(&config.registry.schemas, &config.registry.models)?;
     let env = infer::runtime(&config.onnxruntime_library())?;
     let mut engines = HashMap::new();
@@ -56,6 +65,9 @@ pub fn load_models(
     // Every model is tried, so one start-up (or `hydrant validate`) names every model that cannot load.
     let mut problems = Vec::new();
     for name in names {
+        if stop.load(Relaxed) {
+            anyhow::bail!("start-up interrupted while the models loaded");
+        }
         let model = registry.models[&name].clone();
         let stats = telemetry.model(&name);
         match Engine::start(env, model, &config.inference, stats) {
@@ -86,12 +98,23 @@ struct Prepared {
 
 impl Prepared {
     async fn new(config: &Config) -> anyhow::Result<Self> {
+        /// Tells the loading thread to stop when this future is dropped (a signal ended the start-up):
+        /// the runtime's shutdown then waits for one model, not all of them.
+        struct StopOnDrop(Arc<AtomicBool>);
+        impl Drop for StopOnDrop {
+            fn drop(&mut self) {
+                self.0.store(true, Relaxed);
+            }
+        }
         let cfg = config.clone();
         let telemetry = Arc::new(Telemetry::default());
         let t = telemetry.clone();
-        let (registry, engines) = tokio::task::spawn_blocking(move || load_models(&cfg, &t))
-            .await
-            .context("model loading task failed")??;
+        let stop = Arc::new(AtomicBool::new(false));
+        let _stop_on_drop = StopOnDrop(stop.clone());
+        let (registry, engines) =
+            tokio::task::spawn_blocking(move || load_models_until(&cfg, &t, &stop))
+                .await
+                .context("model loading task failed")??;
         Ok(Self {
             telemetry,
             registry,
@@ -105,7 +128,14 @@ impl Application {
         // Schemas, models and ONNX Runtime first: a start-up that fails on them leaves no new store file
         // behind.
         let ready = Prepared::new(&config).await?;
+        let new_store = config.store.redis.url.is_empty() && !config.store.embedded.path.exists();
         let store = open_store(&config).await?;
+        if new_store {
+            tracing::warn!(
+                path = %config.store.embedded.path.display(),
+                "serving a new, empty embedded store (store.embedded.path): every key reads as not found until rows are loaded"
+            );
+        }
         Self::finish(config, store, Clock::default(), ready).await
     }
 

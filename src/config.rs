@@ -362,7 +362,6 @@ pub fn read_text_file(path: &Path, max_bytes: u64) -> std::io::Result<String> {
 }
 
 impl Config {
-    /// Loads `path` (when given) and applies `HYDRANT_*` overrides from `env`.
     /// The process environment for [`Config::load`]. A variable that is not UTF-8 is skipped, unless it
     /// is one of ours, which is an error naming it (`std::env::vars` would panic on any of them).
     pub fn environment() -> Result<Vec<(String, String)>, ConfigError> {
@@ -390,6 +389,7 @@ impl Config {
         Ok(out)
     }
 
+    /// Loads `path` (when given) and applies `HYDRANT_*` overrides from `env`.
     pub fn load(
         path: Option<&Path>,
         env: impl IntoIterator<Item = (String, String)>,
@@ -799,7 +799,15 @@ fn check_redis_url(url: &str) -> Result<(), String> {
     }
     let expected = "expected redis://, rediss:// (TLS), redis-cluster:// or rediss-cluster:// (the URL is not shown: it may hold a password)";
     match url.split_once("://") {
-        Some((scheme, _)) if REDIS_SCHEMES.iter().any(|s| s.eq_ignore_ascii_case(scheme)) => {
+        Some((scheme, rest)) if REDIS_SCHEMES.iter().any(|s| s.eq_ignore_ascii_case(scheme)) => {
+            // The database is the path: `redis://host:6379/1`.
+            let before_query = rest.split(['?', '#']).next().unwrap_or_default();
+            if let Some((_, db)) = before_query.split_once('/')
+                && !db.is_empty()
+                && db.parse::<u8>().is_err()
+            {
+                return Err("not a valid Redis URL: the database (the path, as in redis://host:6379/1) must be a number from 0 to 255 (the URL is not shown: it may hold a password)".to_owned());
+            }
             // Parsed here, as the client will parse it, so a typo is a start-up error naming the
             // file or variable, in words rather than the URL parser's.
             fred::types::config::Config::from_url(url)
@@ -824,16 +832,14 @@ fn check_redis_url(url: &str) -> Result<(), String> {
 /// What the Redis client's URL parser found wrong, in words. The URL is not echoed: it may hold a
 /// password.
 fn redis_url_problem(details: &str, has_credentials: bool) -> String {
-    let what = if details.contains("Port") {
-        "the port is not a number from 1 to 65535".to_owned()
-    } else if details.contains("Ipv6")
-        || details.contains("Ipv4")
-        || details.contains("Host")
-        || details.contains("Domain")
+    let d = details.to_ascii_lowercase();
+    let what = if d.contains("port") {
+        "a port is not a number from 1 to 65535".to_owned()
+    } else if ["ipv6", "ipv4", "host", "domain"]
+        .iter()
+        .any(|w| d.contains(w))
     {
-        "the host is not a valid name or address (an IPv6 address goes in brackets: redis://[::1]:6379)".to_owned()
-    } else if details.to_ascii_lowercase().contains("database") || details.contains("db") {
-        "the database (the path, as in redis://host:6379/1) is not a number".to_owned()
+        "a host is not a valid name or address (an IPv6 address goes in brackets: redis://[::1]:6379)".to_owned()
     } else {
         format!("the client cannot read it ({details})")
     };
@@ -1412,11 +1418,11 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{url}: {e}"));
         }
         for (url, says) in [
-            ("redis://:secret@[bad", "the host is not a valid"),
-            (
-                "redis://:secret@127.0.0.1:99999",
-                "the port is not a number",
-            ),
+            ("redis://:secret@[bad", "a host is not a valid"),
+            ("redis://:secret@127.0.0.1:99999", "a port is not a number"),
+            ("redis://:secret@127.0.0.1:6379/abc", "the database"),
+            ("redis://:secret@127.0.0.1:6379/1/2", "the database"),
+            ("redis://:secret@127.0.0.1:6379/256", "the database"),
         ] {
             let e = load_err(&[("HYDRANT_STORE__REDIS__URL", url)]);
             assert!(

@@ -17,7 +17,7 @@ use smallvec::{SmallVec, smallvec};
 use crate::config::LimitsConfig;
 use crate::error::ApiError;
 use crate::schema::{Entity, Model, Registry, View};
-use crate::value::{Dtype, Value, list_element};
+use crate::value::{Dtype, Value, to_float32};
 
 /// A wire format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -730,11 +730,17 @@ fn options_object<'de, D: Deserializer<'de>>(d: D) -> Result<Options, D::Error> 
 #[derive(Debug, Clone, PartialEq)]
 pub enum ContextValue {
     Value(Value),
-    /// An object (`element` is `None`), or a list whose element `element` is not a number.
-    Unfit {
-        what: &'static str,
-        element: Option<(usize, &'static str)>,
-    },
+    /// Boxed: rare, and the request's fields stay small inline.
+    Unfit(Box<Unfit>),
+}
+
+/// A context value's shape that no feature type takes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unfit {
+    /// `a list` or `an object`.
+    what: &'static str,
+    /// For a list: the first element that is not a float32 number, and what it is.
+    element: Option<(usize, &'static str)>,
 }
 
 impl ContextValue {
@@ -742,13 +748,13 @@ impl ContextValue {
     fn typed(self, dtype: Dtype) -> Result<Value, String> {
         match self {
             Self::Value(v) => dtype.coerce(v),
-            Self::Unfit {
-                what,
-                element: Some((i, kind)),
-            } if matches!(dtype, Dtype::Float32List(_)) => Err(format!(
-                "expected {dtype}, got {what} whose element {i} is {kind}"
-            )),
-            Self::Unfit { what, .. } => Err(format!("expected {dtype}, got {what}")),
+            Self::Unfit(u) => match (u.element, dtype) {
+                (Some((i, kind)), Dtype::Float32List(_)) => Err(format!(
+                    "expected {dtype}, got {} whose element {i} is {kind}",
+                    u.what
+                )),
+                _ => Err(format!("expected {dtype}, got {}", u.what)),
+            },
         }
     }
 }
@@ -851,19 +857,22 @@ impl<'de> Deserialize<'de> for ContextValue {
             ) -> Result<ContextValue, A::Error> {
                 let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(65_536));
                 while let Some(e) = seq.next_element::<Element>()? {
-                    match e {
-                        Element::Number(x) => {
-                            out.push(list_element(out.len(), x).map_err(de::Error::custom)?);
-                        }
-                        Element::Other(kind) => {
-                            let i = out.len();
-                            while seq.next_element::<de::IgnoredAny>()?.is_some() {}
-                            return Ok(ContextValue::Unfit {
-                                what: "a list",
-                                element: Some((i, kind)),
-                            });
-                        }
-                    }
+                    let kind = match e {
+                        Element::Number(x) => match to_float32(x) {
+                            Ok(f) => {
+                                out.push(f);
+                                continue;
+                            }
+                            Err(_) => "a number outside the float32 range",
+                        },
+                        Element::Other(kind) => kind,
+                    };
+                    let i = out.len();
+                    while seq.next_element::<de::IgnoredAny>()?.is_some() {}
+                    return Ok(ContextValue::Unfit(Box::new(Unfit {
+                        what: "a list",
+                        element: Some((i, kind)),
+                    })));
                 }
                 Ok(ContextValue::Value(Value::List(out.into_boxed_slice())))
             }
@@ -875,10 +884,10 @@ impl<'de> Deserialize<'de> for ContextValue {
                     .next_entry::<de::IgnoredAny, de::IgnoredAny>()?
                     .is_some()
                 {}
-                Ok(ContextValue::Unfit {
+                Ok(ContextValue::Unfit(Box::new(Unfit {
                     what: "an object",
                     element: None,
-                })
+                })))
             }
         }
         d.deserialize_any(V)
@@ -1498,9 +1507,16 @@ mod tests {
             typed("1e300", Dtype::Float32List(1)),
             Err("expected float32[1], got a number".to_owned())
         );
-        // Elements are still checked against float32's range.
-        let e = serde_json::from_str::<ContextValue>("[1, 1e300]").expect_err("out of range");
-        assert!(e.to_string().contains("list element 1"), "{e}");
+        // Elements are still checked against float32's range, in the field's terms.
+        assert_eq!(
+            typed("[1, 1e300]", Dtype::Float32List(2)),
+            Err("expected float32[2], got a list whose element 1 is a number outside the float32 range".to_owned())
+        );
+        assert_eq!(
+            typed("[1e300]", Dtype::String),
+            Err("expected string, got a list".to_owned())
+        );
+        assert!(std::mem::size_of::<ContextValue>() <= 32);
         // The same through MessagePack, whose maps and lists decode through the same visitor.
         let packed = rmp_serde::to_vec(&serde_json::json!(["a", 1])).expect("msgpack");
         let v: ContextValue = rmp_serde::from_slice(&packed).expect("decodes");

@@ -157,7 +157,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         file.display()
                     );
                 }
-                if let Some(kind) = compressed(&f) {
+                let kind = compressed(&f).map_err(|e| {
+                    anyhow::anyhow!("cannot read {}: {e} (nothing was loaded)", file.display())
+                })?;
+                if let Some(kind) = kind {
                     anyhow::bail!(
                         "{} is {kind}-compressed: expected a JSON Lines or CSV file; decompress it first (nothing was loaded)",
                         file.display()
@@ -273,15 +276,25 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// The compression `f` starts with, by its magic bytes; `f` is left at its start. (A compressed file
-/// would be read as text and refused line by line as "not UTF-8".)
-fn compressed(mut f: &std::fs::File) -> Option<&'static str> {
+/// The compression a regular file `f` starts with, by its magic bytes; `f` is left at its start. (A
+/// compressed file would be read as text and refused line by line as "not UTF-8".) A pipe or FIFO, as
+/// from `<(zcat rows.jsonl.gz)`, is not looked at: what was read could not be put back.
+fn compressed(mut f: &std::fs::File) -> std::io::Result<Option<&'static str>> {
     use std::io::{Read as _, Seek as _};
+    if !f.metadata()?.is_file() {
+        return Ok(None);
+    }
     let mut head = [0u8; 6];
-    let n = f.read(&mut head).unwrap_or(0);
-    let _ = f.rewind();
+    let mut n = 0;
+    while n < head.len() {
+        match f.read(&mut head[n..])? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    f.rewind()?;
     let head = &head[..n];
-    [
+    Ok([
         (&b"\x1f\x8b"[..], "gzip"),
         (b"\x28\xb5\x2f\xfd", "zstd"),
         (b"BZh", "bzip2"),
@@ -290,7 +303,7 @@ fn compressed(mut f: &std::fs::File) -> Option<&'static str> {
     ]
     .into_iter()
     .find(|(magic, _)| head.starts_with(magic))
-    .map(|(_, kind)| kind)
+    .map(|(_, kind)| kind))
 }
 
 /// `hydrant serve`: until SIGTERM or Ctrl-C.

@@ -67,10 +67,12 @@ pub struct RequestedOutput {
 /// would change what the body means: refused, rather than answered as if they were not there.
 pub type Parameters = serde_json::Map<String, Json_>;
 
-fn check_parameters(at: &str, p: Option<&Parameters>) -> Result<(), OipError> {
+/// `at` names where the parameters are (`inputs[0].`); built only for the error.
+fn check_parameters(at: impl FnOnce() -> String, p: Option<&Parameters>) -> Result<(), OipError> {
     if let Some(key) = p.and_then(|p| p.keys().find(|k| k.starts_with("binary_data"))) {
         return Err(bad(format!(
-            "{at}parameters.{key}: the binary tensor extension is not supported; send the data as JSON"
+            "{}parameters.{key}: the binary tensor extension is not supported; send the data as JSON",
+            at()
         )));
     }
     Ok(())
@@ -248,12 +250,12 @@ async fn run_infer(
             input.name, input.shape
         )));
     }
-    check_parameters("", req.parameters.as_ref())?;
+    check_parameters(String::new, req.parameters.as_ref())?;
     for (i, t) in req.inputs.iter().enumerate() {
-        check_parameters(&format!("inputs[{i}]."), t.parameters.as_ref())?;
+        check_parameters(|| format!("inputs[{i}]."), t.parameters.as_ref())?;
     }
     for (i, o) in req.outputs.iter().flatten().enumerate() {
-        check_parameters(&format!("outputs[{i}]."), o.parameters.as_ref())?;
+        check_parameters(|| format!("outputs[{i}]."), o.parameters.as_ref())?;
     }
     let wanted: Vec<usize> = match &req.outputs {
         None => (0..info.outputs.len()).collect(),

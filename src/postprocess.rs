@@ -88,15 +88,16 @@ impl Serialize for FeatureStatus<'_> {
     }
 }
 
-/// The labels (`view:feature`, `context:name`) of the slots that used a default in any row.
+/// The labels (`view:feature`, `context:name`) of the slots that used a default in any row, each once
+/// (a feature may fill two slots).
 pub fn defaulted<'m>(model: &'m Model, flags: &[bool]) -> Vec<&'m str> {
-    model
-        .slots
-        .iter()
-        .zip(flags)
-        .filter(|(_, d)| **d)
-        .map(|(s, _)| s.label.as_str())
-        .collect()
+    let mut out: Vec<&str> = Vec::new();
+    for (s, _) in model.slots.iter().zip(flags).filter(|(_, d)| **d) {
+        if !out.contains(&s.label.as_str()) {
+            out.push(&s.label);
+        }
+    }
+    out
 }
 
 /// `features` (with `return_features`): the assembled input rows.

@@ -737,6 +737,9 @@ fn compile_features(
     for (i, f) in docs.into_iter().enumerate() {
         let at = format!("{base}[{i}]");
         let mut ok = check_name(errs, file, &format!("{at}.name"), &f.name);
+        if !ok {
+            failed.insert(f.name.clone());
+        }
         if !seen.insert(f.name.clone()) {
             errs.push(
                 file,

@@ -318,7 +318,7 @@ pub(crate) fn to_float32(f: f64) -> Result<f32, String> {
 }
 
 /// A list element as float32, or an error naming element `i`.
-pub(crate) fn list_element(i: usize, f: f64) -> Result<f32, String> {
+fn list_element(i: usize, f: f64) -> Result<f32, String> {
     to_float32(f).map_err(|e| format!("list element {i}: {e}"))
 }
 

@@ -138,7 +138,6 @@ impl Driver {
 /// (on a runtime worker) spawns them, so a spawn goes to the worker's local queue instead of
 /// waking a worker from outside once per request.
 pub async fn open_loop(d: &Arc<Driver>, rate: f64, duration: Duration, stream: u64) -> Duration {
-    lock(&d.collector).start_schedule(Instant::now());
     let cap = d.scenario.load.max_in_flight.max(1);
     let sem = Arc::new(Semaphore::new(cap));
     let (tx, mut rx) = mpsc::unbounded_channel::<Vec<(Instant, Bytes)>>();
@@ -196,6 +195,8 @@ fn schedule(
     let interval = 1.0 / rate;
     let max_sends = ((rate * duration.as_secs_f64()).ceil() as u64).min(MAX_REQUESTS_PER_SEGMENT);
     let t0 = Instant::now();
+    // Completion times are measured from the instant the sends are timed from.
+    lock(&d.collector).start_schedule(t0);
     let end = t0 + duration;
     let due = |i: u64| t0 + Duration::from_secs_f64(i as f64 * interval);
     let mut i = 0u64;

@@ -375,7 +375,11 @@ impl Collector {
     /// kept until the segment ends, for achieved rps.
     pub fn start_schedule(&mut self, start: Instant) {
         if let Some((seg, _)) = self.active.as_mut() {
-            seg.schedule = Some((start, histogram(3)));
+            // Completions of a schedule of up to a day (`load.duration_s`), and its drain.
+            let bound = 2 * 86_400_000_000;
+            let done = Histogram::new_with_bounds(1, bound, 3)
+                .expect("constant histogram bounds are valid");
+            seg.schedule = Some((start, done));
         }
     }
 
@@ -450,6 +454,53 @@ mod tests {
                 ..Reply::default()
             }),
         }
+    }
+
+    #[test]
+    fn open_loop_achieved_rps_is_the_rate_answered_whatever_the_latency() {
+        let origin = Instant::now();
+        let ms = Duration::from_millis;
+        let run = |latency: &dyn Fn(u64) -> u64| {
+            let mut c = Collector::new(origin);
+            c.begin(Segment::new(Which::Hydrant, "open", true));
+            c.start_schedule(origin);
+            // 100 sends at 100/s: one every 10 ms.
+            for i in 0..100 {
+                c.record(ok(origin + ms(10 * i), latency(i)));
+            }
+            c.set_span(ms(1000));
+            c.end(ms(1000)).expect("segment")
+        };
+        // Keeping up, slowly: 400 ms each, so the last 40 answers arrive after the schedule.
+        let slow = run(&|_| 400);
+        assert!(
+            (slow.achieved_rps() - 100.0).abs() < 1.0,
+            "{}",
+            slow.achieved_rps()
+        );
+        assert!(slow.open_loop);
+        // Falling behind: one answer per 20 ms (50/s), so send i waits 10 ms * i more.
+        let behind = run(&|i| 20 + 10 * i);
+        assert!(
+            (behind.achieved_rps() - 50.0).abs() < 3.0,
+            "{}",
+            behind.achieved_rps()
+        );
+        // Halves merged around a floor segment add their counts and spans.
+        let mut merged = slow.clone();
+        merged.merge(&behind);
+        assert!(
+            (merged.achieved_rps() - 75.0).abs() < 2.0,
+            "{}",
+            merged.achieved_rps()
+        );
+        // Nothing answered: 0, not NaN.
+        let mut c = Collector::new(origin);
+        c.begin(Segment::new(Which::Hydrant, "none", true));
+        c.start_schedule(origin);
+        c.record(overload_sample(origin));
+        c.set_span(ms(1000));
+        assert_eq!(c.end(ms(1000)).expect("segment").achieved_rps(), 0.0);
     }
 
     #[test]

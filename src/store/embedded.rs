@@ -67,8 +67,9 @@ impl EmbeddedStore {
                 e => anyhow::anyhow!("cannot open the embedded store {}: {e}", path.display()),
             })?;
         if !existed {
-            // Loud: a mistyped store.embedded.path would otherwise serve every key as not found.
-            tracing::warn!(path = %path.display(), "created a new, empty embedded store (store.embedded.path): every key reads as not found until rows are loaded");
+            // `hydrant serve` warns about it (a mistyped path would serve every key as not found); for
+            // a first `hydrant load` it is what was meant.
+            tracing::info!(path = %path.display(), "created a new, empty embedded store");
         }
         // Create the table up front so reads never see "table does not exist".
         let tx = db.begin_write()?;

@@ -139,10 +139,11 @@ impl RedisStore {
                 tokio::spawn(async move {
                     let _ = pool.quit().await;
                 });
+                // rediss:// and rediss-cluster://
                 let tls = if cfg
                     .url
-                    .get(..7)
-                    .is_some_and(|s| s.eq_ignore_ascii_case("rediss:"))
+                    .get(..6)
+                    .is_some_and(|s| s.eq_ignore_ascii_case("rediss"))
                 {
                     ": the URL asks for TLS (rediss://); check that the server speaks TLS on that port"
                 } else {

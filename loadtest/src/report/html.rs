@@ -248,8 +248,9 @@ pub fn render(r: &RunResult) -> String {
     }
     out.push_str("</div>");
 
-    // The measured phase of every mode but closed-loop runs on a schedule.
-    let open_loop = r.mode != "closed-loop";
+    // Whether the headline phase ran on a schedule: its late-send share says (a max-then-fraction run
+    // cut short in its sweep has a closed-loop headline). One that never ran goes by the mode.
+    let open_loop = h.late_share.is_some() || (h.requests == 0 && r.mode != "closed-loop");
     let _ = write!(
         out,
         "<h2>Measured phase: {}</h2><p class=\"note\">{:.1} s measured{}. Latencies are of successful answers{}.</p>",
