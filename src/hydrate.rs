@@ -129,6 +129,10 @@ pub struct Hydrator {
     next_flight: AtomicU64,
     /// Keys whose unreadable record was already logged (bounded), so a bad hot key logs once.
     logged_bad: Mutex<HashSet<Box<str>>>,
+    /// Failed store reads are logged at most once a second (with how many were not): a store that is
+    /// down fails every read, and a line each would flood the log at the request rate.
+    read_warned_ms: AtomicU64,
+    reads_unlogged: AtomicU64,
 }
 
 /// A key the request waits for.
@@ -172,6 +176,8 @@ impl Hydrator {
             inflight: Mutex::new(HashMap::new()),
             next_flight: AtomicU64::new(0),
             logged_bad: Mutex::new(HashSet::new()),
+            read_warned_ms: AtomicU64::new(0),
+            reads_unlogged: AtomicU64::new(0),
         })
     }
 
@@ -478,11 +484,30 @@ impl Hydrator {
                 }
             }
             Err((fail, why)) => {
-                tracing::warn!(
-                    backend = self.store.backend(),
-                    keys = keys.len(),
-                    "store read failed: {why}"
-                );
+                let last = self.read_warned_ms.load(Relaxed);
+                let due = u64::try_from(now).unwrap_or(0).saturating_sub(last) >= 1_000;
+                if due
+                    && self
+                        .read_warned_ms
+                        .compare_exchange(last, u64::try_from(now).unwrap_or(0), Relaxed, Relaxed)
+                        .is_ok()
+                {
+                    let unlogged = self.reads_unlogged.swap(0, Relaxed);
+                    tracing::warn!(
+                        backend = self.store.backend(),
+                        keys = keys.len(),
+                        "store read failed: {why}{}",
+                        if unlogged > 0 {
+                            format!(
+                                " ({unlogged} more failed reads since the last line; see hydrant_store_round_trips_total)"
+                            )
+                        } else {
+                            String::new()
+                        }
+                    );
+                } else {
+                    self.reads_unlogged.fetch_add(1, Relaxed);
+                }
                 for item in items {
                     self.publish(item, Err(fail));
                 }
