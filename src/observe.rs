@@ -444,7 +444,10 @@ pub fn stats(gw: &Gateway) -> Json {
                 "read_timeouts": r.outcomes.timeout.load(Relaxed),
                 "read_keys": read_keys,
                 "keys_per_read": ratio(read_keys, reads),
+                // Round trips attempted, and how many failed; keys carried by all of them.
                 "writes": w.outcomes.total(),
+                "write_errors": w.outcomes.error.load(Relaxed),
+                "write_timeouts": w.outcomes.timeout.load(Relaxed),
                 "written_keys": w.keys.load(Relaxed),
             }),
         );
