@@ -174,9 +174,11 @@ async fn v2_infer(
     State(gw): State<Arc<Gateway>>,
     req: Request,
 ) -> Result<Response, crate::oip::OipError> {
-    // Refusals before the model's own checks count in its stats too (an unknown model has none).
-    let failed = |status: StatusCode, uri: &Uri| {
-        if let Ok(engine) = gw.engine(&path_segment(uri, 3)) {
+    // Looked up once; refusals before the model's own checks count in its stats too. An unknown model
+    // is answered once the body is read, as before.
+    let engine = gw.engines.get(path_segment(req.uri(), 3).as_ref());
+    let failed = |status: StatusCode| {
+        if let Some(engine) = engine {
             engine.stats().failed(status);
         }
     };
@@ -185,7 +187,7 @@ async fn v2_infer(
     if let Some(ct) = headers.get(header::CONTENT_TYPE) {
         let ct = ct.to_str().unwrap_or("");
         if Format::parse(ct) != Some(Format::Json) {
-            failed(StatusCode::UNSUPPORTED_MEDIA_TYPE, req.uri());
+            failed(StatusCode::UNSUPPORTED_MEDIA_TYPE);
             return Err(crate::oip::OipError(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 format!(
@@ -194,12 +196,17 @@ async fn v2_infer(
             ));
         }
     }
-    let path = req.uri().clone();
     let (_, uri, body) = split(req, &gw).await.map_err(|e| {
-        failed(e.status(), &path);
+        failed(e.status());
         crate::oip::OipError(e.status(), e.to_string())
     })?;
-    crate::oip::infer(&gw, &path_segment(&uri, 3), &body).await
+    let Some(engine) = engine else {
+        return Err(crate::oip::OipError(
+            StatusCode::NOT_FOUND,
+            format!("model `{}` is not registered", path_segment(&uri, 3)),
+        ));
+    };
+    crate::oip::infer(&gw, engine, &body).await
 }
 
 /// Open Inference Protocol server metadata.

@@ -367,19 +367,13 @@ impl Config {
     pub fn environment() -> Result<Vec<(String, String)>, ConfigError> {
         let mut out = Vec::new();
         for (var, value) in std::env::vars_os() {
-            match (var.into_string(), value.into_string()) {
-                (Ok(var), Ok(value)) => out.push((var, value)),
-                (var, _) => {
-                    let name = match &var {
-                        Ok(v) => v.clone(),
-                        Err(v) => v.to_string_lossy().into_owned(),
-                    };
-                    if name
-                        .get(..ENV_PREFIX.len())
-                        .is_some_and(|p| p.eq_ignore_ascii_case(ENV_PREFIX))
-                    {
+            match (var.to_str(), value.into_string()) {
+                (Some(name), Ok(value)) => out.push((name.to_owned(), value)),
+                _ => {
+                    let name = var.to_string_lossy();
+                    if has_env_prefix(&name) {
                         return Err(ConfigError::Env {
-                            var: name,
+                            var: name.into_owned(),
                             reason: "is not valid UTF-8".to_owned(),
                         });
                     }
@@ -423,10 +417,7 @@ impl Config {
         for (var, value) in env {
             let Some(rest) = var.strip_prefix(ENV_PREFIX) else {
                 // Variable names are case-sensitive: `hydrant_server__bind` would be ignored in silence.
-                if var
-                    .get(..ENV_PREFIX.len())
-                    .is_some_and(|p| p.eq_ignore_ascii_case(ENV_PREFIX))
-                {
+                if has_env_prefix(&var) {
                     return Err(ConfigError::Env {
                         var,
                         reason: format!("is not read: the prefix is {ENV_PREFIX} in capitals"),
@@ -938,6 +929,12 @@ fn set_path(table: &mut toml::Table, keys: &[String], value: toml::Value) -> Res
     }
     cur.insert(last.clone(), value);
     Ok(())
+}
+
+/// `name` starts with [`ENV_PREFIX`] in any case: a variable meant for hydrant.
+fn has_env_prefix(name: &str) -> bool {
+    name.get(..ENV_PREFIX.len())
+        .is_some_and(|p| p.eq_ignore_ascii_case(ENV_PREFIX))
 }
 
 /// An IP address and port. Host names are not resolved: a listener binds an address.

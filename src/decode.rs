@@ -17,7 +17,7 @@ use smallvec::{SmallVec, smallvec};
 use crate::config::LimitsConfig;
 use crate::error::ApiError;
 use crate::schema::{Entity, Model, Registry, View};
-use crate::value::{Dtype, Value, to_float32};
+use crate::value::{Dtype, Value, ValueVisitor, to_float32};
 
 /// A wire format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -826,17 +826,18 @@ impl<'de> Deserialize<'de> for ContextValue {
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("null, a boolean, a number, a string or a list of numbers")
             }
+            // Scalars read as a stored value's do; only lists, objects and integers past int64 differ.
             fn visit_unit<E: de::Error>(self) -> Result<ContextValue, E> {
-                Ok(ContextValue::Value(Value::Null))
+                ValueVisitor.visit_unit().map(ContextValue::Value)
             }
             fn visit_none<E: de::Error>(self) -> Result<ContextValue, E> {
-                Ok(ContextValue::Value(Value::Null))
+                ValueVisitor.visit_none().map(ContextValue::Value)
             }
             fn visit_bool<E: de::Error>(self, b: bool) -> Result<ContextValue, E> {
-                Ok(ContextValue::Value(Value::Bool(b)))
+                ValueVisitor.visit_bool(b).map(ContextValue::Value)
             }
             fn visit_i64<E: de::Error>(self, i: i64) -> Result<ContextValue, E> {
-                Ok(ContextValue::Value(Value::Int(i)))
+                ValueVisitor.visit_i64(i).map(ContextValue::Value)
             }
             fn visit_u64<E: de::Error>(self, u: u64) -> Result<ContextValue, E> {
                 // Past int64 it is a number still: a float field takes it, an int64 field says it is
@@ -846,10 +847,10 @@ impl<'de> Deserialize<'de> for ContextValue {
                 ))
             }
             fn visit_f64<E: de::Error>(self, f: f64) -> Result<ContextValue, E> {
-                Value::deserialize(de::value::F64Deserializer::<E>::new(f)).map(ContextValue::Value)
+                ValueVisitor.visit_f64(f).map(ContextValue::Value)
             }
             fn visit_str<E: de::Error>(self, s: &str) -> Result<ContextValue, E> {
-                Ok(ContextValue::Value(Value::Str(s.into())))
+                ValueVisitor.visit_str(s).map(ContextValue::Value)
             }
             fn visit_seq<A: de::SeqAccess<'de>>(
                 self,

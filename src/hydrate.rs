@@ -484,12 +484,14 @@ impl Hydrator {
                 }
             }
             Err((fail, why)) => {
-                let last = self.read_warned_ms.load(Relaxed);
-                let due = u64::try_from(now).unwrap_or(0).saturating_sub(last) >= 1_000;
-                if due
+                let (now_ms, last) = (
+                    u64::try_from(now).unwrap_or(0),
+                    self.read_warned_ms.load(Relaxed),
+                );
+                if now_ms.saturating_sub(last) >= 1_000
                     && self
                         .read_warned_ms
-                        .compare_exchange(last, u64::try_from(now).unwrap_or(0), Relaxed, Relaxed)
+                        .compare_exchange(last, now_ms, Relaxed, Relaxed)
                         .is_ok()
                 {
                     let unlogged = self.reads_unlogged.swap(0, Relaxed);

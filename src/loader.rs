@@ -210,25 +210,28 @@ fn event_timestamp(
                 }
                 // A whole number written as a float (MessagePack encoders do that) is the same instant,
                 // by the rule an int64 feature follows.
-                None => match Dtype::Int64.coerce(Value::Float(n.as_f64().unwrap_or(f64::NAN))) {
-                    Ok(Value::Int(ms)) => ms,
-                    // Whole, but past what a float holds exactly: some millions of years away.
-                    _ if n.as_f64().is_some_and(|f| f.fract() == 0.0) => {
-                        let (side, when) = if n.as_f64().is_some_and(|f| f > 0.0) {
-                            ("future", "later")
-                        } else {
-                            ("past", "earlier")
-                        };
-                        return Err(format!(
-                            "`event_timestamp` {n} is too far in the {side} (milliseconds since the Unix epoch; {when} than any real event)"
-                        ));
+                None => {
+                    let f = n.as_f64().unwrap_or(f64::NAN);
+                    match Dtype::Int64.coerce(Value::Float(f)) {
+                        Ok(Value::Int(ms)) => ms,
+                        // Whole, but past what a float holds exactly: some millions of years away.
+                        _ if f.fract() == 0.0 => {
+                            let (side, when) = if f > 0.0 {
+                                ("future", "later")
+                            } else {
+                                ("past", "earlier")
+                            };
+                            return Err(format!(
+                                "`event_timestamp` {n} is too far in the {side} (milliseconds since the Unix epoch; {when} than any real event)"
+                            ));
+                        }
+                        _ => {
+                            return Err(format!(
+                                "`event_timestamp` {n} is not whole milliseconds since the Unix epoch (an integer)"
+                            ));
+                        }
                     }
-                    _ => {
-                        return Err(format!(
-                            "`event_timestamp` {n} is not whole milliseconds since the Unix epoch (an integer)"
-                        ));
-                    }
-                },
+                }
             };
             // 1e11 ms is March 1973; 1e11 s is the year 5138. A number below it is almost surely seconds,
             // and read as milliseconds it would age every row past any `max_age`.

@@ -135,16 +135,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             })?;
             // Ctrl-C or SIGTERM: finish the batches in flight and print what was done; again: quit now.
             // Listening starts before the store is opened, so an interrupted connect also says so.
-            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-            let flag = stop.clone();
-            let (tx, mut stopped) = tokio::sync::watch::channel(false);
-            tokio::spawn(async move {
-                shutdown_signal().await;
-                flag.store(true, std::sync::atomic::Ordering::Relaxed);
-                let _ = tx.send(true);
-                shutdown_signal().await;
-                std::process::exit(130);
-            });
+            let mut stopped = on_signals(None);
             // Every file opens before any is loaded (and before the store is opened, or created): a
             // typo in the last name must not leave the first files loaded and the rest not.
             let mut opened = Vec::with_capacity(files.len());
@@ -176,14 +167,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     return Ok(ExitCode::from(130));
                 }
             };
-            if !*stopped.borrow() {
-                let mut later = stopped.clone();
-                tokio::spawn(async move {
-                    if later.wait_for(|s| *s).await.is_ok() {
-                        eprintln!("interrupted: finishing the batches being written (again to quit at once)");
-                    }
-                });
-            }
+            // From here a signal lets the batches being written finish.
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let flag = stop.clone();
+            tokio::spawn(async move {
+                if stopped.wait_for(|s| *s).await.is_ok() {
+                    flag.store(true, std::sync::atomic::Ordering::Relaxed);
+                    eprintln!("interrupted: finishing the batches being written (again to quit at once)");
+                }
+            });
             let mut failed = false;
             let count = files.len();
             for (i, (file, f)) in files.into_iter().zip(opened).enumerate() {
@@ -306,20 +298,31 @@ fn compressed(mut f: &std::fs::File) -> std::io::Result<Option<&'static str>> {
     .map(|(_, kind)| kind))
 }
 
+/// Listens for SIGTERM and Ctrl-C: the first sets the returned channel to `true`; a second exits at
+/// once with status 130, printing `second` first when given.
+fn on_signals(second: Option<&'static str>) -> tokio::sync::watch::Receiver<bool> {
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = tx.send(true);
+        shutdown_signal().await;
+        if let Some(line) = second {
+            eprintln!("{line}");
+        }
+        std::process::exit(130);
+    });
+    rx
+}
+
 /// `hydrant serve`: until SIGTERM or Ctrl-C.
 fn serve(rt: &tokio::runtime::Runtime, config: Config) -> anyhow::Result<ExitCode> {
     rt.block_on(async {
         // Listened for from the start: a SIGTERM or Ctrl-C while the models load or the store
-        // connects ends the start-up cleanly rather than killing the process.
-        let (tx, stopped) = tokio::sync::watch::channel(false);
-        tokio::spawn(async move {
-            shutdown_signal().await;
-            let _ = tx.send(true);
-            // A second one does not wait for in-flight requests (server.shutdown_grace).
-            shutdown_signal().await;
-            eprintln!("second signal: quitting without waiting for requests in flight");
-            std::process::exit(130);
-        });
+        // connects ends the start-up cleanly rather than killing the process. A second one does not
+        // wait for in-flight requests (server.shutdown_grace).
+        let stopped = on_signals(Some(
+            "second signal: quitting without waiting for requests in flight",
+        ));
         let mut during = stopped.clone();
         let app = tokio::select! {
             app = Application::build(config) => app?,

@@ -138,15 +138,9 @@ fn number(v: &Json_, out: &mut Vec<f32>, limit: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// `POST /v2/models/{model}/infer`.
-pub async fn infer(gw: &Gateway, model: &str, body: &[u8]) -> Result<Response, OipError> {
+/// `POST /v2/models/{model}/infer` on the model's engine.
+pub async fn infer(gw: &Gateway, engine: &Engine, body: &[u8]) -> Result<Response, OipError> {
     let started = Instant::now();
-    let engine = gw.engines.get(model).ok_or_else(|| {
-        OipError(
-            StatusCode::NOT_FOUND,
-            format!("model `{model}` is not registered"),
-        )
-    })?;
     // V2 traffic counts in the model's stats like predict's: requests, rows, errors and the stages it
     // has (decode, queue, infer, encode).
     let mut laps = Laps::from(started);

@@ -454,6 +454,9 @@ impl Registry {
             // it was written: said, rather than skipped.
             let mut documents = 0;
             for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
+                // Errors below name the document, all but the first (`document 2: ...`); a YAML error
+                // is the file's.
+                errs.in_document("");
                 let value = match serde_yaml::Value::deserialize(doc) {
                     Ok(v) => v,
                     Err(e) => {
@@ -471,6 +474,7 @@ impl Registry {
                 } else {
                     format!("document {}: ", i + 1)
                 };
+                errs.in_document(&prefix);
                 let Some(kind) = value
                     .get("kind")
                     .and_then(|k| k.as_str())
@@ -478,7 +482,7 @@ impl Registry {
                 else {
                     errs.push(
                         file,
-                        &format!("{prefix}kind"),
+                        "kind",
                         "missing: expected `kind: entity`, `kind: view` or `kind: model`".into(),
                     );
                     broken.unread(file);
@@ -490,31 +494,32 @@ impl Registry {
                 }
                 let name = body.get("name").and_then(|n| n.as_str()).map(str::to_owned);
                 match kind.as_str() {
-                    "entity" => match parse_doc::<EntityDoc>(&mut errs, file, &prefix, body) {
+                    "entity" => match parse_doc::<EntityDoc>(&mut errs, file, body) {
                         Some(d) => entities.push((file.clone(), prefix, d)),
                         None if name.is_none() => broken.unread(file),
                         None => broken.entities.extend(name),
                     },
-                    "view" => match parse_doc::<ViewDoc>(&mut errs, file, &prefix, body) {
+                    "view" => match parse_doc::<ViewDoc>(&mut errs, file, body) {
                         Some(d) => views.push((file.clone(), prefix, d)),
                         None if name.is_none() => broken.unread(file),
                         None => broken.views.extend(name),
                     },
                     "model" => {
-                        if let Some(d) = parse_doc::<ModelDoc>(&mut errs, file, &prefix, body) {
+                        if let Some(d) = parse_doc::<ModelDoc>(&mut errs, file, body) {
                             models.push((file.clone(), prefix, d));
                         }
                     }
                     other => {
                         errs.push(
                             file,
-                            &format!("{prefix}kind"),
+                            "kind",
                             format!("unknown kind `{other}`: expected entity, view or model"),
                         );
                         broken.unread(file);
                     }
                 }
             }
+            errs.in_document("");
             if documents == 0 && !broken.unread.contains(file) {
                 errs.push(
                     file,
@@ -527,28 +532,31 @@ impl Registry {
         let mut reg = Registry::default();
         // Where each name was first defined, for "defined twice" messages that name both places.
         let mut first: HashMap<(&str, String), String> = HashMap::new();
-        let mut twice =
-            |errs: &mut Errs, kind: &'static str, name: &str, file: &Path, prefix: &str| {
-                let here = if prefix.is_empty() {
-                    file.display().to_string()
-                } else {
-                    format!("{} ({})", file.display(), prefix.trim_end_matches(": "))
-                };
-                match first.get(&(kind, name.to_owned())) {
-                    Some(there) => {
-                        errs.push(
-                            file,
-                            "name",
-                            format!("{kind} `{name}` is defined twice: also in {there}"),
-                        );
-                        true
-                    }
-                    None => {
-                        first.insert((kind, name.to_owned()), here);
-                        false
-                    }
+        let mut twice = |errs: &mut Errs,
+                         kind: &'static str,
+                         name: &str,
+                         file: &Path,
+                         prefix: &str| {
+            match first.get(&(kind, name.to_owned())) {
+                Some(there) => {
+                    errs.push(
+                        file,
+                        "name",
+                        format!("{kind} `{name}` is defined twice: also in {there}"),
+                    );
+                    true
                 }
-            };
+                None => {
+                    let here = if prefix.is_empty() {
+                        file.display().to_string()
+                    } else {
+                        format!("{} ({})", file.display(), prefix.trim_end_matches(": "))
+                    };
+                    first.insert((kind, name.to_owned()), here);
+                    false
+                }
+            }
+        };
         for (file, prefix, d) in entities {
             errs.in_document(&prefix);
             let name = d.name.clone();
@@ -664,19 +672,14 @@ impl Errs {
 fn parse_doc<T: serde::de::DeserializeOwned>(
     errs: &mut Errs,
     file: &Path,
-    prefix: &str,
     body: serde_yaml::Value,
 ) -> Option<T> {
     match serde_path_to_error::deserialize::<_, T>(body) {
         Ok(d) => Some(d),
         Err(e) => {
             let path = e.path().to_string();
-            let path = if path == "." {
-                prefix.trim_end_matches(": ").to_owned()
-            } else {
-                format!("{prefix}{path}")
-            };
-            errs.push(file, &path, e.inner().to_string());
+            let path = if path == "." { "" } else { &path };
+            errs.push(file, path, e.inner().to_string());
             None
         }
     }

@@ -232,48 +232,50 @@ impl Serialize for Value {
 
 impl<'de> Deserialize<'de> for Value {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Value;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("nil, a boolean, a number, a string or a list of numbers")
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<Value, E> {
-                Ok(Value::Null)
-            }
-            fn visit_none<E: de::Error>(self) -> Result<Value, E> {
-                Ok(Value::Null)
-            }
-            fn visit_bool<E: de::Error>(self, b: bool) -> Result<Value, E> {
-                Ok(Value::Bool(b))
-            }
-            fn visit_i64<E: de::Error>(self, i: i64) -> Result<Value, E> {
-                Ok(Value::Int(i))
-            }
-            fn visit_u64<E: de::Error>(self, u: u64) -> Result<Value, E> {
-                i64::try_from(u)
-                    .map(Value::Int)
-                    .map_err(|_| E::custom("integer out of int64 range"))
-            }
-            fn visit_f64<E: de::Error>(self, f: f64) -> Result<Value, E> {
-                if f.is_finite() {
-                    Ok(Value::Float(f))
-                } else {
-                    Err(E::custom(format_args!("expected a finite number, got {f}")))
-                }
-            }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<Value, E> {
-                Ok(Value::Str(s.into()))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
-                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(65_536));
-                while let Some(ListNumber(x)) = seq.next_element()? {
-                    out.push(list_element(out.len(), x).map_err(de::Error::custom)?);
-                }
-                Ok(Value::List(out.into_boxed_slice()))
-            }
+        d.deserialize_any(ValueVisitor)
+    }
+}
+
+/// Reads a [`Value`]; the request context's reader hands its scalars to it too.
+pub(crate) struct ValueVisitor;
+impl<'de> Visitor<'de> for ValueVisitor {
+    type Value = Value;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("nil, a boolean, a number, a string or a list of numbers")
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E: de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_bool<E: de::Error>(self, b: bool) -> Result<Value, E> {
+        Ok(Value::Bool(b))
+    }
+    fn visit_i64<E: de::Error>(self, i: i64) -> Result<Value, E> {
+        Ok(Value::Int(i))
+    }
+    fn visit_u64<E: de::Error>(self, u: u64) -> Result<Value, E> {
+        i64::try_from(u)
+            .map(Value::Int)
+            .map_err(|_| E::custom("integer out of int64 range"))
+    }
+    fn visit_f64<E: de::Error>(self, f: f64) -> Result<Value, E> {
+        if f.is_finite() {
+            Ok(Value::Float(f))
+        } else {
+            Err(E::custom(format_args!("expected a finite number, got {f}")))
         }
-        d.deserialize_any(V)
+    }
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Value, E> {
+        Ok(Value::Str(s.into()))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(65_536));
+        while let Some(ListNumber(x)) = seq.next_element()? {
+            out.push(list_element(out.len(), x).map_err(de::Error::custom)?);
+        }
+        Ok(Value::List(out.into_boxed_slice()))
     }
 }
 

@@ -28,15 +28,44 @@ fn fails(cmd: &mut std::process::Command) -> String {
 
 /// Sends SIGTERM to a running `hydrant serve`, waits for it, and checks that it exited cleanly: its stderr.
 fn terminate(child: std::process::Child) -> String {
+    let out = sigterm(child);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "exit status {:?}: {err}", out.status);
+    err
+}
+
+/// Sends SIGTERM to `child` and waits for it.
+fn sigterm(child: std::process::Child) -> std::process::Output {
     let status = std::process::Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
         .expect("kill");
     assert!(status.success());
-    let out = child.wait_with_output().expect("exits");
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "exit status {:?}: {err}", out.status);
-    err
+    child.wait_with_output().expect("exits")
+}
+
+/// Runs hydrant with `args` against a Redis that accepts the connection and never answers, sends
+/// SIGTERM 1.5 s in, and returns how it ended; it must not have waited out the 30 s connect timeout.
+fn interrupted_while_redis_connects(args: &[&str]) -> std::process::Output {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let redis = silent.local_addr().expect("addr");
+    let started = std::time::Instant::now();
+    let child = hydrant(&root())
+        .env("HYDRANT_SERVER__BIND", "127.0.0.1:0")
+        .env("HYDRANT_STORE__REDIS__URL", format!("redis://{redis}"))
+        .env("HYDRANT_STORE__REDIS__CONNECT_TIMEOUT", "30s")
+        .args(args)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starts");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let out = sigterm(child);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "it waited out the connect timeout"
+    );
+    drop(silent);
+    out
 }
 
 /// A copy of the demo schemas and models in a temp folder, with `edit` applied.
@@ -562,62 +591,25 @@ fn a_variable_that_is_not_utf8_is_ignored_unless_it_is_ours() {
 /// and never answers) ends the start-up cleanly, without waiting out the connect timeout.
 #[test]
 fn sigterm_during_start_up_exits_cleanly() {
-    // Accepts connections into its backlog and never answers.
-    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let redis = silent.local_addr().expect("addr");
-    let started = std::time::Instant::now();
-    let child = hydrant(&root())
-        .env("HYDRANT_SERVER__BIND", "127.0.0.1:0")
-        .env("HYDRANT_STORE__REDIS__URL", format!("redis://{redis}"))
-        .env("HYDRANT_STORE__REDIS__CONNECT_TIMEOUT", "30s")
-        .arg("serve")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("starts");
-    std::thread::sleep(std::time::Duration::from_millis(1500));
-    let err = terminate(child);
+    let out = interrupted_while_redis_connects(&["serve"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "exit status {:?}: {err}", out.status);
     assert!(err.contains("interrupted during start-up"), "{err}");
-    assert!(
-        started.elapsed() < std::time::Duration::from_secs(20),
-        "it waited out the connect timeout"
-    );
-    drop(silent);
 }
 
 /// The same for the bulk loader: nothing is written while the store connects, so a signal stops it at
 /// once (exit 130), not when the connect timeout runs out.
 #[test]
 fn sigterm_while_the_loader_connects_stops_it_at_once() {
-    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let redis = silent.local_addr().expect("addr");
-    let started = std::time::Instant::now();
-    let child = hydrant(&root())
-        .env("HYDRANT_STORE__REDIS__URL", format!("redis://{redis}"))
-        .env("HYDRANT_STORE__REDIS__CONNECT_TIMEOUT", "30s")
-        .args([
-            "load",
-            "--view",
-            "user_profile",
-            "demo/rows/user_profile.jsonl",
-        ])
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("starts");
-    std::thread::sleep(std::time::Duration::from_millis(1500));
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success());
-    let out = child.wait_with_output().expect("exits");
+    let out = interrupted_while_redis_connects(&[
+        "load",
+        "--view",
+        "user_profile",
+        "demo/rows/user_profile.jsonl",
+    ]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(130), "{err}");
     assert!(err.contains("nothing was loaded"), "{err}");
-    assert!(
-        started.elapsed() < std::time::Duration::from_secs(20),
-        "it waited out the connect timeout"
-    );
-    drop(silent);
 }
 
 #[test]

@@ -56,8 +56,13 @@ impl Which {
 
 /// A microsecond histogram, 1 us to 1 h, `sigfig` significant digits.
 pub fn histogram(sigfig: u8) -> Histogram<u64> {
-    // Constant, valid bounds: this cannot fail.
-    Histogram::new_with_bounds(1, MAX_US, sigfig).expect("constant histogram bounds are valid")
+    histogram_to(MAX_US, sigfig)
+}
+
+/// A microsecond histogram, 1 us to `max_us`.
+fn histogram_to(max_us: u64, sigfig: u8) -> Histogram<u64> {
+    // Constant, valid bounds (max_us >= 2, sigfig <= 5): this cannot fail.
+    Histogram::new_with_bounds(1, max_us, sigfig).expect("constant histogram bounds are valid")
 }
 
 fn us(d: Duration) -> u64 {
@@ -376,10 +381,7 @@ impl Collector {
     pub fn start_schedule(&mut self, start: Instant) {
         if let Some((seg, _)) = self.active.as_mut() {
             // Completions of a schedule of up to a day (`load.duration_s`), and its drain.
-            let bound = 2 * 86_400_000_000;
-            let done = Histogram::new_with_bounds(1, bound, 3)
-                .expect("constant histogram bounds are valid");
-            seg.schedule = Some((start, done));
+            seg.schedule = Some((start, histogram_to(2 * 86_400_000_000, 3)));
         }
     }
 

@@ -928,10 +928,10 @@ fn assemble(
     for (name, sum) in
         std::iter::once(("hydrant", &hydrant)).chain(floor.iter().map(|f| ("floor", f)))
     {
-        if sum.late_share.is_some_and(|l| l > late_limit) {
+        if let Some(late) = sum.late_share.filter(|l| *l > late_limit) {
             warnings.push(format!(
                 "{name}: {} of the sends started more than {} ms after their intended time or were refused at load.max_in_flight: the load generator (or the machine) could not keep the schedule, so the offered load was not applied evenly; latencies still count from the intended times",
-                report::fmt_pct(sum.late_share.unwrap_or(0.0)),
+                report::fmt_pct(late),
                 s.load.late_threshold.as_secs_f64() * 1000.0
             ));
         }
