@@ -179,33 +179,44 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let inner = this.inner;
-        let mut resp = match catch_unwind(AssertUnwindSafe(|| inner.poll(cx))) {
-            Ok(Poll::Ready(Ok(r))) => r,
+        // Answers the handler gave have been counted in the model's stats by the handler; those made here
+        // (the backstop, a panic) and the router's 405 are counted below.
+        let (mut resp, counted) = match catch_unwind(AssertUnwindSafe(|| inner.poll(cx))) {
+            Ok(Poll::Ready(Ok(r))) => {
+                let counted = r.status() != axum::http::StatusCode::METHOD_NOT_ALLOWED;
+                (r, counted)
+            }
             Ok(Poll::Ready(Err(never))) => match never {},
             Ok(Poll::Pending) => match this.backstop.poll(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(()) if this.body_read.as_ref().is_some_and(|b| b.0.load(Relaxed)) => {
-                    ApiError::BodyTimeout(format!(
+                    let err = ApiError::BodyTimeout(format!(
                         "the request body did not arrive within the gateway's limit of {:?} (limits.request_timeout)",
                         this.shared.limit
-                    ))
-                    .respond(*this.shape)
+                    ));
+                    (err.respond(*this.shape), false)
                 }
-                Poll::Ready(()) => ApiError::Timeout(format!(
-                    "the request took longer than the gateway's limit of {:?}",
-                    this.shared.limit
-                ))
-                .respond(*this.shape),
+                Poll::Ready(()) => {
+                    let err = ApiError::Timeout(format!(
+                        "the request took longer than the gateway's limit of {:?}",
+                        this.shared.limit
+                    ));
+                    (err.respond(*this.shape), false)
+                }
             },
             // The panic hook has already logged the message and where; the caller gets a plain 500.
             Err(_) => {
-                ApiError::Internal("a request handler panicked".to_owned()).respond(*this.shape)
+                let err = ApiError::Internal("a request handler panicked".to_owned());
+                (err.respond(*this.shape), false)
             }
         };
         let model = this
             .model
             .and_then(|i| this.shared.models.get(i))
             .map_or("", String::as_str);
+        if !counted && !model.is_empty() {
+            this.shared.telemetry.model(model).failed(resp.status());
+        }
         this.shared
             .telemetry
             .request(this.route, model, resp.status().as_u16())

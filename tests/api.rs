@@ -1216,6 +1216,9 @@ async fn a_body_that_stops_coming_gets_408_and_the_connection_closes() {
         "answered after {:?}, before the request timeout",
         started.elapsed()
     );
+    // The answer came from the backstop, not the handler; the model's stats count it all the same.
+    let stats = app.get("/v1/stats").await.json();
+    assert_eq!(stats["models"]["ctr"]["rejected"], 1, "{stats}");
     app.stop().await;
 }
 

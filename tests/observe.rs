@@ -170,11 +170,13 @@ async fn stats_report_stage_percentiles_beside_hit_rates() {
         .predict("ctr", &json!({"candidates": [{"item_id": "i_1"}]}))
         .await;
     assert_eq!(r.status, 400);
+    // So is a wrong method on the model's route, answered by the router rather than the handler.
+    assert_eq!(app.get("/v1/models/ctr/predict").await.status, 405);
     let s = app.get("/v1/stats").await.json();
     let m = &s["models"]["ctr"];
     assert_eq!(m["requests"], 20);
     assert_eq!(m["errors"], 0);
-    assert_eq!(m["rejected"], 1);
+    assert_eq!(m["rejected"], 2);
     assert_eq!(m["error_rate"], 0.0);
     assert_eq!(m["rows"], 20);
     assert!(m["rps"].as_f64().expect("rps") > 0.0);
