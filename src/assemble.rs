@@ -20,11 +20,25 @@ pub fn fnv1a64(bytes: &[u8]) -> u64 {
     h
 }
 
+/// A context value that the model's float32 input cannot hold once transformed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Overflow {
+    /// The slot (`model.slots`), whose source is a context field.
+    pub slot: usize,
+    /// The context field (`model.context`).
+    pub context: usize,
+}
+
 /// Fills `buf` with `rows` rows of `model.width` columns.
 ///
 /// `views[i]` holds the resolutions of `model.views[i]`: one (shared by all rows) or one per row.
 /// `context[i]` is the request's value for `model.context[i]`, `None` when not sent.
-/// Returns, per slot, whether any row used a default or fill value.
+/// Sets, per slot, whether any row used a default or fill value.
+///
+/// A value whose transformed result is beyond float32 (a float64 of 1e39, say) would reach the model as
+/// infinity. From the store, such a value is treated as unusable: the slot takes its fill or default and
+/// is reported as defaulted. From the request's context, it is the caller's to fix: [`Overflow`] names it.
+/// (Defaults and fill values are checked when the schema loads, so they always transform to finite numbers.)
 pub fn assemble(
     model: &Model,
     views: &[Vec<Resolved>],
@@ -32,7 +46,7 @@ pub fn assemble(
     rows: usize,
     buf: &mut Vec<f32>,
     defaulted: &mut Vec<bool>,
-) {
+) -> Result<(), Overflow> {
     buf.clear();
     buf.resize(rows * model.width, 0.0);
     defaulted.clear();
@@ -51,15 +65,40 @@ pub fn assemble(
                 }
                 Source::Context { index } => context[index].as_ref(),
             };
-            let value = match raw {
-                Some(v) if !v.is_null() => v,
-                _ => {
-                    defaulted[si] = true;
-                    slot.fill.as_ref().unwrap_or(&slot.default)
+            let out = &mut row[slot.offset..slot.offset + slot.width];
+            match raw {
+                Some(v) if !v.is_null() => {
+                    write_slot(slot, v, out);
+                    if out.iter().all(|x| x.is_finite()) {
+                        continue;
+                    }
+                    if let Source::Context { index } = slot.source {
+                        return Err(Overflow {
+                            slot: si,
+                            context: index,
+                        });
+                    }
                 }
-            };
-            write_slot(slot, value, &mut row[slot.offset..slot.offset + slot.width]);
+                _ => {}
+            }
+            defaulted[si] = true;
+            write_slot(slot, slot.fallback(), out);
         }
+    }
+    Ok(())
+}
+
+/// Whether `slot`'s fallback (its fill value, else its default) transforms to a number beyond float32;
+/// if so, which of the two it is.
+pub fn non_finite_fallback(slot: &Slot) -> Option<&'static str> {
+    let mut out = vec![0f32; slot.width];
+    write_slot(slot, slot.fallback(), &mut out);
+    if out.iter().all(|x| x.is_finite()) {
+        None
+    } else if slot.fill.is_some() {
+        Some("fill_missing")
+    } else {
+        Some("default")
     }
 }
 
@@ -145,6 +184,46 @@ mod tests {
         let mut out = vec![f32::NAN; s.width];
         write_slot(s, &v, &mut out);
         out
+    }
+
+    #[test]
+    fn a_context_value_beyond_float32_once_transformed_is_named_not_sent() {
+        use std::path::{Path, PathBuf};
+        let registry = crate::schema::Registry::compile(
+            &[(
+                PathBuf::from("m.yaml"),
+                "kind: model\nname: m\nversion: 1\nfile: m.onnx\noutputs: [score]\ncontext:\n  - {name: n, dtype: int64, default: 0}\n  - {name: x, dtype: float64, default: 2}\ninputs:\n  - feature: context:n\n  - feature: context:x\n".into(),
+            )],
+            Path::new("."),
+        )
+        .expect("schema");
+        let model = &registry.models["m"];
+        let (mut buf, mut flags) = (Vec::new(), Vec::new());
+        let context = |x: f64| [Some(Value::Int(7)), Some(Value::Float(x))];
+        let r = assemble(model, &[], &context(1e39), 1, &mut buf, &mut flags);
+        assert_eq!(
+            r,
+            Err(Overflow {
+                slot: 1,
+                context: 1
+            })
+        );
+        // In range: written as sent; a value not sent takes its default.
+        let r = assemble(model, &[], &context(-3e38), 1, &mut buf, &mut flags);
+        assert_eq!(r, Ok(()));
+        assert_eq!(buf, vec![7.0, -3e38f32]);
+        assert_eq!(flags, vec![false, false]);
+        let r = assemble(
+            model,
+            &[],
+            &[None, Some(Value::Float(1.5))],
+            1,
+            &mut buf,
+            &mut flags,
+        );
+        assert_eq!(r, Ok(()));
+        assert_eq!(buf, vec![0.0, 1.5]);
+        assert_eq!(flags, vec![true, false]);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use serde::Serialize;
 use smallvec::SmallVec;
 use tracing::Instrument;
 
-use crate::assemble::assemble;
+use crate::assemble::{Overflow, assemble};
 use crate::config::Config;
 use crate::decode::{FeaturesRequest, Format, PredictRequest, parse_body};
 use crate::encode::{BodyWriter, TimingsBody, respond};
@@ -111,14 +111,17 @@ impl Gateway {
         // assemble
         let mut buf = engine.take_buffer();
         let mut flags = Vec::new();
-        assemble(
+        if let Err(o) = assemble(
             model,
             &hydrated.views,
             &plan.context,
             plan.rows,
             &mut buf,
             &mut flags,
-        );
+        ) {
+            engine.give_buffer(buf);
+            return Err(overflow(model, o));
+        }
         t.set(Stage::Assemble, laps.lap());
 
         // queue + infer: `infer` is the model run of the batch this request rode in; `queue` is everything
@@ -422,4 +425,21 @@ impl Gateway {
         }))
         .into_response())
     }
+}
+
+/// The 400 for a context value the model's float32 input cannot hold once transformed.
+fn overflow(model: &Model, o: Overflow) -> ApiError {
+    let name = model
+        .context
+        .get(o.context)
+        .map_or("?", |f| f.name.as_str());
+    let input = model.slots.get(o.slot).map_or("?", |s| s.label.as_str());
+    ApiError::invalid(
+        "invalid_field",
+        format!("context.{name}"),
+        format!(
+            "context.{name}: after the transforms of model `{}`'s input `{input}` the value is beyond float32 (about ±3.4e38), so the model would be given infinity; send a smaller number",
+            model.name
+        ),
+    )
 }

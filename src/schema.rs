@@ -340,6 +340,13 @@ pub struct Slot {
     pub width: usize,
 }
 
+impl Slot {
+    /// What a missing value becomes before the transforms: the fill value, else the feature's default.
+    pub fn fallback(&self) -> &Value {
+        self.fill.as_ref().unwrap_or(&self.default)
+    }
+}
+
 /// Batching knobs of a model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Batching {
@@ -1352,7 +1359,7 @@ fn compile_model(
         };
         match compile_chain(s.transform.as_ref(), dtype) {
             Ok((fill, steps, width)) => {
-                slots.push(Slot {
+                let slot = Slot {
                     label: s.feature,
                     source,
                     dtype,
@@ -1361,7 +1368,17 @@ fn compile_model(
                     steps,
                     offset,
                     width,
-                });
+                };
+                if let Some(what) = crate::assemble::non_finite_fallback(&slot) {
+                    let whose = if what == "default" {
+                        format!("the `default` of `{}`", slot.label)
+                    } else {
+                        "the `fill_missing` value".to_owned()
+                    };
+                    errs.push(file, &format!("{at}.transform"), format!("{whose} is beyond float32 after these transforms: the model would be given infinity for every missing value"));
+                    continue;
+                }
+                slots.push(slot);
                 offset += width;
             }
             Err((sub, msg)) => errs.push(file, &format!("{at}.transform{sub}"), msg),
@@ -1518,6 +1535,34 @@ features:
         ))
         .expect_err("fill");
         assert_eq!(e.0[0].path, "inputs[0].transform[0]");
+        // A fallback the model's float32 input cannot hold once transformed: every missing value would
+        // reach the model as infinity.
+        let e = compile(&model(
+            "  - {feature: user_profile:age, transform: [{fill_missing: {value: 5}}, {standardize: {mean: 0, std: 1.0e-300}}]}\n",
+        ))
+        .expect_err("fill beyond float32");
+        assert_eq!(e.0[0].path, "inputs[0].transform");
+        assert!(
+            e.0[0]
+                .message
+                .contains("`fill_missing` value is beyond float32"),
+            "{e}"
+        );
+        let e = compile(&model(
+            "  - {feature: user_profile:age, transform: {standardize: {mean: 0, std: 1.0e-300}}}\n",
+        ))
+        .expect_err("default beyond float32 once standardized");
+        assert!(
+            e.0[0]
+                .message
+                .contains("`default` of `user_profile:age` is beyond float32"),
+            "{e}"
+        );
+        // The same transform is fine while the default stays in range: only sent values can overflow.
+        compile(&model(
+            "  - {feature: user_profile:age, transform: {standardize: {mean: 30, std: 1.0e-300}}}\n",
+        ))
+        .expect("a default that standardizes to 0");
         // A boundary that is not a number would bucket nothing the way the schema says.
         for bounds in ["[.nan]", "[1, .inf]"] {
             let e = compile(&model(&format!(

@@ -1353,3 +1353,67 @@ async fn a_non_finite_score_is_an_error_not_a_null() {
         .await;
     assert_eq!(ok.status, 200);
 }
+
+/// A value that its transforms take beyond float32 would reach the model as infinity. A stored one is
+/// unusable: its slot takes the default and is listed in `defaulted`, and the score is the one that
+/// default gives. A context one is the caller's to fix: 400, naming the field.
+#[tokio::test]
+async fn values_beyond_float32_after_their_transforms_never_reach_the_model() {
+    // `price` (float64) fed as is, and `hour_of_day` standardized by a tiny std: 12 (the default) is 0,
+    // 13 is 1e300.
+    let schemas = common::schemas_with_ctr_edit(
+        "  - feature: item_stats:price\n    transform: log1p\n",
+        "  - feature: item_stats:price\n",
+    );
+    let ctr = schemas.path().join("ctr.yaml");
+    let text = std::fs::read_to_string(&ctr).expect("read");
+    let hour = "transform: {bucketize: {boundaries: [6, 12, 18]}}";
+    assert!(text.contains(hour));
+    std::fs::write(
+        &ctr,
+        text.replace(hour, "transform: {standardize: {mean: 12, std: 1.0e-300}}"),
+    )
+    .expect("write");
+    let mut config = common::test_config();
+    config.registry.schemas = schemas.path().to_owned();
+    let (store, dir) = common::demo_store().await;
+    let app = TestApp::spawn_with(config, store, Some(dir)).await;
+    app.wait_ready().await;
+
+    // Two items alike but for the price: one beyond float32, one at the view's default (20.0).
+    let rows = json!({"rows": [
+        {"item_id": "i_huge", "category": "tech", "price": 1e39},
+        {"item_id": "i_dflt", "category": "tech", "price": 20.0},
+    ]});
+    let r = app.post_json("/v1/views/item_stats/rows", &rows).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let ask = |item: &str, hour: i64| {
+        json!({"entities": {"user_id": "u_1"}, "context": {"hour_of_day": hour},
+               "candidates": [{"item_id": item}], "options": {"return_features": true}})
+    };
+    let huge = app.predict("ctr", &ask("i_huge", 12)).await;
+    assert_eq!(huge.status, 200, "{}", String::from_utf8_lossy(&huge.body));
+    let huge = huge.json();
+    let dflt = app.predict("ctr", &ask("i_dflt", 12)).await.json();
+    let listed = |reply: &Json| {
+        reply["defaulted"]
+            .as_array()
+            .is_some_and(|d| d.contains(&json!("item_stats:price")))
+    };
+    assert!(listed(&huge) && !listed(&dflt), "{huge} vs {dflt}");
+    assert_eq!(scores(&huge), scores(&dflt), "{huge} vs {dflt}");
+    assert_eq!(huge["features"], dflt["features"]);
+
+    let r = app.predict("ctr", &ask("i_dflt", 13)).await;
+    assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
+    let body = r.json();
+    assert_eq!(body["error"]["code"], "invalid_field", "{body}");
+    assert_eq!(body["error"]["field"], "context.hour_of_day", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("beyond float32")),
+        "{body}"
+    );
+    app.stop().await;
+}
