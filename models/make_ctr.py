@@ -186,15 +186,18 @@ def encode(user, item, ctx):
     """27 float32 slots from a raw user row, item row and request context.
 
     Any of the three may be None (treated as all values missing). All
-    transforms are computed in float64; the final slot values are float32.
+    transforms are computed in float64 from float32 features rounded to
+    float32; the final slot values are float32.
     """
     out = []
     # 0: age, standardize mean 40 std 12
     out.append((_num(_value("user_profile", user, "age")) - 40.0) / 12.0)
     # 1: is_premium, identity
     out.append(_num(_value("user_profile", user, "is_premium")))
-    # 2: avg_session_minutes, log1p
-    out.append(math.log1p(_num(_value("user_profile", user, "avg_session_minutes"))))
+    # 2: avg_session_minutes, log1p. A float32 feature is stored (and transformed) as the float32 it
+    # rounds to, as hydrant does; for the other float32 features here the rounding commutes with the
+    # transforms.
+    out.append(math.log1p(f32(_num(_value("user_profile", user, "avg_session_minutes")))))
     # 3-6: country one-hot [us, de, in, br]
     out.extend(_one_hot(_value("user_profile", user, "country"), ["us", "de", "in", "br"]))
     # 7-10: user embedding, identity

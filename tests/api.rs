@@ -235,9 +235,11 @@ async fn predict_scores_equal_the_model_run_on_an_independently_assembled_vector
             .iter()
             .map(|x| x.as_f64().expect("f"))
             .collect();
+        // The same float32 numbers, bit for bit: the examples follow hydrant's documented arithmetic.
+        assert_eq!(features.len(), vector.len());
         for (a, b) in features.iter().zip(&vector) {
             assert!(
-                (a - b).abs() < 1e-6,
+                (*a as f32).to_bits() == (*b as f32).to_bits(),
                 "assembled {features:?} vs example {vector:?}"
             );
         }
