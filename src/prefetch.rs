@@ -255,7 +255,11 @@ impl PrefetchRequest {
                     ),
                 ));
             };
-            keys.insert(name.as_str(), entity_keys(entity, sent, limits)?);
+            let mut ks = entity_keys(entity, sent, limits)?;
+            // A key sent twice is read, and counted, once.
+            ks.sort_unstable();
+            ks.dedup();
+            keys.insert(name.as_str(), ks);
         }
         let views: Vec<Arc<View>> = match &self.views {
             Some(names) if names.is_empty() => {

@@ -1183,8 +1183,8 @@ async fn prefetch_warms_the_cache_in_the_background() {
     .await;
     assert_eq!(j["cache"]["hits"], 3);
 
-    // Only the views asked for; keys already fresh are not read again.
-    let body = json!({"entities": {"user_id": ["u_1", "u_7"]}, "views": ["user_profile"]});
+    // Only the views asked for; keys already fresh are not read again, and a key sent twice counts once.
+    let body = json!({"entities": {"user_id": ["u_7", "u_1", "u_7"]}, "views": ["user_profile"]});
     let r = app.post_json("/v1/prefetch", &body).await;
     assert_eq!(r.json(), json!({"accepted": 2}));
     eventually(
