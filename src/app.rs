@@ -192,7 +192,7 @@ impl Application {
             );
         }
         let prefetcher = Prefetcher::new(config.prefetch.max_concurrent);
-        let listener = TcpListener::bind(config.server.bind)
+        let listener = crate::serve::listen(config.server.bind)
             .await
             .with_context(|| format!("cannot listen on {} (server.bind)", config.server.bind))?;
         let gateway = Arc::new(Gateway {

@@ -81,6 +81,23 @@ fn open_files_limit() -> Option<usize> {
     line.split_whitespace().nth(3)?.parse().ok()
 }
 
+/// Listens on `addr` with an accept queue of up to 4096 connections (the kernel caps it at
+/// `net.core.somaxconn`). The 128 of `TcpListener::bind` overflows when thousands of clients connect at
+/// once, and each connection dropped from the queue waits a second for the client's SYN retry.
+pub async fn listen(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(ACCEPT_QUEUE)
+}
+
+/// The accept queue asked of the kernel.
+const ACCEPT_QUEUE: u32 = 4096;
+
 /// Serves `router` on `listener` until `shutdown` resolves. Then it stops accepting, lets each open
 /// connection finish the request it is serving (idle ones close at once), and returns when all have
 /// closed; bound that wait from outside.
@@ -95,7 +112,7 @@ pub async fn serve(
         max_connections.clamp(1, Semaphore::MAX_PERMITS),
     ));
     let mut http = hyper::server::conn::http1::Builder::new();
-    http.keep_alive(true);
+    http.keep_alive(true).max_buf_size(MAX_HEAD_BYTES);
     // `stop` tells the connections to finish; each holds a clone of `open` until it closes.
     let (stop_tx, stop_rx) = watch::channel(false);
     let (open_tx, open_rx) = watch::channel(());
@@ -161,6 +178,30 @@ pub async fn serve(
                 _ = activity.idle(idle_timeout) => false, // dropping `conn` closes the socket
             };
             if stopping {
+                // hyper closes an idle connection at once, and with it a request the client has already
+                // sent that is still in the socket, unread: the client cannot tell that from a request
+                // refused. So an idle connection first gets a moment to start one.
+                if activity.quiet() {
+                    let before = activity.started.load(Relaxed);
+                    let ended = tokio::time::timeout(IDLE_GRACE, async {
+                        loop {
+                            tokio::select! {
+                                _ = conn.as_mut() => return true,
+                                _ = tokio::time::sleep(IDLE_GRACE / 10) => {
+                                    if activity.started.load(Relaxed) != before {
+                                        return false;
+                                    }
+                                }
+                            }
+                        }
+                    })
+                    .await;
+                    if ended == Ok(true) {
+                        drop(open);
+                        drop(permit);
+                        return;
+                    }
+                }
                 conn.as_mut().graceful_shutdown();
                 // hyper waits for a request head that is still arriving as for a request; nothing of
                 // it has reached the service, so after a moment to complete it is dropped rather than
@@ -193,6 +234,14 @@ const MIN_IDLE_CHECK: Duration = Duration::from_millis(10);
 /// At shutdown, how long a connection with no request in the service (a head still arriving) may take
 /// to deliver one before it is closed.
 const HEAD_GRACE: Duration = Duration::from_millis(500);
+
+/// At shutdown, how long an idle connection may take to start a request already sent (read from the socket
+/// once the executor gets to it) before it is closed.
+const IDLE_GRACE: Duration = Duration::from_millis(100);
+
+/// The most a connection buffers of a request head (hyper's default is about 400 KiB): 10,000 connections
+/// each holding an unfinished head would otherwise pin gigabytes. Bodies are read in chunks of at most this.
+pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 
 /// Idle checks per `idle_timeout`: a connection is closed after between 1 and 1 + 1/CHECKS of it.
 const IDLE_CHECKS: u32 = 4;
@@ -474,6 +523,78 @@ mod tests {
             TcpStream::connect(addr).await.is_err(),
             "no longer accepting"
         );
+    }
+
+    /// Requests already sent on idle keep-alive connections when the shutdown starts are answered, not
+    /// dropped with the connection.
+    #[tokio::test]
+    async fn shutdown_answers_requests_already_sent_on_idle_connections() {
+        let listener = listen("127.0.0.1:0".parse().expect("addr"))
+            .await
+            .expect("listen");
+        let addr = listener.local_addr().expect("addr");
+        let router = Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, router, ConnLimits::default(), async {
+            let _ = rx.await;
+        }));
+        let mut conns = Vec::new();
+        for _ in 0..32 {
+            let mut s = TcpStream::connect(addr).await.expect("connect");
+            assert_eq!(get(&mut s).await, "HTTP/1.1 200 OK");
+            conns.push(s);
+        }
+        // Each sends its next request, and the shutdown starts before the server has read any of them.
+        for s in &mut conns {
+            s.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+                .await
+                .expect("write");
+        }
+        let _ = tx.send(());
+        for (i, s) in conns.iter_mut().enumerate() {
+            let mut answer = String::new();
+            tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut answer))
+                .await
+                .expect("closed in time")
+                .expect("read");
+            assert!(
+                answer.starts_with("HTTP/1.1 200 OK") && answer.ends_with("ok"),
+                "connection {i}: {answer:?}"
+            );
+        }
+        tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .expect("serve returns")
+            .expect("join")
+            .expect("serve");
+    }
+
+    /// A request head is buffered up to MAX_HEAD_BYTES; past it the answer is 431, not more memory.
+    #[tokio::test]
+    async fn a_request_head_past_the_limit_gets_431() {
+        let (addr, _stop) = start(ConnLimits::default()).await;
+        for (size, status) in [
+            (MAX_HEAD_BYTES / 2, "HTTP/1.1 200 OK"),
+            (
+                MAX_HEAD_BYTES * 2,
+                "HTTP/1.1 431 Request Header Fields Too Large",
+            ),
+        ] {
+            let mut s = TcpStream::connect(addr).await.expect("connect");
+            let head = format!(
+                "GET / HTTP/1.1\r\nhost: x\r\nx-big: {}\r\n\r\n",
+                "a".repeat(size)
+            );
+            // The server may answer and close before it has read all of an oversized head.
+            let _ = s.write_all(head.as_bytes()).await;
+            let mut buf = vec![0u8; 1024];
+            let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+                .await
+                .expect("answered")
+                .expect("read");
+            let answer = String::from_utf8_lossy(&buf[..n]);
+            assert!(answer.starts_with(status), "{size} bytes: {answer}");
+        }
     }
 
     #[test]

@@ -125,26 +125,19 @@ pub struct FloorHandle {
 impl FloorHandle {
     /// Binds `bind` (port 0 picks a free port) and starts serving on `threads` worker threads.
     pub fn spawn(bind: SocketAddr, scores: usize, threads: usize) -> std::io::Result<FloorHandle> {
-        let std_listener = std::net::TcpListener::bind(bind)?;
-        std_listener.set_nonblocking(true)?;
-        let addr = std_listener.local_addr()?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads.max(1))
             .thread_name("floor")
             .enable_all()
             .build()?;
+        // Bound here, so that a port in use is the caller's error, and in the runtime that serves it.
+        let listener = runtime.block_on(hydrant::serve::listen(bind))?;
+        let addr = listener.local_addr()?;
         let (tx, rx) = oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("floor-main".into())
             .spawn(move || {
                 runtime.block_on(async move {
-                    let listener = match tokio::net::TcpListener::from_std(std_listener) {
-                        Ok(l) => l,
-                        Err(e) => {
-                            eprintln!("floor: cannot use the listener: {e}");
-                            return;
-                        }
-                    };
                     let stop = async move {
                         let _ = rx.await;
                     };

@@ -360,7 +360,7 @@ fn serve_floor(addr: SocketAddr, scores: usize, threads: usize, for_s: u64) -> a
         .build()
         .context("cannot start the runtime")?;
     runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(addr)
+        let listener = hydrant::serve::listen(addr)
             .await
             .with_context(|| format!("cannot listen on {addr} (--bind)"))?;
         let local = listener.local_addr().context("listener address")?;
