@@ -130,14 +130,22 @@ impl FloorHandle {
             .thread_name("floor")
             .enable_all()
             .build()?;
-        // Bound here, so that a port in use is the caller's error, and in the runtime that serves it.
-        let listener = runtime.block_on(hydrant::serve::listen(bind))?;
-        let addr = listener.local_addr()?;
         let (tx, rx) = oneshot::channel::<()>();
+        // Bound on the floor's own thread, in the runtime that serves it (the caller may be inside a
+        // runtime, where another cannot be entered); a port in use comes back as the caller's error.
+        let (bound_tx, bound_rx) = std::sync::mpsc::channel::<std::io::Result<SocketAddr>>();
         let thread = std::thread::Builder::new()
             .name("floor-main".into())
             .spawn(move || {
                 runtime.block_on(async move {
+                    let listener = match hydrant::serve::listen(bind).await {
+                        Ok(l) => l,
+                        Err(e) => {
+                            let _ = bound_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    let _ = bound_tx.send(listener.local_addr());
                     let stop = async move {
                         let _ = rx.await;
                     };
@@ -147,6 +155,19 @@ impl FloorHandle {
                 });
                 runtime.shutdown_timeout(SHUTDOWN_GRACE);
             })?;
+        let addr = match bound_rx.recv() {
+            Ok(Ok(addr)) => addr,
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(e);
+            }
+            Err(_) => {
+                let _ = thread.join();
+                return Err(std::io::Error::other(
+                    "the floor's thread ended before it listened",
+                ));
+            }
+        };
         Ok(FloorHandle {
             addr,
             shutdown: Some(tx),

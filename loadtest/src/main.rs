@@ -219,13 +219,13 @@ fn run(
         let cancel = Cancel::new();
         let on_signal = cancel.clone();
         tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                eprintln!("\ninterrupted: finishing the report (Ctrl-C again to quit at once)");
-                on_signal.cancel();
-                if tokio::signal::ctrl_c().await.is_ok() {
-                    std::process::exit(130);
-                }
-            }
+            // SIGTERM as Ctrl-C: `timeout`, `docker stop` and a cancelled CI job send it, and the
+            // partial report is what they need.
+            hydrant::app::shutdown_signal().await;
+            eprintln!("\ninterrupted: finishing the report (Ctrl-C again to quit at once)");
+            on_signal.cancel();
+            hydrant::app::shutdown_signal().await;
+            std::process::exit(130);
         });
         // On a worker thread (not block_on's), so the open-loop dispatcher spawns request tasks
         // onto its local queue instead of waking a worker from outside for each one.

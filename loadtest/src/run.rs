@@ -942,6 +942,24 @@ fn assemble(
             ));
         }
     }
+    // Percentiles hold the successful answers and the timeouts (at the time given up, a lower bound);
+    // the other failures are in no percentile, so a share of them makes the percentiles flattering.
+    // (The floor's failures have their own warning below; refusals at max_in_flight have theirs above.)
+    let overload = hydrant.errors_by_kind.get("overload").copied().unwrap_or(0);
+    let failed = hydrant.errors.saturating_sub(overload);
+    if hydrant.requests > 0 && failed as f64 > 0.01 * hydrant.requests as f64 {
+        let kinds: Vec<String> = hydrant
+            .errors_by_kind
+            .iter()
+            .filter(|(k, _)| k.as_str() != "overload")
+            .map(|(k, n)| format!("{n} {k}"))
+            .collect();
+        warnings.push(format!(
+            "hydrant: {failed} of {} requests failed ({}): timeouts are in the latency percentiles at the time they were given up (timeout_ms), other failures in none",
+            hydrant.requests,
+            kinds.join(", ")
+        ));
+    }
     // A floor that fails is no floor: the ratios to it compare against errors.
     if let Some(f) = &floor
         && f.requests > 0
@@ -959,7 +977,9 @@ fn assemble(
         ));
     }
     if interrupted {
-        warnings.push("interrupted: the numbers cover only what ran before Ctrl-C".to_string());
+        warnings.push(
+            "interrupted: the numbers cover only what ran before Ctrl-C (or SIGTERM)".to_string(),
+        );
     }
 
     let (floor_rps, ratio_to_floor) = match (&floor, ex.sweep) {

@@ -235,3 +235,47 @@ async fn sends_over_the_in_flight_cap_count_as_overload() {
         r.hydrant.ok
     );
 }
+
+/// Requests given up at the timeout are in the percentiles at the time they were given up: with most of
+/// them timing out, the p50 cannot read below the timeout, and the run says how many failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeouts_count_in_the_percentiles_and_are_warned_about() {
+    let gw = FakeGateway::start(FakeConfig {
+        delay: Duration::from_millis(300),
+        ..FakeConfig::default()
+    })
+    .await;
+    let mut s = scenario(
+        &gw.url(),
+        "mode = \"open-loop\"\nrate = 50\nduration_s = 1",
+        "",
+    );
+    s.timeout = Duration::from_millis(100);
+    let r = run(s, &opts("timeouts"), Cancel::new())
+        .await
+        .expect("run")
+        .result;
+    let timeouts = r
+        .hydrant
+        .errors_by_kind
+        .get("timeout")
+        .copied()
+        .unwrap_or(0);
+    assert!(
+        timeouts * 10 >= r.hydrant.requests * 9,
+        "{:?}",
+        r.hydrant.errors_by_kind
+    );
+    let p50 = r.hydrant.p50_us.expect("timeouts make a p50");
+    assert!(
+        (100_000..300_000).contains(&p50),
+        "p50 {p50} us: at least the 100 ms timeout"
+    );
+    assert!(
+        r.warnings
+            .iter()
+            .any(|w| w.contains("requests failed") && w.contains("timeout")),
+        "{:?}",
+        r.warnings
+    );
+}
