@@ -90,7 +90,9 @@ fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes
         } else {
             ApiError::Malformed {
                 code: "invalid_body",
-                message: format!("cannot read the request body: {r}"),
+                message: format!(
+                    "cannot read the request body ({r}): its framing is broken (a bad chunk in a chunked body, or fewer bytes than its Content-Length)"
+                ),
                 field: None,
             }
         }
@@ -142,6 +144,9 @@ async fn split(req: Request, gw: &Gateway) -> Result<(HeaderMap, Uri, Bytes), Ap
             return Err(ApiError::UnsupportedEncoding(text));
         }
     }
+    // Refused before the body is read: a client that sent `Expect: 100-continue` gets the 415 instead
+    // of a 100 and then the 415.
+    Format::of_request(req.headers())?;
     let (mut parts, body) = req.into_parts();
     let headers = std::mem::take(&mut parts.headers);
     let uri = std::mem::take(&mut parts.uri);

@@ -52,12 +52,21 @@ impl Format {
 
     /// The request's format from `Content-Type` (absent means JSON).
     pub fn of_request(headers: &HeaderMap) -> Result<Self, ApiError> {
-        match headers.get(header::CONTENT_TYPE) {
-            None => Ok(Self::Json),
-            Some(v) => {
+        let mut types = headers.get_all(header::CONTENT_TYPE).iter();
+        match (types.next(), types.next()) {
+            (None, _) => Ok(Self::Json),
+            (Some(v), None) => {
                 let s = v.to_str().unwrap_or("");
                 Self::parse(s).ok_or_else(|| ApiError::UnsupportedMediaType(s.to_owned()))
             }
+            (Some(_), Some(_)) => Err(ApiError::ConflictingContentTypes(
+                headers
+                    .get_all(header::CONTENT_TYPE)
+                    .iter()
+                    .map(|v| String::from_utf8_lossy(v.as_bytes()))
+                    .collect::<Vec<_>>()
+                    .join("`, `"),
+            )),
         }
     }
 

@@ -43,6 +43,9 @@ pub enum ApiError {
     },
     #[error("unsupported content type `{0}`: send `application/json` or `application/msgpack`")]
     UnsupportedMediaType(String),
+    /// More than one `Content-Type` header: which one to believe would be a guess.
+    #[error("the request has more than one Content-Type header (`{0}`): send one")]
+    ConflictingContentTypes(String),
     #[error("unsupported `Content-Encoding: {0}`: send the body uncompressed")]
     UnsupportedEncoding(String),
     /// `Accept` refuses (`q=0`) both answer formats.
@@ -104,9 +107,9 @@ impl ApiError {
             Self::NotFound { .. } => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::UnsupportedMediaType(_) | Self::UnsupportedEncoding(_) => {
-                StatusCode::UNSUPPORTED_MEDIA_TYPE
-            }
+            Self::UnsupportedMediaType(_)
+            | Self::ConflictingContentTypes(_)
+            | Self::UnsupportedEncoding(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::NotAcceptable(_) => StatusCode::NOT_ACCEPTABLE,
             Self::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
@@ -124,9 +127,9 @@ impl ApiError {
             | Self::Invalid { code, .. }
             | Self::NotFound { code, .. }
             | Self::TooLarge { code, .. } => code,
-            Self::UnsupportedMediaType(_) | Self::UnsupportedEncoding(_) => {
-                "unsupported_media_type"
-            }
+            Self::UnsupportedMediaType(_)
+            | Self::ConflictingContentTypes(_)
+            | Self::UnsupportedEncoding(_) => "unsupported_media_type",
             Self::NotAcceptable(_) => "not_acceptable",
             Self::Overloaded(_) => "overloaded",
             Self::TooManyRequests(_) => "too_many_requests",
@@ -219,7 +222,17 @@ impl ApiError {
         );
         // The rest of a body that stopped coming cannot be told from the next request: the connection
         // ends with this answer.
-        if status == StatusCode::REQUEST_TIMEOUT {
+        // So is a body refused as too large before it was read (its bytes would follow on the
+        // connection): saying so lets the client know a request pipelined behind it was not read.
+        if status == StatusCode::REQUEST_TIMEOUT
+            || matches!(
+                self,
+                Self::TooLarge {
+                    code: "body_too_large",
+                    ..
+                }
+            )
+        {
             resp.headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }

@@ -1281,7 +1281,9 @@ async fn event_timestamps_apply_their_offset_and_float32_values_are_stored_as_fl
 }
 
 /// What the headers alone settle is answered without waiting for the body: a body declared over
-/// `limits.max_body_bytes` (413), and a predict for a model that does not exist (404).
+/// `limits.max_body_bytes` (413, closing the connection, since the body would follow on it), a predict
+/// for a model that does not exist (404), and a content type hydrant does not read (415: a client that
+/// asked `Expect: 100-continue` gets no 100 first).
 #[tokio::test]
 async fn an_oversized_body_or_unknown_model_is_refused_before_the_body_arrives() {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -1299,6 +1301,11 @@ async fn an_oversized_body_or_unknown_model_is_refused_before_the_body_arrives()
             "404",
             "unknown_model",
         ),
+        (
+            "POST /v1/models/ctr/predict HTTP/1.1\r\nhost: h\r\ncontent-type: text/plain\r\nexpect: 100-continue\r\ncontent-length: 100\r\n\r\n",
+            "415",
+            "unsupported_media_type",
+        ),
     ] {
         let mut s = tokio::net::TcpStream::connect(app.addr.trim_start_matches("http://"))
             .await
@@ -1313,7 +1320,31 @@ async fn an_oversized_body_or_unknown_model_is_refused_before_the_body_arrives()
         let text = String::from_utf8_lossy(&answer[..n]);
         assert!(text.starts_with(&format!("HTTP/1.1 {status} ")), "{text}");
         assert!(text.contains(&format!(r#""code":"{code}""#)), "{text}");
+        if status == "413" {
+            assert!(
+                text.to_ascii_lowercase()
+                    .contains("\r\nconnection: close\r\n"),
+                "{text}"
+            );
+        }
     }
+    // Two content types: which to believe would be a guess.
+    let r = app
+        .post_with(
+            "/v1/models/ctr/predict",
+            &[
+                ("content-type", "application/json"),
+                ("content-type", "application/msgpack"),
+            ],
+            b"{}".to_vec(),
+        )
+        .await;
+    assert_eq!(r.status, 415, "{}", String::from_utf8_lossy(&r.body));
+    assert!(
+        String::from_utf8_lossy(&r.body).contains("more than one Content-Type"),
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
     app.stop().await;
 }
 
