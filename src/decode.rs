@@ -240,10 +240,22 @@ fn parse_body_tracked<T: DeserializeOwned + Positional>(
                 let path = path_text(e.path(), T::FIELDS);
                 let inner = e.into_inner();
                 if inner.is_syntax() || inner.is_eof() {
+                    // Where the parser was (a number beyond float64 in `context.hour_of_day`, a token
+                    // that is no JSON value) names the field, when it is inside one.
+                    let path = if path.is_empty() || path == "." || path.contains('?') {
+                        String::new()
+                    } else {
+                        path
+                    };
+                    let at = if path.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" in {path}")
+                    };
                     malformed(
                         "invalid_json",
-                        format!("the body is not valid JSON: {inner}"),
-                        String::new(),
+                        format!("the body is not valid JSON{at}: {inner}"),
+                        path,
                     )
                 } else {
                     let msg = strip_position(&inner.to_string());
@@ -1662,6 +1674,42 @@ mod tests {
             e.to_string().contains("JSON sent as application/msgpack"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn invalid_json_inside_a_field_names_the_field() {
+        let field = |e: &ApiError| match e {
+            ApiError::Malformed { field, .. } => field.clone(),
+            _ => None,
+        };
+        for (body, path) in [
+            (
+                &br#"{"entities": {"user_id": "u_1"}, "context": {"hour_of_day": 1e309}}"#[..],
+                "context.hour_of_day",
+            ),
+            (
+                br#"{"entities": {"user_id": "u_1"}, "options": {"deadline_ms": -1e400}}"#,
+                "options.deadline_ms",
+            ),
+            (
+                br#"{"entities": {"user_id": "u_1"}, "candidates": [{"item_id": "i"}, {"item_id": tru}]}"#,
+                "candidates[1].item_id",
+            ),
+        ] {
+            let e = parse_body::<PredictRequest>(Format::Json, body).expect_err(path);
+            assert_eq!(e.code(), "invalid_json");
+            assert_eq!(field(&e).as_deref(), Some(path), "{e}");
+            assert!(e.to_string().contains(&format!("in {path}: ")), "{e}");
+        }
+        // Outside any field, or at the end of the body: no field to name.
+        for body in [
+            &br#"{"entities" {"user_id": "u_1"}}"#[..],
+            br#"{"entities": {"user_id": "u_1"}"#,
+        ] {
+            let e = parse_body::<PredictRequest>(Format::Json, body).expect_err("syntax");
+            assert_eq!(e.code(), "invalid_json");
+            assert_eq!(field(&e), None, "{e}");
+        }
     }
 
     #[test]
