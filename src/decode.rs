@@ -758,7 +758,7 @@ pub enum ContextValue {
 /// A context value's shape that no feature type takes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Unfit {
-    /// `a list` or `an object`.
+    /// `a list`, `an object`, or a number that is not finite.
     what: &'static str,
     /// For a list: the first element that is not a float32 number, and what it is.
     element: Option<(usize, &'static str)>,
@@ -868,6 +868,18 @@ impl<'de> Deserialize<'de> for ContextValue {
                 ))
             }
             fn visit_f64<E: de::Error>(self, f: f64) -> Result<ContextValue, E> {
+                if !f.is_finite() {
+                    // (MessagePack carries NaN and infinity; JSON cannot.) Kept, to be refused in the
+                    // field's terms: for a string field, "expected string", not "expected a finite number".
+                    return Ok(ContextValue::Unfit(Box::new(Unfit {
+                        what: if f.is_nan() {
+                            "NaN"
+                        } else {
+                            "an infinite number"
+                        },
+                        element: None,
+                    })));
+                }
                 ValueVisitor.visit_f64(f).map(ContextValue::Value)
             }
             fn visit_str<E: de::Error>(self, s: &str) -> Result<ContextValue, E> {
@@ -1546,6 +1558,14 @@ mod tests {
             v.typed(Dtype::Float32List(2)),
             Err("expected float32[2], got a list whose element 0 is a string".to_owned())
         );
+        // MessagePack carries NaN and infinity, refused in the field's terms too.
+        for (x, what) in [(f64::NAN, "NaN"), (f64::NEG_INFINITY, "an infinite number")] {
+            let packed = rmp_serde::to_vec(&x).expect("msgpack");
+            for dtype in [Dtype::String, Dtype::Float64] {
+                let v: ContextValue = rmp_serde::from_slice(&packed).expect("decodes");
+                assert_eq!(v.typed(dtype), Err(format!("expected {dtype}, got {what}")));
+            }
+        }
     }
 
     #[test]
