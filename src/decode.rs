@@ -897,6 +897,8 @@ impl<'de> Deserialize<'de> for ContextValue {
                                 out.push(f);
                                 continue;
                             }
+                            Err(_) if x.is_nan() => "NaN",
+                            Err(_) if x.is_infinite() => "an infinite number",
                             Err(_) => "a number outside the float32 range",
                         },
                         Element::Other(kind) => kind,

@@ -438,7 +438,7 @@ fn overflow(model: &Model, o: Overflow) -> ApiError {
         "invalid_field",
         format!("context.{name}"),
         format!(
-            "context.{name}: after the transforms of model `{}`'s input `{input}` the value is beyond float32 (about ±3.4e38), so the model would be given infinity; send a smaller number",
+            "context.{name}: after the transforms of model `{}`'s input `{input}` the value is beyond float32 (about ±3.4e38), so the model would be given infinity; send a value that stays within it",
             model.name
         ),
     )

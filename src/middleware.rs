@@ -18,12 +18,13 @@ use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicU8, AtomicU64};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::extract::{MatchedPath, Request};
+use axum::http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::Response;
 use tokio::time::Sleep;
@@ -41,16 +42,26 @@ pub const TIMEOUT_GRACE: Duration = Duration::from_millis(250);
 /// The request-id header, read and echoed.
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-/// Whether a handler is reading the request's body (set by `api::split`), so that the backstop answers a
-/// client that stopped sending with 408, not the 503 of a slow gateway. One flag shared with the
-/// request costs far less than a second timer per request (about 1.5 µs of CPU, measured).
+/// Where the handler is with the request's body (set by `api::split`): not started, being read, or read.
+/// Being read when the backstop fires, the client stopped sending, so the answer is 408, not the 503 of a
+/// slow gateway. Not read when the answer goes out (a refusal the headers settled), the rest of the body
+/// would follow on the connection, so hyper closes it and the answer says `Connection: close`. One flag
+/// shared with the request costs far less than a second timer per request (about 1.5 µs of CPU, measured).
 #[derive(Clone, Default)]
-pub struct BodyRead(Arc<AtomicBool>);
+pub struct BodyRead(Arc<AtomicU8>);
+
+const BODY_READING: u8 = 1;
+const BODY_READ: u8 = 2;
 
 impl BodyRead {
     /// Marks the body as being read (`true`) or read (`false`).
     pub fn reading(&self, reading: bool) {
-        self.0.store(reading, Relaxed);
+        self.0
+            .store(if reading { BODY_READING } else { BODY_READ }, Relaxed);
+    }
+
+    fn is(&self, state: u8) -> bool {
+        self.0.load(Relaxed) == state
     }
 }
 
@@ -115,8 +126,8 @@ where
     fn call(&mut self, mut req: Request) -> Self::Future {
         let started = Instant::now();
         let route = route_label(&req);
-        // Only the routes that take a body get the flag (and its allocation).
-        let body_read = reads_body(route).then(BodyRead::default);
+        // Only the routes that take a body get the flag (and its allocation), and only when one was sent.
+        let body_read = (reads_body(route) && declares_body(req.headers())).then(BodyRead::default);
         if let Some(b) = &body_read {
             req.extensions_mut().insert(b.clone());
         }
@@ -189,7 +200,7 @@ where
             Ok(Poll::Ready(Err(never))) => match never {},
             Ok(Poll::Pending) => match this.backstop.poll(cx) {
                 Poll::Pending => return Poll::Pending,
-                Poll::Ready(()) if this.body_read.as_ref().is_some_and(|b| b.0.load(Relaxed)) => {
+                Poll::Ready(()) if this.body_read.as_ref().is_some_and(|b| b.is(BODY_READING)) => {
                     let err = ApiError::BodyTimeout(format!(
                         "the request body did not arrive within the gateway's limit of {:?} (limits.request_timeout)",
                         this.shared.limit
@@ -214,7 +225,12 @@ where
             .model
             .and_then(|i| this.shared.models.get(i))
             .map_or("", String::as_str);
-        if !counted && !model.is_empty() {
+        // Only the routes whose answers the handlers count: the model's metadata routes never count.
+        let counts = matches!(
+            *this.route,
+            "/v1/models/{model}/predict" | "/v2/models/{model}/infer"
+        );
+        if !counted && counts && !model.is_empty() {
             this.shared.telemetry.model(model).failed(resp.status());
         }
         this.shared
@@ -224,8 +240,20 @@ where
         if let Some(id) = this.id.take() {
             resp.headers_mut().insert(REQUEST_ID, id);
         }
+        if this.body_read.as_ref().is_some_and(|b| !b.is(BODY_READ)) {
+            resp.headers_mut()
+                .insert(CONNECTION, HeaderValue::from_static("close"));
+        }
         Poll::Ready(Ok(resp))
     }
+}
+
+/// Whether the request says a body follows (a non-zero `Content-Length`, or `Transfer-Encoding`).
+fn declares_body(headers: &HeaderMap) -> bool {
+    headers.contains_key(TRANSFER_ENCODING)
+        || headers
+            .get(CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() != b"0")
 }
 
 /// Whether `route` (a [`route_label`]) reads a request body.

@@ -99,8 +99,8 @@ pub async fn listen(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> 
 const ACCEPT_QUEUE: u32 = 4096;
 
 /// Serves `router` on `listener` until `shutdown` resolves. Then it stops accepting, lets each open
-/// connection finish the request it is serving (idle ones close at once), and returns when all have
-/// closed; bound that wait from outside.
+/// connection finish the request it is serving (an idle one gets [`IDLE_GRACE`] to start one already
+/// sent, a half-sent head [`HEAD_GRACE`]), and returns when all have closed; bound that wait from outside.
 pub async fn serve(
     listener: TcpListener,
     router: Router,

@@ -1281,9 +1281,9 @@ async fn event_timestamps_apply_their_offset_and_float32_values_are_stored_as_fl
 }
 
 /// What the headers alone settle is answered without waiting for the body: a body declared over
-/// `limits.max_body_bytes` (413, closing the connection, since the body would follow on it), a predict
-/// for a model that does not exist (404), and a content type hydrant does not read (415: a client that
-/// asked `Expect: 100-continue` gets no 100 first).
+/// `limits.max_body_bytes` (413), a predict for a model that does not exist (404), and a content type
+/// hydrant does not read (415: a client that asked `Expect: 100-continue` gets no 100 first). Each closes
+/// the connection, since the body would follow on it, and says `Connection: close`.
 #[tokio::test]
 async fn an_oversized_body_or_unknown_model_is_refused_before_the_body_arrives() {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -1320,13 +1320,25 @@ async fn an_oversized_body_or_unknown_model_is_refused_before_the_body_arrives()
         let text = String::from_utf8_lossy(&answer[..n]);
         assert!(text.starts_with(&format!("HTTP/1.1 {status} ")), "{text}");
         assert!(text.contains(&format!(r#""code":"{code}""#)), "{text}");
-        if status == "413" {
-            assert!(
-                text.to_ascii_lowercase()
-                    .contains("\r\nconnection: close\r\n"),
-                "{text}"
-            );
-        }
+        // Answered before the body was read: the connection closes, and the answer says so.
+        assert!(
+            text.to_ascii_lowercase()
+                .contains("\r\nconnection: close\r\n"),
+            "{text}"
+        );
+    }
+    // Answers given once the body was read keep the connection open, refusals included.
+    for body in [
+        json!({"entities": {"user_id": "u_1"}, "candidates": [{"item_id": "i_1"}]}),
+        json!({"candidates": [{"item_id": "i_1"}]}),
+    ] {
+        let r = app.predict("ctr", &body).await;
+        assert!(
+            !r.headers.contains_key("connection"),
+            "{}: {:?}",
+            r.status,
+            r.headers
+        );
     }
     // Two content types: which to believe would be a guess.
     let r = app

@@ -172,6 +172,11 @@ async fn stats_report_stage_percentiles_beside_hit_rates() {
     assert_eq!(r.status, 400);
     // So is a wrong method on the model's route, answered by the router rather than the handler.
     assert_eq!(app.get("/v1/models/ctr/predict").await.status, 405);
+    // The model's metadata routes are not its requests: nothing there counts, a 405 neither.
+    let r = app
+        .post("/v2/models/ctr", "application/json", b"{}".to_vec())
+        .await;
+    assert_eq!(r.status, 405);
     let s = app.get("/v1/stats").await.json();
     let m = &s["models"]["ctr"];
     assert_eq!(m["requests"], 20);

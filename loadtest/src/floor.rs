@@ -145,7 +145,12 @@ impl FloorHandle {
                             return;
                         }
                     };
-                    let _ = bound_tx.send(listener.local_addr());
+                    let addr = listener.local_addr();
+                    let failed = addr.is_err();
+                    let _ = bound_tx.send(addr);
+                    if failed {
+                        return;
+                    }
                     let stop = async move {
                         let _ = rx.await;
                     };

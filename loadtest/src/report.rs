@@ -13,7 +13,8 @@ use serde::{Deserialize, Serialize};
 use crate::record::{TimelinePoint, Which};
 use crate::stats::{StagePercentiles, StatsPoint, ViewDelta};
 
-/// Latency and throughput of one server over one phase. Latencies are of successful answers.
+/// Latency and throughput of one server over one phase. Latencies are of successful answers and of
+/// timeouts, a timeout at the time it was given up (a lower bound).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct LatencySummary {
     pub requests: u64,
@@ -22,7 +23,7 @@ pub struct LatencySummary {
     pub error_rate: f64,
     pub measured_s: f64,
     pub achieved_rps: f64,
-    /// Latencies: `None` (JSON `null`) when no answer succeeded, so nothing was measured.
+    /// Latencies: `None` (JSON `null`) when no answer succeeded or timed out, so nothing was measured.
     pub p50_us: Option<u64>,
     pub p90_us: Option<u64>,
     pub p95_us: Option<u64>,
@@ -70,7 +71,7 @@ pub struct SegmentSpan {
     pub end_s: f64,
 }
 
-/// One bar of the latency histogram: successful answers in `[lo_us, hi_us)`.
+/// One bar of the latency histogram: successful answers and timeouts in `[lo_us, hi_us)`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HistBin {
     pub lo_us: f64,

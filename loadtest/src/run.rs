@@ -811,7 +811,7 @@ fn ratio(a: f64, b: f64) -> Option<f64> {
     (b > 0.0 && a.is_finite()).then(|| a / b)
 }
 
-/// Log-spaced bins, ten per decade, over the successful latencies of hydrant and floor.
+/// Log-spaced bins, ten per decade, over the latencies (answers and timeouts) of hydrant and floor.
 fn histogram_bins(h: &Segment, f: Option<&Segment>) -> Vec<HistBin> {
     let bin_of = |v: u64| ((v.max(1) as f64).log10() * 10.0).floor() as i64;
     let mut counts: BTreeMap<i64, (u64, u64)> = BTreeMap::new();

@@ -253,7 +253,7 @@ pub fn render(r: &RunResult) -> String {
     let open_loop = h.late_share.is_some() || (h.requests == 0 && r.mode != "closed-loop");
     let _ = write!(
         out,
-        "<h2>Measured phase: {}</h2><p class=\"note\">{:.1} s measured{}. Latencies are of successful answers{}.</p>",
+        "<h2>Measured phase: {}</h2><p class=\"note\">{:.1} s measured{}. Latencies are of successful answers and of timeouts (at the time given up){}.</p>",
         esc(&r.headline),
         h.measured_s,
         r.offered_rps
@@ -381,7 +381,7 @@ pub fn render(r: &RunResult) -> String {
         }
         out.push_str(&bar_chart(
             "chart-latency-histogram",
-            "Share of successful answers per latency range (ten ranges per decade)",
+            "Share of answers (and timeouts) per latency range (ten ranges per decade)",
             &labels,
             &groups,
             "latency",
