@@ -102,24 +102,34 @@ fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes
 async fn predict(State(gw): State<Arc<Gateway>>, req: Request) -> Result<Response, ApiError> {
     // An unknown model is known from the path: answered before waiting for the body.
     let engine = gw.engine(&path_segment(req.uri(), 3))?;
-    let (headers, _, body) = split(req, &gw)
+    let r = split(req, &gw)
         .await
         .inspect_err(|e| engine.stats().failed(e.status()))?;
-    gw.predict(engine, &headers, &body).await
+    gw.predict(engine, r.format, &r.headers, &r.body).await
 }
 
 async fn features(State(gw): State<Arc<Gateway>>, req: Request) -> Result<Response, ApiError> {
-    let (headers, _, body) = split(req, &gw).await?;
-    gw.features(&headers, &body).await
+    let r = split(req, &gw).await?;
+    gw.features(r.format, &r.headers, &r.body).await
 }
 
-/// A request's headers, URI and body, owned, for the handlers to borrow from. The `HeaderMap` and
-/// `Path<String>` extractors would copy the headers and the path segment on every request.
+/// A request's headers, URI and body, owned, for the handlers to borrow from (the `HeaderMap` and
+/// `Path<String>` extractors would copy the headers and the path segment on every request), and the
+/// body's format.
+struct Received {
+    headers: HeaderMap,
+    uri: Uri,
+    body: Bytes,
+    /// From `Content-Type`, checked before the body was read.
+    format: Format,
+}
+
+/// Takes the request apart into [`Received`].
 ///
 /// The body must fit `limits.max_body_bytes` (else 413). A body still arriving when the request layer's
 /// backstop fires (`limits.request_timeout` plus its grace) gets 408 rather than the 503 of a slow
 /// gateway: the read is marked in [`BodyRead`], which costs far less than a timer of its own.
-async fn split(req: Request, gw: &Gateway) -> Result<(HeaderMap, Uri, Bytes), ApiError> {
+async fn split(req: Request, gw: &Gateway) -> Result<Received, ApiError> {
     let limits = &gw.config.limits;
     // A body declared larger than the limit is refused at once, not after waiting for it.
     let declared = req
@@ -146,19 +156,24 @@ async fn split(req: Request, gw: &Gateway) -> Result<(HeaderMap, Uri, Bytes), Ap
     }
     // Refused before the body is read: a client that sent `Expect: 100-continue` gets the 415 instead
     // of a 100 and then the 415.
-    Format::of_request(req.headers())?;
+    let format = Format::of_request(req.headers())?;
     let (mut parts, body) = req.into_parts();
     let headers = std::mem::take(&mut parts.headers);
     let uri = std::mem::take(&mut parts.uri);
     let body_read = parts.extensions.remove::<BodyRead>();
     if let Some(b) = &body_read {
-        b.reading(true);
+        b.start();
     }
     let body = Bytes::from_request(Request::from_parts(parts, body), &()).await;
     if let Some(b) = &body_read {
-        b.reading(false);
+        b.end(body.is_ok());
     }
-    Ok((headers, uri, body_bytes(body, limits.max_body_bytes)?))
+    Ok(Received {
+        headers,
+        uri,
+        body: body_bytes(body, limits.max_body_bytes)?,
+        format,
+    })
 }
 
 /// Segment `i` of the URI's path (`/v1/models/ctr/predict`: 3 is `ctr`), percent-decoded as axum's
@@ -201,17 +216,17 @@ async fn v2_infer(
             ));
         }
     }
-    let (_, uri, body) = split(req, &gw).await.map_err(|e| {
+    let r = split(req, &gw).await.map_err(|e| {
         failed(e.status());
         crate::oip::OipError(e.status(), e.to_string())
     })?;
     let Some(engine) = engine else {
         return Err(crate::oip::OipError(
             StatusCode::NOT_FOUND,
-            format!("model `{}` is not registered", path_segment(&uri, 3)),
+            format!("model `{}` is not registered", path_segment(&r.uri, 3)),
         ));
     };
-    crate::oip::infer(&gw, engine, &body).await
+    crate::oip::infer(&gw, engine, &r.body).await
 }
 
 /// Open Inference Protocol server metadata.
@@ -220,13 +235,14 @@ async fn server_metadata() -> Json<serde_json::Value> {
 }
 
 async fn prefetch(State(gw): State<Arc<Gateway>>, req: Request) -> Result<Response, ApiError> {
-    let (headers, _, body) = split(req, &gw).await?;
-    gw.prefetch(&headers, &body).await
+    let r = split(req, &gw).await?;
+    gw.prefetch(r.format, &r.body).await
 }
 
 async fn write_rows(State(gw): State<Arc<Gateway>>, req: Request) -> Result<Response, ApiError> {
-    let (headers, uri, body) = split(req, &gw).await?;
-    gw.write_rows(&path_segment(&uri, 3), &headers, &body).await
+    let r = split(req, &gw).await?;
+    gw.write_rows(&path_segment(&r.uri, 3), r.format, &r.body)
+        .await
 }
 
 /// The Open Inference Protocol's server-live answer.

@@ -88,18 +88,11 @@ pub fn assemble(
     Ok(())
 }
 
-/// Whether `slot`'s fallback (its fill value, else its default) transforms to a number beyond float32;
-/// if so, which of the two it is.
-pub fn non_finite_fallback(slot: &Slot) -> Option<&'static str> {
+/// Whether `slot`'s fallback (its fill value, else its default) transforms to a number beyond float32.
+pub fn fallback_overflows(slot: &Slot) -> bool {
     let mut out = vec![0f32; slot.width];
     write_slot(slot, slot.fallback(), &mut out);
-    if out.iter().all(|x| x.is_finite()) {
-        None
-    } else if slot.fill.is_some() {
-        Some("fill_missing")
-    } else {
-        Some("default")
-    }
+    !out.iter().all(|x| x.is_finite())
 }
 
 /// Applies `slot`'s transforms to `value`, writing `slot.width` numbers into `out`.

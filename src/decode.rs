@@ -819,21 +819,12 @@ impl<'de> Deserialize<'de> for ContextValue {
                     fn visit_none<X: de::Error>(self) -> Result<Element, X> {
                         Ok(Element::Other("null"))
                     }
-                    fn visit_seq<A: de::SeqAccess<'de>>(
-                        self,
-                        mut seq: A,
-                    ) -> Result<Element, A::Error> {
-                        while seq.next_element::<de::IgnoredAny>()?.is_some() {}
+                    fn visit_seq<A: de::SeqAccess<'de>>(self, seq: A) -> Result<Element, A::Error> {
+                        de::IgnoredAny.visit_seq(seq)?;
                         Ok(Element::Other("a list"))
                     }
-                    fn visit_map<A: de::MapAccess<'de>>(
-                        self,
-                        mut map: A,
-                    ) -> Result<Element, A::Error> {
-                        while map
-                            .next_entry::<de::IgnoredAny, de::IgnoredAny>()?
-                            .is_some()
-                        {}
+                    fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Element, A::Error> {
+                        de::IgnoredAny.visit_map(map)?;
                         Ok(Element::Other("an object"))
                     }
                 }
@@ -904,7 +895,7 @@ impl<'de> Deserialize<'de> for ContextValue {
                         Element::Other(kind) => kind,
                     };
                     let i = out.len();
-                    while seq.next_element::<de::IgnoredAny>()?.is_some() {}
+                    de::IgnoredAny.visit_seq(seq)?;
                     return Ok(ContextValue::Unfit(Box::new(Unfit {
                         what: "a list",
                         element: Some((i, kind)),
@@ -912,14 +903,8 @@ impl<'de> Deserialize<'de> for ContextValue {
                 }
                 Ok(ContextValue::Value(Value::List(out.into_boxed_slice())))
             }
-            fn visit_map<A: de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<ContextValue, A::Error> {
-                while map
-                    .next_entry::<de::IgnoredAny, de::IgnoredAny>()?
-                    .is_some()
-                {}
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<ContextValue, A::Error> {
+                de::IgnoredAny.visit_map(map)?;
                 Ok(ContextValue::Unfit(Box::new(Unfit {
                     what: "an object",
                     element: None,
@@ -928,6 +913,16 @@ impl<'de> Deserialize<'de> for ContextValue {
         }
         d.deserialize_any(V)
     }
+}
+
+/// The 400 for `entities.{name}` naming no registered entity, listing those that are.
+pub fn unregistered_entity(registry: &Registry, name: &str) -> ApiError {
+    let known = crate::schema::known_names(registry.entities.keys().map(String::as_str));
+    ApiError::invalid(
+        "unknown_entity",
+        format!("entities.{name}"),
+        format!("entities.{name}: no entity `{name}` is registered (entities: {known})"),
+    )
 }
 
 /// `POST /v1/models/{model}/predict`.
@@ -1407,12 +1402,7 @@ impl FeaturesRequest {
             .iter()
             .find(|n| !registry.entities.contains_key(n.as_str()))
         {
-            let known = crate::schema::known_names(registry.entities.keys().map(String::as_str));
-            return Err(ApiError::invalid(
-                "unknown_entity",
-                format!("entities.{name}"),
-                format!("entities.{name}: no entity `{name}` is registered (entities: {known})"),
-            ));
+            return Err(unregistered_entity(registry, name));
         }
         let mut views: Vec<(std::sync::Arc<View>, Vec<CompactString>, Vec<usize>)> = Vec::new();
         for (i, name) in self.features.iter().enumerate() {

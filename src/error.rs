@@ -220,22 +220,6 @@ impl ApiError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        // The rest of a body that stopped coming cannot be told from the next request: the connection
-        // ends with this answer.
-        // So is a body refused as too large before it was read (its bytes would follow on the
-        // connection): saying so lets the client know a request pipelined behind it was not read.
-        if status == StatusCode::REQUEST_TIMEOUT
-            || matches!(
-                self,
-                Self::TooLarge {
-                    code: "body_too_large",
-                    ..
-                }
-            )
-        {
-            resp.headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
-        }
         if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));

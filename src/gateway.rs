@@ -63,12 +63,15 @@ impl Gateway {
     pub async fn predict(
         &self,
         engine: &Arc<Engine>,
+        format: Format,
         headers: &HeaderMap,
         body: &[u8],
     ) -> Result<Response, ApiError> {
         let started = Instant::now();
         let stats = engine.stats();
-        let result = self.run_predict(engine, headers, body, started).await;
+        let result = self
+            .run_predict(engine, format, headers, body, started)
+            .await;
         if let Err(e) = &result {
             stats.failed(e.status());
         }
@@ -78,6 +81,7 @@ impl Gateway {
     async fn run_predict(
         &self,
         engine: &Arc<Engine>,
+        format: Format,
         headers: &HeaderMap,
         body: &[u8],
         started: Instant,
@@ -87,7 +91,6 @@ impl Gateway {
         let mut laps = Laps::from(started);
 
         // decode
-        let format = Format::of_request(headers)?;
         let answer = Format::of_response(headers, format)?;
         let mut req: PredictRequest = parse_body(format, body)?;
         let plan = req.plan(model, &self.config.limits)?;
@@ -197,11 +200,15 @@ impl Gateway {
 
     /// `POST /v1/features`: features only, no model. Values are what a model would be served (defaults
     /// where missing); `statuses` say why.
-    pub async fn features(&self, headers: &HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
+    pub async fn features(
+        &self,
+        format: Format,
+        headers: &HeaderMap,
+        body: &[u8],
+    ) -> Result<Response, ApiError> {
         let started = Instant::now();
         let mut t = Timings::default();
         let mut laps = Laps::from(started);
-        let format = Format::of_request(headers)?;
         let answer = Format::of_response(headers, format)?;
         let req: FeaturesRequest = parse_body(format, body)?;
         let plan = req.plan(&self.registry, &self.config.limits)?;
@@ -338,8 +345,7 @@ impl Serialize for ColumnsBody<'_> {
 impl Gateway {
     /// `POST /v1/prefetch`: checks the entities and views, then fetches them in the background; 202
     /// `{"accepted": N}` (keys), or 429 while `prefetch.max_concurrent` prefetches are running.
-    pub async fn prefetch(&self, headers: &HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
-        let format = Format::of_request(headers)?;
+    pub async fn prefetch(&self, format: Format, body: &[u8]) -> Result<Response, ApiError> {
         let req: crate::prefetch::PrefetchRequest = parse_body(format, body)?;
         let plan = req.plan(&self.registry, &self.config.limits)?;
         let deadline = Instant::now() + self.config.limits.request_timeout;
@@ -361,7 +367,7 @@ impl Gateway {
     pub async fn write_rows(
         &self,
         view: &str,
-        headers: &HeaderMap,
+        format: Format,
         body: &[u8],
     ) -> Result<Response, ApiError> {
         let Some(v) = self.registry.views.get(view) else {
@@ -371,7 +377,6 @@ impl Gateway {
                 message: format!("no view `{view}` is registered (views: {})", known),
             });
         };
-        let format = Format::of_request(headers)?;
         // A row the decoder refuses (a name given twice, NaN) is a bad row like the ones `parse_rows`
         // refuses, and answered the same way.
         let req: crate::loader::RowsRequest = parse_body(format, body).map_err(|e| match e {

@@ -50,14 +50,21 @@ pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 #[derive(Clone, Default)]
 pub struct BodyRead(Arc<AtomicU8>);
 
+const BODY_UNREAD: u8 = 0;
 const BODY_READING: u8 = 1;
 const BODY_READ: u8 = 2;
 
 impl BodyRead {
-    /// Marks the body as being read (`true`) or read (`false`).
-    pub fn reading(&self, reading: bool) {
-        self.0
-            .store(if reading { BODY_READING } else { BODY_READ }, Relaxed);
+    /// Marks the body as being read.
+    pub fn start(&self) {
+        self.0.store(BODY_READING, Relaxed);
+    }
+
+    /// Marks the read as over: the body read when `complete`, else unread (what was not taken, the
+    /// rest of a body over the limit, is still on the connection).
+    pub fn end(&self, complete: bool) {
+        let state = if complete { BODY_READ } else { BODY_UNREAD };
+        self.0.store(state, Relaxed);
     }
 
     fn is(&self, state: u8) -> bool {
@@ -240,6 +247,9 @@ where
         if let Some(id) = this.id.take() {
             resp.headers_mut().insert(REQUEST_ID, id);
         }
+        // An answer given before the whole body came in (a refusal the headers settled, a body over the
+        // limit, one that stopped coming): the rest would follow on the connection and cannot be told
+        // from a next request, so hyper closes it, and the answer says so.
         if this.body_read.as_ref().is_some_and(|b| !b.is(BODY_READ)) {
             resp.headers_mut()
                 .insert(CONNECTION, HeaderValue::from_static("close"));

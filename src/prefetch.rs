@@ -245,15 +245,7 @@ impl PrefetchRequest {
         let mut keys: HashMap<&str, Vec<CompactString>> = HashMap::new();
         for (name, sent) in entities {
             let Some(entity) = registry.entities.get(name.as_str()) else {
-                let known =
-                    crate::schema::known_names(registry.entities.keys().map(String::as_str));
-                return Err(ApiError::invalid(
-                    "unknown_entity",
-                    format!("entities.{name}"),
-                    format!(
-                        "entities.{name}: no entity `{name}` is registered (entities: {known})"
-                    ),
-                ));
+                return Err(crate::decode::unregistered_entity(registry, name));
             };
             let mut ks = entity_keys(entity, sent, limits)?;
             // A key sent twice is read, and counted, once.

@@ -1369,11 +1369,10 @@ fn compile_model(
                     offset,
                     width,
                 };
-                if let Some(what) = crate::assemble::non_finite_fallback(&slot) {
-                    let whose = if what == "default" {
-                        format!("the `default` of `{}`", slot.label)
-                    } else {
-                        "the `fill_missing` value".to_owned()
+                if crate::assemble::fallback_overflows(&slot) {
+                    let whose = match slot.fill {
+                        Some(_) => "the `fill_missing` value".to_owned(),
+                        None => format!("the `default` of `{}`", slot.label),
                     };
                     errs.push(file, &format!("{at}.transform"), format!("{whose} is beyond float32 after these transforms: the model would be given infinity for every missing value"));
                     continue;

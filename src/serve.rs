@@ -181,40 +181,18 @@ pub async fn serve(
                 // hyper closes an idle connection at once, and with it a request the client has already
                 // sent that is still in the socket, unread: the client cannot tell that from a request
                 // refused. So an idle connection first gets a moment to start one.
-                if activity.quiet() {
+                let ended = activity.quiet() && {
                     let before = activity.started.load(Relaxed);
-                    let ended = tokio::time::timeout(IDLE_GRACE, async {
-                        loop {
-                            tokio::select! {
-                                _ = conn.as_mut() => return true,
-                                _ = tokio::time::sleep(IDLE_GRACE / 10) => {
-                                    if activity.started.load(Relaxed) != before {
-                                        return false;
-                                    }
-                                }
-                            }
-                        }
-                    })
-                    .await;
-                    if ended == Ok(true) {
-                        drop(open);
-                        drop(permit);
-                        return;
-                    }
-                }
-                conn.as_mut().graceful_shutdown();
-                // hyper waits for a request head that is still arriving as for a request; nothing of
-                // it has reached the service, so after a moment to complete it is dropped rather than
-                // waited for until shutdown_grace.
-                loop {
-                    tokio::select! {
-                        _ = conn.as_mut() => break,
-                        _ = tokio::time::sleep(HEAD_GRACE) => {
-                            if activity.quiet() {
-                                break;
-                            }
-                        }
-                    }
+                    let started = || activity.started.load(Relaxed) != before;
+                    let waited = drive_until(conn.as_mut(), IDLE_GRACE / 10, started);
+                    tokio::time::timeout(IDLE_GRACE, waited).await == Ok(true)
+                };
+                if !ended {
+                    conn.as_mut().graceful_shutdown();
+                    // hyper waits for a request head that is still arriving as for a request; nothing
+                    // of it has reached the service, so after a moment to complete it is dropped rather
+                    // than waited for until shutdown_grace.
+                    drive_until(conn.as_mut(), HEAD_GRACE, || activity.quiet()).await;
                 }
             }
             drop(open);
@@ -226,6 +204,25 @@ pub async fn serve(
     drop(open_rx);
     open_tx.closed().await;
     Ok(())
+}
+
+/// Drives `conn` until it ends (`true`), or until `done`, checked every `period`, says to stop waiting
+/// for it (`false`).
+async fn drive_until<F: Future>(
+    mut conn: Pin<&mut F>,
+    period: Duration,
+    done: impl Fn() -> bool,
+) -> bool {
+    loop {
+        tokio::select! {
+            _ = conn.as_mut() => return true,
+            _ = tokio::time::sleep(period) => {
+                if done() {
+                    return false;
+                }
+            }
+        }
+    }
 }
 
 /// The shortest idle check period (a zero timeout would make `tokio::time::interval` panic).
@@ -241,7 +238,7 @@ const IDLE_GRACE: Duration = Duration::from_millis(100);
 
 /// The most a connection buffers of a request head (hyper's default is about 400 KiB): 10,000 connections
 /// each holding an unfinished head would otherwise pin gigabytes. Bodies are read in chunks of at most this.
-pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+const MAX_HEAD_BYTES: usize = 64 * 1024;
 
 /// Idle checks per `idle_timeout`: a connection is closed after between 1 and 1 + 1/CHECKS of it.
 const IDLE_CHECKS: u32 = 4;

@@ -8,6 +8,7 @@ mod common;
 use axum::http::{HeaderMap, HeaderValue, header};
 use hydrant::app::Application;
 use hydrant::clock::Clock;
+use hydrant::decode::Format;
 
 const REQUESTS: u64 = 200;
 
@@ -41,14 +42,14 @@ fn allocations_per_request(body: &[u8]) -> u64 {
     );
     // The first request fills the cache; the rest are the hot path.
     let first = rt
-        .block_on(gw.predict(gw.engine("ctr").expect("ctr"), &headers, body))
+        .block_on(gw.predict(gw.engine("ctr").expect("ctr"), Format::Json, &headers, body))
         .expect("predict");
     assert_eq!(first.status(), 200);
     let info = allocation_counter::measure(|| {
         rt.block_on(async {
             for _ in 0..REQUESTS {
                 let resp = gw
-                    .predict(gw.engine("ctr").expect("ctr"), &headers, body)
+                    .predict(gw.engine("ctr").expect("ctr"), Format::Json, &headers, body)
                     .await
                     .expect("predict");
                 assert_eq!(resp.status(), 200);

@@ -99,6 +99,15 @@ async fn build_error_with(dir: &tempfile::TempDir, mut c: hydrant::config::Confi
     }
 }
 
+/// Makes a FIFO at `path` (with `mkfifo`, as a user would).
+fn mkfifo(path: &Path) {
+    let made = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .expect("mkfifo runs");
+    assert!(made.success(), "mkfifo {}", path.display());
+}
+
 fn replace(path: &Path, from: &str, to: &str) {
     let s = std::fs::read_to_string(path).expect("read");
     assert!(s.contains(from), "{from} not in {}", path.display());
@@ -174,11 +183,7 @@ async fn a_corrupt_or_missing_onnx_file_is_a_start_up_error() {
     // A FIFO would block ONNX Runtime's read for ever; a folder fails obscurely.
     let dir = workspace(|_, m| {
         std::fs::remove_file(m.join("ctr.onnx")).expect("rm");
-        let fifo = std::process::Command::new("mkfifo")
-            .arg(m.join("ctr.onnx"))
-            .status()
-            .expect("mkfifo");
-        assert!(fifo.success());
+        mkfifo(&m.join("ctr.onnx"));
     });
     let e = build_error(&dir).await;
     assert!(
@@ -301,11 +306,7 @@ async fn a_bom_is_skipped_and_a_config_that_is_not_a_file_is_refused() {
     assert!(app.is_ok(), "{:#}", app.err().expect("error"));
 
     let fifo = dir.path().join("hydrant.toml");
-    let made = std::process::Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .expect("mkfifo runs");
-    assert!(made.success());
+    mkfifo(&fifo);
     for path in [fifo.as_path(), Path::new("/dev/zero")] {
         let e = hydrant::config::Config::load(Some(path), std::iter::empty()).expect_err("refused");
         assert!(e.to_string().contains("not a regular file"), "{e}");
@@ -406,11 +407,7 @@ fn a_compressed_data_file_is_refused_before_the_store_is_created() {
     assert!(!store.exists(), "no store was created for nothing");
     // A FIFO (as from `<(zcat rows.jsonl.gz)`) is not sniffed: its first bytes could not be put back.
     let fifo = dir.path().join("rows.jsonl");
-    let made = std::process::Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .expect("mkfifo");
-    assert!(made.success());
+    mkfifo(&fifo);
     let writer = {
         let fifo = fifo.clone();
         std::thread::spawn(move || {
