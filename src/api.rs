@@ -5,13 +5,13 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, FromRequest as _, Request, State};
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::handler::HandlerWithoutStateExt as _;
 use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use http_body_util::{BodyExt as _, LengthLimitError, Limited};
 use percent_encoding::percent_decode_str;
 use serde_json::json;
 use tower::Layer as _;
@@ -20,17 +20,65 @@ use crate::decode::Format;
 use crate::error::{ApiError, Shape};
 use crate::gateway::Gateway;
 use crate::middleware::{BodyRead, RequestLayer};
+use crate::serve::{ResponseFuture, Routes, Shortcut};
 
-/// Builds the router over `gw`.
-pub fn router(gw: Arc<Gateway>) -> Router {
-    let limits = gw.config.limits.clone();
-    let layer = RequestLayer::new(
+/// The predict route, as the router and the request layer name it.
+const PREDICT: &str = "/v1/models/{model}/predict";
+
+/// The routes over `gw`: the router, and in front of it a shortcut for `POST /v1/models/{model}/predict`,
+/// the route a product service calls on every request.
+pub fn routes(gw: Arc<Gateway>) -> Routes {
+    let shortcut = PredictShortcut {
+        layer: request_layer(&gw),
+        gw: gw.clone(),
+    };
+    Routes {
+        router: router(gw),
+        shortcut: Some(Arc::new(shortcut)),
+    }
+}
+
+/// `POST /v1/models/{model}/predict`, served as the router would, in the same request layer.
+struct PredictShortcut {
+    layer: RequestLayer,
+    gw: Arc<Gateway>,
+}
+
+impl Shortcut for PredictShortcut {
+    fn takes(&self, req: &Request) -> bool {
+        req.method() == axum::http::Method::POST && is_predict_path(req.uri().path())
+    }
+
+    fn serve(&self, req: Request) -> ResponseFuture {
+        let gw = self.gw.clone();
+        Box::pin(self.layer.serve(PREDICT, req, |req, body_read| async move {
+            Ok(predict_with(&gw, req, body_read).await.into_response())
+        }))
+    }
+}
+
+/// Whether `path` is `/v1/models/{model}/predict` as the router matches it: one model segment, which
+/// may be empty (an unknown model, as the router has it).
+pub fn is_predict_path(path: &str) -> bool {
+    path.strip_prefix("/v1/models/")
+        .and_then(|rest| rest.strip_suffix("/predict"))
+        .is_some_and(|model| !model.contains('/'))
+}
+
+fn request_layer(gw: &Gateway) -> RequestLayer {
+    RequestLayer::new(
         gw.telemetry.clone(),
         gw.engines.keys().cloned().collect(),
-        limits.request_timeout,
-    );
+        gw.config.limits.request_timeout,
+    )
+}
+
+/// Builds the router over `gw` (every route; [`routes`] puts the predict shortcut in front of it).
+pub fn router(gw: Arc<Gateway>) -> Router {
+    let limits = gw.config.limits.clone();
+    let layer = request_layer(&gw);
     Router::new()
-        .route("/v1/models/{model}/predict", post(predict))
+        .route(PREDICT, post(predict))
         .route("/v1/features", post(features))
         .route("/metrics", get(metrics))
         .route("/v1/stats", get(stats))
@@ -83,33 +131,27 @@ fn body_too_large(limit: usize) -> ApiError {
     }
 }
 
-fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
-    body.map_err(|r| {
-        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            body_too_large(limit)
-        } else {
-            ApiError::Malformed {
-                code: "invalid_body",
-                message: format!(
-                    "cannot read the request body ({r}): its framing is broken (a bad chunk in a chunked body, or fewer bytes than its Content-Length)"
-                ),
-                field: None,
-            }
-        }
-    })
+async fn predict(State(gw): State<Arc<Gateway>>, mut req: Request) -> Result<Response, ApiError> {
+    let body_read = req.extensions_mut().remove::<BodyRead>();
+    predict_with(&gw, req, body_read).await
 }
 
-async fn predict(State(gw): State<Arc<Gateway>>, req: Request) -> Result<Response, ApiError> {
+async fn predict_with(
+    gw: &Gateway,
+    req: Request,
+    body_read: Option<BodyRead>,
+) -> Result<Response, ApiError> {
     // An unknown model is known from the path: answered before waiting for the body.
     let engine = gw.engine(&path_segment(req.uri(), 3))?;
-    let r = split(req, &gw)
+    let r = split(req, body_read, gw)
         .await
         .inspect_err(|e| engine.stats().failed(e.status()))?;
     gw.predict(engine, r.format, &r.headers, &r.body).await
 }
 
-async fn features(State(gw): State<Arc<Gateway>>, req: Request) -> Result<Response, ApiError> {
-    let r = split(req, &gw).await?;
+async fn features(State(gw): State<Arc<Gateway>>, mut req: Request) -> Result<Response, ApiError> {
+    let body_read = req.extensions_mut().remove::<BodyRead>();
+    let r = split(req, body_read, &gw).await?;
     gw.features(r.format, &r.headers, &r.body).await
 }
 
@@ -128,8 +170,13 @@ struct Received {
 ///
 /// The body must fit `limits.max_body_bytes` (else 413). A body still arriving when the request layer's
 /// backstop fires (`limits.request_timeout` plus its grace) gets 408 rather than the 503 of a slow
-/// gateway: the read is marked in [`BodyRead`], which costs far less than a timer of its own.
-async fn split(req: Request, gw: &Gateway) -> Result<Received, ApiError> {
+/// gateway: the read is marked in `body_read` (the request layer's [`BodyRead`]), which costs far less
+/// than a timer of its own.
+async fn split(
+    req: Request,
+    body_read: Option<BodyRead>,
+    gw: &Gateway,
+) -> Result<Received, ApiError> {
     let limits = &gw.config.limits;
     // A body declared larger than the limit is refused at once, not after waiting for it.
     let declared = req
@@ -157,21 +204,31 @@ async fn split(req: Request, gw: &Gateway) -> Result<Received, ApiError> {
     // Refused before the body is read: a client that sent `Expect: 100-continue` gets the 415 instead
     // of a 100 and then the 415.
     let format = Format::of_request(req.headers())?;
-    let (mut parts, body) = req.into_parts();
-    let headers = std::mem::take(&mut parts.headers);
-    let uri = std::mem::take(&mut parts.uri);
-    let body_read = parts.extensions.remove::<BodyRead>();
+    let (parts, body) = req.into_parts();
     if let Some(b) = &body_read {
         b.start();
     }
-    let body = Bytes::from_request(Request::from_parts(parts, body), &()).await;
+    let body = Limited::new(body, limits.max_body_bytes).collect().await;
     if let Some(b) = &body_read {
         b.end(body.is_ok());
     }
+    let body = body.map_err(|e| {
+        if e.is::<LengthLimitError>() {
+            body_too_large(limits.max_body_bytes)
+        } else {
+            ApiError::Malformed {
+                code: "invalid_body",
+                message: format!(
+                    "cannot read the request body ({e}): its framing is broken (a bad chunk in a chunked body, or fewer bytes than its Content-Length)"
+                ),
+                field: None,
+            }
+        }
+    })?;
     Ok(Received {
-        headers,
-        uri,
-        body: body_bytes(body, limits.max_body_bytes)?,
+        headers: parts.headers,
+        uri: parts.uri,
+        body: body.to_bytes(),
         format,
     })
 }
@@ -192,7 +249,7 @@ pub(crate) fn path_segment(uri: &Uri, i: usize) -> Cow<'_, str> {
 
 async fn v2_infer(
     State(gw): State<Arc<Gateway>>,
-    req: Request,
+    mut req: Request,
 ) -> Result<Response, crate::oip::OipError> {
     // Looked up once; refusals before the model's own checks count in its stats too. An unknown model
     // is answered once the body is read, as before.
@@ -216,7 +273,8 @@ async fn v2_infer(
             ));
         }
     }
-    let r = split(req, &gw).await.map_err(|e| {
+    let body_read = req.extensions_mut().remove::<BodyRead>();
+    let r = split(req, body_read, &gw).await.map_err(|e| {
         failed(e.status());
         crate::oip::OipError(e.status(), e.to_string())
     })?;
@@ -234,13 +292,18 @@ async fn server_metadata() -> Json<serde_json::Value> {
     Json(json!({"name": "hydrant", "version": env!("CARGO_PKG_VERSION"), "extensions": []}))
 }
 
-async fn prefetch(State(gw): State<Arc<Gateway>>, req: Request) -> Result<Response, ApiError> {
-    let r = split(req, &gw).await?;
+async fn prefetch(State(gw): State<Arc<Gateway>>, mut req: Request) -> Result<Response, ApiError> {
+    let body_read = req.extensions_mut().remove::<BodyRead>();
+    let r = split(req, body_read, &gw).await?;
     gw.prefetch(r.format, &r.body).await
 }
 
-async fn write_rows(State(gw): State<Arc<Gateway>>, req: Request) -> Result<Response, ApiError> {
-    let r = split(req, &gw).await?;
+async fn write_rows(
+    State(gw): State<Arc<Gateway>>,
+    mut req: Request,
+) -> Result<Response, ApiError> {
+    let body_read = req.extensions_mut().remove::<BodyRead>();
+    let r = split(req, body_read, &gw).await?;
     gw.write_rows(&path_segment(&r.uri, 3), r.format, &r.body)
         .await
 }

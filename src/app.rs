@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use anyhow::Context as _;
-use axum::Router;
 use tokio::net::TcpListener;
 
 use crate::cache::FeatureCache;
@@ -30,7 +29,7 @@ pub type Engines = HashMap<String, Arc<Engine>>;
 /// A built gateway with its bound listener, ready to serve.
 pub struct Application {
     listener: TcpListener,
-    router: Router,
+    routes: crate::serve::Routes,
     gateway: Arc<Gateway>,
 }
 
@@ -204,7 +203,7 @@ impl Application {
             ready: AtomicBool::new(false),
             prefetcher,
         });
-        let router = crate::api::router(gateway.clone());
+        let routes = crate::api::routes(gateway.clone());
         // Warm start while already serving: `/v2/health/ready` answers 503 until the hottest keys are
         // cached or `prefetch.warm_timeout` is over, whichever comes first.
         let gw = gateway.clone();
@@ -223,7 +222,7 @@ impl Application {
         });
         Ok(Self {
             listener,
-            router,
+            routes,
             gateway,
         })
     }
@@ -260,7 +259,7 @@ impl Application {
         let _abort_upkeep = AbortOnDrop(upkeep);
         let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
         let limits = crate::serve::ConnLimits::from(&self.gateway.config.server);
-        let server = crate::serve::serve(self.listener, self.router, limits, async move {
+        let server = crate::serve::serve(self.listener, self.routes, limits, async move {
             shutdown.await;
             gateway.ready.store(false, Relaxed);
             tracing::info!("shutting down: draining in-flight requests");

@@ -1,5 +1,5 @@
-//! The layer around every request, routed or not (the router's 404 and 405 answers pass through it too). In
-//! one place it:
+//! The layer around every request, routed or not (the router's 404 and 405 answers pass through it too,
+//! and the predict route's shortcut past the router calls it as [`RequestLayer::serve`]). In one place it:
 //! - gives the request an id, taken from `X-Request-Id` or generated, and echoes it back;
 //! - runs the request in a `request` span;
 //! - times it into `hydrant_request_duration_seconds{route,model,status}`;
@@ -131,18 +131,67 @@ where
     }
 
     fn call(&mut self, mut req: Request) -> Self::Future {
-        let started = Instant::now();
         let route = route_label(&req);
-        // Only the routes that take a body get the flag (and its allocation), and only when one was sent.
-        let body_read = (reads_body(route) && declares_body(req.headers())).then(BodyRead::default);
+        let body_read = body_read_for(route, &req);
         if let Some(b) = &body_read {
             req.extensions_mut().insert(b.clone());
         }
+        let start = self.shared.start(route, &req, body_read);
+        start.finish(self.inner.call(req))
+    }
+}
+
+impl RequestLayer {
+    /// Serves a request outside the router ([`crate::serve::Shortcut`]): as [`RequestService`] does for a
+    /// routed one, with the route given rather than matched. `handler` gets the request and its
+    /// [`BodyRead`] (not put in the request's extensions, which would cost an allocation).
+    pub fn serve<F>(
+        &self,
+        route: &'static str,
+        req: Request,
+        handler: impl FnOnce(Request, Option<BodyRead>) -> F,
+    ) -> RequestFuture<F>
+    where
+        F: Future<Output = Result<Response, Infallible>>,
+    {
+        let body_read = body_read_for(route, &req);
+        let start = self.shared.start(route, &req, body_read.clone());
+        start.finish(handler(req, body_read))
+    }
+}
+
+/// The body flag for a request on `route`: only the routes that take a body get one (and its
+/// allocation), and only when one was sent.
+fn body_read_for(route: &'static str, req: &Request) -> Option<BodyRead> {
+    (reads_body(route) && declares_body(req.headers())).then(BodyRead::default)
+}
+
+/// What [`RequestFuture`] needs, taken from the request before the handler gets it.
+struct Start {
+    started: Instant,
+    route: &'static str,
+    model: Option<usize>,
+    id: Option<HeaderValue>,
+    body_read: Option<BodyRead>,
+    shape: Shape,
+    span: tracing::Span,
+    backstop: tokio::time::Instant,
+    shared: Arc<Shared>,
+}
+
+impl Shared {
+    fn start(
+        self: &Arc<Self>,
+        route: &'static str,
+        req: &Request,
+        body_read: Option<BodyRead>,
+    ) -> Start {
+        let started = Instant::now();
         // The model label is a registered name, or empty for unknown names.
         let model = if route.contains("{model}") {
             // As the handler reads it: `c%74r` is served as `ctr`, so it is counted as `ctr`.
             let segment = crate::api::path_segment(req.uri(), 3);
-            self.shared.models.iter().position(|m| *m == segment)
+            self.models.iter().position(|m| *m == segment)
         } else {
             None
         };
@@ -153,18 +202,32 @@ where
             method = %req.method(),
             route
         );
-        let deadline = tokio::time::Instant::from_std(started + self.shared.backstop);
-        let shape = Shape::of_path(req.uri().path());
-        RequestFuture {
-            inner: self.inner.call(req).instrument(span),
-            backstop: tokio::time::sleep_until(deadline),
+        Start {
             started,
             route,
             model,
             id,
             body_read,
-            shape,
-            shared: self.shared.clone(),
+            shape: Shape::of_path(req.uri().path()),
+            span,
+            backstop: tokio::time::Instant::from_std(started + self.backstop),
+            shared: self.clone(),
+        }
+    }
+}
+
+impl Start {
+    fn finish<F>(self, inner: F) -> RequestFuture<F> {
+        RequestFuture {
+            inner: inner.instrument(self.span),
+            backstop: tokio::time::sleep_until(self.backstop),
+            started: self.started,
+            route: self.route,
+            model: self.model,
+            id: self.id,
+            body_read: self.body_read,
+            shape: self.shape,
+            shared: self.shared,
         }
     }
 }

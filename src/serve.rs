@@ -10,8 +10,14 @@
 //!   kernel's accept queue until one closes, so a flood of connections never exhausts the process's file
 //!   descriptors, which the store's connections and the cache file need too.
 //!
-//! The load tester's floor serves through the same loop, so the comparison with it stays like for like.
+//! A [`Shortcut`] serves the hot routes before the router: the router's per-request work (matching the
+//! path, the matched-path and parameter extensions, cloning the boxed route service, boxing the handler's
+//! future) was the largest part of the HTTP stack's cost on the predict route that hydrant adds.
+//!
+//! The load tester's floor serves through the same loop, with a shortcut for its predict route, so the
+//! comparison with it stays like for like.
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
@@ -21,10 +27,39 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::Request;
+use axum::response::Response;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
+
+/// An answer on its way, boxed: what a [`Shortcut`] returns.
+pub type ResponseFuture = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+/// Routes served before the router.
+pub trait Shortcut: Send + Sync + 'static {
+    /// Whether the shortcut serves `req` (else the router does).
+    fn takes(&self, req: &Request) -> bool;
+
+    /// The answer to a request it [takes](Shortcut::takes).
+    fn serve(&self, req: Request) -> ResponseFuture;
+}
+
+/// What [`serve`] answers with: the router, and the shortcut in front of it, if any.
+#[derive(Clone)]
+pub struct Routes {
+    pub router: Router,
+    pub shortcut: Option<Arc<dyn Shortcut>>,
+}
+
+impl From<Router> for Routes {
+    fn from(router: Router) -> Self {
+        Self {
+            router,
+            shortcut: None,
+        }
+    }
+}
 
 /// The limits on client connections.
 #[derive(Debug, Clone, Copy)]
@@ -98,15 +133,16 @@ pub async fn listen(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> 
 /// The accept queue asked of the kernel.
 const ACCEPT_QUEUE: u32 = 4096;
 
-/// Serves `router` on `listener` until `shutdown` resolves. Then it stops accepting, lets each open
+/// Serves `routes` on `listener` until `shutdown` resolves. Then it stops accepting, lets each open
 /// connection finish the request it is serving (an idle one gets [`IDLE_GRACE`] to start one already
 /// sent, a half-sent head [`HEAD_GRACE`]), and returns when all have closed; bound that wait from outside.
 pub async fn serve(
     listener: TcpListener,
-    router: Router,
+    routes: impl Into<Routes>,
     limits: ConnLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let routes: Routes = routes.into();
     let max_connections = within_open_files(limits.max_connections);
     let permits = Arc::new(Semaphore::new(
         max_connections.clamp(1, Semaphore::MAX_PERMITS),
@@ -163,7 +199,7 @@ pub async fn serve(
         let conn = http.serve_connection(
             TokioIo::new(stream),
             TowerToHyperService::new(Counted {
-                inner: router.clone(),
+                inner: routes.clone(),
                 activity: activity.clone(),
             }),
         );
@@ -284,16 +320,16 @@ impl Activity {
     }
 }
 
-/// The router, counting the requests it starts and finishes in the connection's [`Activity`].
+/// The routes, counting the requests they start and finish in the connection's [`Activity`].
 #[derive(Clone)]
 struct Counted {
-    inner: Router,
+    inner: Routes,
     activity: Arc<Activity>,
 }
 
 impl tower::Service<hyper::Request<hyper::body::Incoming>> for Counted {
-    type Response = axum::response::Response;
-    type Error = std::convert::Infallible;
+    type Response = Response;
+    type Error = Infallible;
     type Future = CountedFuture;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
@@ -302,8 +338,17 @@ impl tower::Service<hyper::Request<hyper::body::Incoming>> for Counted {
 
     fn call(&mut self, req: hyper::Request<hyper::body::Incoming>) -> Self::Future {
         self.activity.started.fetch_add(1, Relaxed);
+        let req = req.map(axum::body::Body::new);
+        let inner = match &self.inner.shortcut {
+            Some(shortcut) if shortcut.takes(&req) => Answer::Shortcut {
+                fut: shortcut.serve(req),
+            },
+            _ => Answer::Router {
+                fut: tower::Service::call(&mut self.inner.router, req),
+            },
+        };
         CountedFuture {
-            inner: tower::Service::call(&mut self.inner, req.map(axum::body::Body::new)),
+            inner,
             done: Finished(self.activity.clone()),
         }
     }
@@ -319,18 +364,29 @@ impl Drop for Finished {
 }
 
 pin_project_lite::pin_project! {
+    #[project = AnswerProj]
+    enum Answer {
+        Router { #[pin] fut: <Router as tower::Service<Request>>::Future },
+        Shortcut { fut: ResponseFuture },
+    }
+}
+
+pin_project_lite::pin_project! {
     struct CountedFuture {
         #[pin]
-        inner: <Router as tower::Service<Request>>::Future,
+        inner: Answer,
         done: Finished,
     }
 }
 
 impl Future for CountedFuture {
-    type Output = Result<axum::response::Response, std::convert::Infallible>;
+    type Output = Result<Response, Infallible>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.project().inner.poll(cx)
+        match self.project().inner.project() {
+            AnswerProj::Router { fut } => fut.poll(cx),
+            AnswerProj::Shortcut { fut } => fut.as_mut().poll(cx),
+        }
     }
 }
 

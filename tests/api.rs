@@ -1142,6 +1142,42 @@ async fn wrong_methods_undecodable_names_and_non_json_v2_bodies_get_json_errors(
         assert!(message.is_some_and(|m| m.contains(path)), "{path}: {j}");
     }
 
+    // The predict route is served before the router (a shortcut); paths the router would not match as
+    // that route are still the router's: unknown routes.
+    let body = br#"{"entities": {"user_id": "u_1"}, "candidates": [{"item_id": "i_1"}]}"#;
+    for path in [
+        "/v1/models/ctr/predict/",
+        "/v1/models/ctr/x/predict",
+        "/v1/models/ctr/predicts",
+    ] {
+        let r = app.post(path, "application/json", body.to_vec()).await;
+        assert_eq!(
+            r.status,
+            404,
+            "{path}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        assert_eq!(r.json()["error"]["code"], "unknown_route", "{path}");
+    }
+    let r = app
+        .post(
+            "/v1/models/ctr/predict?debug=1",
+            "application/json",
+            body.to_vec(),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    for path in ["/v1/models/nope/predict", "/v1/models//predict"] {
+        let r = app.post(path, "application/json", body.to_vec()).await;
+        assert_eq!(
+            r.status,
+            404,
+            "{path}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        assert_eq!(r.json()["error"]["code"], "unknown_model", "{path}");
+    }
+
     // A name that is not UTF-8 once percent-decoded is an unknown name, answered in JSON like any other.
     for path in [
         "/v2/models/%ff",

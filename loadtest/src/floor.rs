@@ -1,18 +1,22 @@
-//! The floor: the cheapest server on hydrant's stack (axum 0.8 + tokio + hyper) that still reads
-//! the whole request and answers a predict-sized JSON body. Driving it with the same mix shows how
-//! much of hydrant's latency and throughput is the HTTP stack itself and how much is hydrant.
+//! The floor: the cheapest server on hydrant's stack (hydrant's accept loop over hyper and tokio, and
+//! axum) that still reads the whole request and answers a predict-sized JSON body. Driving it with the
+//! same mix shows how much of hydrant's latency and throughput is the HTTP stack itself and how much is
+//! hydrant. Like hydrant, it serves the predict route through a [`Shortcut`] in front of the router.
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::DefaultBodyLimit;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
+use http_body_util::{BodyExt as _, LengthLimitError, Limited};
+use hydrant::serve::{ResponseFuture, Routes, Shortcut};
 use tokio::sync::oneshot;
 
 /// Largest request body the floor reads (the gateway's own limit is smaller).
@@ -47,22 +51,68 @@ pub fn answer_bodies(scores: usize) -> (Bytes, Bytes) {
     )
 }
 
-/// The floor's routes: predict (any model), readiness, and an empty stats document.
+/// Like hydrant: a MessagePack request (or one that accepts only MessagePack) gets a MessagePack
+/// answer, so a `format = "msgpack"` run compares like with like.
+fn wants_msgpack(headers: &HeaderMap) -> bool {
+    [header::ACCEPT, header::CONTENT_TYPE].iter().any(|h| {
+        headers
+            .get(h)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.contains("msgpack"))
+    })
+}
+
+/// The floor's routes: the predict shortcut (any model) in front of [`router`].
+pub fn routes(scores: usize) -> Routes {
+    let (json, msgpack) = answer_bodies(scores);
+    Routes {
+        router: router(scores),
+        shortcut: Some(Arc::new(PredictShortcut { json, msgpack })),
+    }
+}
+
+/// The predict route before the router, as hydrant serves it.
+struct PredictShortcut {
+    json: Bytes,
+    msgpack: Bytes,
+}
+
+impl Shortcut for PredictShortcut {
+    fn takes(&self, req: &Request) -> bool {
+        req.method() == Method::POST && hydrant::api::is_predict_path(req.uri().path())
+    }
+
+    fn serve(&self, req: Request) -> ResponseFuture {
+        let answer = if wants_msgpack(req.headers()) {
+            ("application/msgpack", self.msgpack.clone())
+        } else {
+            ("application/json", self.json.clone())
+        };
+        Box::pin(async move {
+            // The body is read in full, as hydrant reads it.
+            let read = Limited::new(req.into_body(), MAX_BODY).collect().await;
+            Ok(match read {
+                Ok(body) => {
+                    let _ = body.to_bytes().len();
+                    ([(header::CONTENT_TYPE, answer.0)], answer.1).into_response()
+                }
+                Err(e) if e.is::<LengthLimitError>() => {
+                    StatusCode::PAYLOAD_TOO_LARGE.into_response()
+                }
+                Err(_) => StatusCode::BAD_REQUEST.into_response(),
+            })
+        })
+    }
+}
+
+/// The floor's router: predict (any model), readiness, and an empty stats document.
 pub fn router(scores: usize) -> Router {
     let (json, msgpack) = answer_bodies(scores);
     Router::new()
         .route(
             "/v1/models/{model}/predict",
             post(move |headers: HeaderMap, body: Bytes| {
-                // Like hydrant: a MessagePack request (or one that accepts only MessagePack) gets a
-                // MessagePack answer, so a `format = "msgpack"` run compares like with like.
-                let wants_msgpack = [header::ACCEPT, header::CONTENT_TYPE].iter().any(|h| {
-                    headers
-                        .get(h)
-                        .and_then(|v| v.to_str().ok())
-                        .is_some_and(|v| v.contains("msgpack"))
-                });
-                let answer = if wants_msgpack {
+                let answer = if wants_msgpack(&headers) {
                     ("application/msgpack", msgpack.clone())
                 } else {
                     ("application/json", json.clone())
@@ -98,7 +148,7 @@ pub async fn serve(
     let (signal_tx, signal_rx) = oneshot::channel::<()>();
     let server = hydrant::serve::serve(
         listener,
-        router(scores),
+        routes(scores),
         hydrant::serve::ConnLimits::default(),
         async move {
             let _ = signal_rx.await;
