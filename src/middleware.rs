@@ -131,12 +131,13 @@ where
     }
 
     fn call(&mut self, mut req: Request) -> Self::Future {
+        let started = Instant::now();
         let route = route_label(&req);
         let body_read = body_read_for(route, &req);
         if let Some(b) = &body_read {
             req.extensions_mut().insert(b.clone());
         }
-        let start = self.shared.start(route, &req, body_read);
+        let start = self.shared.start(started, route, &req, body_read);
         start.finish(self.inner.call(req))
     }
 }
@@ -154,8 +155,9 @@ impl RequestLayer {
     where
         F: Future<Output = Result<Response, Infallible>>,
     {
+        let started = Instant::now();
         let body_read = body_read_for(route, &req);
-        let start = self.shared.start(route, &req, body_read.clone());
+        let start = self.shared.start(started, route, &req, body_read.clone());
         start.finish(handler(req, body_read))
     }
 }
@@ -182,11 +184,11 @@ struct Start {
 impl Shared {
     fn start(
         self: &Arc<Self>,
+        started: Instant,
         route: &'static str,
         req: &Request,
         body_read: Option<BodyRead>,
     ) -> Start {
-        let started = Instant::now();
         // The model label is a registered name, or empty for unknown names.
         let model = if route.contains("{model}") {
             // As the handler reads it: `c%74r` is served as `ctr`, so it is counted as `ctr`.
