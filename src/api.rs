@@ -22,13 +22,15 @@ use crate::gateway::Gateway;
 use crate::middleware::{BodyRead, RequestLayer};
 use crate::serve::{ResponseFuture, Routes, Shortcut};
 
-/// The predict route, as the router and the request layer name it.
+/// The inference routes, as the router and the request layer name them.
 const PREDICT: &str = "/v1/models/{model}/predict";
+const INFER: &str = "/v2/models/{model}/infer";
 
-/// The routes over `gw`: the router, and in front of it a shortcut for `POST /v1/models/{model}/predict`,
-/// the route a product service calls on every request.
+/// The routes over `gw`: the router, and in front of it a shortcut for the two inference routes,
+/// `POST /v1/models/{model}/predict` and `POST /v2/models/{model}/infer`, which callers send on every
+/// request.
 pub fn routes(gw: Arc<Gateway>) -> Routes {
-    let shortcut = PredictShortcut {
+    let shortcut = InferenceShortcut {
         layer: request_layer(&gw),
         gw: gw.clone(),
     };
@@ -38,31 +40,47 @@ pub fn routes(gw: Arc<Gateway>) -> Routes {
     }
 }
 
-/// `POST /v1/models/{model}/predict`, served as the router would, in the same request layer.
-struct PredictShortcut {
+/// The inference routes, served as the router would, in the same request layer.
+struct InferenceShortcut {
     layer: RequestLayer,
     gw: Arc<Gateway>,
 }
 
-impl Shortcut for PredictShortcut {
+impl Shortcut for InferenceShortcut {
     fn takes(&self, req: &Request) -> bool {
-        req.method() == axum::http::Method::POST && is_predict_path(req.uri().path())
+        req.method() == axum::http::Method::POST
+            && (is_predict_path(req.uri().path()) || is_infer_path(req.uri().path()))
     }
 
     fn serve(&self, req: Request) -> ResponseFuture {
         let gw = self.gw.clone();
-        Box::pin(self.layer.serve(PREDICT, req, |req, body_read| async move {
-            Ok(predict_with(&gw, req, body_read).await.into_response())
-        }))
+        if is_predict_path(req.uri().path()) {
+            Box::pin(self.layer.serve(PREDICT, req, |req, body_read| async move {
+                Ok(predict_with(&gw, req, body_read).await.into_response())
+            }))
+        } else {
+            Box::pin(self.layer.serve(INFER, req, |req, body_read| async move {
+                Ok(v2_infer_with(&gw, req, body_read).await.into_response())
+            }))
+        }
     }
 }
 
 /// Whether `path` is `/v1/models/{model}/predict` as the router matches it: one model segment, which
 /// may be empty (an unknown model, as the router has it).
 pub fn is_predict_path(path: &str) -> bool {
-    path.strip_prefix("/v1/models/")
-        .and_then(|rest| rest.strip_suffix("/predict"))
-        .is_some_and(|model| !model.contains('/'))
+    one_segment_between(path, "/v1/models/", "/predict")
+}
+
+/// Whether `path` is `/v2/models/{model}/infer` as the router matches it (see [`is_predict_path`]).
+fn is_infer_path(path: &str) -> bool {
+    one_segment_between(path, "/v2/models/", "/infer")
+}
+
+fn one_segment_between(path: &str, prefix: &str, suffix: &str) -> bool {
+    path.strip_prefix(prefix)
+        .and_then(|rest| rest.strip_suffix(suffix))
+        .is_some_and(|segment| !segment.contains('/'))
 }
 
 fn request_layer(gw: &Gateway) -> RequestLayer {
@@ -89,7 +107,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/v2/health/ready", get(ready))
         .route("/v2/models/{model}", get(model_metadata))
         .route("/v2/models/{model}/ready", get(model_ready))
-        .route("/v2/models/{model}/infer", post(v2_infer))
+        .route(INFER, post(v2_infer))
         // Before `route_layer`, so that the request layer wraps the 405s too (request id, span, metrics).
         .method_not_allowed_fallback(method_not_allowed)
         .route_layer(layer.clone())
@@ -251,6 +269,15 @@ async fn v2_infer(
     State(gw): State<Arc<Gateway>>,
     mut req: Request,
 ) -> Result<Response, crate::oip::OipError> {
+    let body_read = req.extensions_mut().remove::<BodyRead>();
+    v2_infer_with(&gw, req, body_read).await
+}
+
+async fn v2_infer_with(
+    gw: &Gateway,
+    req: Request,
+    body_read: Option<BodyRead>,
+) -> Result<Response, crate::oip::OipError> {
     // Looked up once; refusals before the model's own checks count in its stats too. An unknown model
     // is answered once the body is read, as before.
     let engine = gw.engines.get(path_segment(req.uri(), 3).as_ref());
@@ -273,8 +300,7 @@ async fn v2_infer(
             ));
         }
     }
-    let body_read = req.extensions_mut().remove::<BodyRead>();
-    let r = split(req, body_read, &gw).await.map_err(|e| {
+    let r = split(req, body_read, gw).await.map_err(|e| {
         failed(e.status());
         crate::oip::OipError(e.status(), e.to_string())
     })?;
@@ -284,7 +310,7 @@ async fn v2_infer(
             format!("model `{}` is not registered", path_segment(&r.uri, 3)),
         ));
     };
-    crate::oip::infer(&gw, engine, &r.body).await
+    crate::oip::infer(gw, engine, &r.body).await
 }
 
 /// Open Inference Protocol server metadata.

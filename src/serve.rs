@@ -12,7 +12,7 @@
 //!
 //! A [`Shortcut`] serves the hot routes before the router: the router's per-request work (matching the
 //! path, the matched-path and parameter extensions, cloning the boxed route service, boxing the handler's
-//! future) was the largest part of the HTTP stack's cost on the predict route that hydrant adds.
+//! future) cost 1.6 µs of CPU per hot-path request, more than any one stage of hydrant's own.
 //!
 //! The load tester's floor serves through the same loop, with a shortcut for its predict route, so the
 //! comparison with it stays like for like.

@@ -1177,6 +1177,55 @@ async fn wrong_methods_undecodable_names_and_non_json_v2_bodies_get_json_errors(
         );
         assert_eq!(r.json()["error"]["code"], "unknown_model", "{path}");
     }
+    // The same for the V2 infer route, whose errors are in the Open Inference Protocol's shape.
+    let zeros = vec![0.0f32; 27];
+    let tensor = serde_json::to_vec(&json!({"inputs": [{"name": "features", "shape": [1, 27], "datatype": "FP32", "data": zeros}]}))
+        .expect("json");
+    for path in [
+        "/v2/models/ctr/infer/",
+        "/v2/models/ctr/x/infer",
+        "/v2/models/ctr/infers",
+    ] {
+        let r = app.post(path, "application/json", tensor.clone()).await;
+        assert_eq!(
+            r.status,
+            404,
+            "{path}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        assert!(
+            r.json()["error"]
+                .as_str()
+                .is_some_and(|m| m.contains("no route")),
+            "{path}: {}",
+            r.json()
+        );
+    }
+    let r = app
+        .post(
+            "/v2/models/ctr/infer?x=1",
+            "application/json",
+            tensor.clone(),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["outputs"][0]["shape"], json!([1, 1]));
+    for path in ["/v2/models/nope/infer", "/v2/models//infer"] {
+        let r = app.post(path, "application/json", tensor.clone()).await;
+        assert_eq!(
+            r.status,
+            404,
+            "{path}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        assert!(
+            r.json()["error"]
+                .as_str()
+                .is_some_and(|m| m.contains("is not registered")),
+            "{path}: {}",
+            r.json()
+        );
+    }
 
     // A name that is not UTF-8 once percent-decoded is an unknown name, answered in JSON like any other.
     for path in [
