@@ -22,15 +22,15 @@ use crate::gateway::Gateway;
 use crate::middleware::{BodyRead, RequestLayer};
 use crate::serve::{ResponseFuture, Routes, Shortcut};
 
-/// The inference routes, as the router and the request layer name them.
+/// The routes callers send on every request, as the router and the request layer name them.
 const PREDICT: &str = "/v1/models/{model}/predict";
 const INFER: &str = "/v2/models/{model}/infer";
+const FEATURES: &str = "/v1/features";
 
-/// The routes over `gw`: the router, and in front of it a shortcut for the two inference routes,
-/// `POST /v1/models/{model}/predict` and `POST /v2/models/{model}/infer`, which callers send on every
-/// request.
+/// The routes over `gw`: the router, and in front of it a shortcut for the routes callers send on every
+/// request: `POST /v1/models/{model}/predict`, `POST /v2/models/{model}/infer` and `POST /v1/features`.
 pub fn routes(gw: Arc<Gateway>) -> Routes {
-    let shortcut = InferenceShortcut {
+    let shortcut = HotShortcut {
         layer: request_layer(&gw),
         gw: gw.clone(),
     };
@@ -40,28 +40,54 @@ pub fn routes(gw: Arc<Gateway>) -> Routes {
     }
 }
 
-/// The inference routes, served as the router would, in the same request layer.
-struct InferenceShortcut {
+/// The hot routes, served as the router would, in the same request layer.
+struct HotShortcut {
     layer: RequestLayer,
     gw: Arc<Gateway>,
 }
 
-impl Shortcut for InferenceShortcut {
+/// Which of the hot routes a request is for.
+fn hot_route(req: &Request) -> Option<&'static str> {
+    if req.method() != axum::http::Method::POST {
+        return None;
+    }
+    let path = req.uri().path();
+    if is_predict_path(path) {
+        Some(PREDICT)
+    } else if is_infer_path(path) {
+        Some(INFER)
+    } else if path == FEATURES {
+        Some(FEATURES)
+    } else {
+        None
+    }
+}
+
+impl Shortcut for HotShortcut {
     fn takes(&self, req: &Request) -> bool {
-        req.method() == axum::http::Method::POST
-            && (is_predict_path(req.uri().path()) || is_infer_path(req.uri().path()))
+        hot_route(req).is_some()
     }
 
     fn serve(&self, req: Request) -> ResponseFuture {
         let gw = self.gw.clone();
-        if is_predict_path(req.uri().path()) {
-            Box::pin(self.layer.serve(PREDICT, req, |req, body_read| async move {
-                Ok(predict_with(&gw, req, body_read).await.into_response())
-            }))
-        } else {
-            Box::pin(self.layer.serve(INFER, req, |req, body_read| async move {
+        match hot_route(&req) {
+            Some(INFER) => Box::pin(self.layer.serve(INFER, req, |req, body_read| async move {
                 Ok(v2_infer_with(&gw, req, body_read).await.into_response())
-            }))
+            })),
+            Some(FEATURES) => Box::pin(self.layer.serve(
+                FEATURES,
+                req,
+                |req, body_read| async move {
+                    Ok(features_with(&gw, req, body_read).await.into_response())
+                },
+            )),
+            Some(_) => Box::pin(self.layer.serve(PREDICT, req, |req, body_read| async move {
+                Ok(predict_with(&gw, req, body_read).await.into_response())
+            })),
+            // Not taken: `Routes` asks `takes` first, so this is never reached; answered as the router would.
+            None => Box::pin(self.layer.serve("unmatched", req, |req, _| async move {
+                Ok(not_found(req).await)
+            })),
         }
     }
 }
@@ -97,7 +123,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
     let layer = request_layer(&gw);
     Router::new()
         .route(PREDICT, post(predict))
-        .route("/v1/features", post(features))
+        .route(FEATURES, post(features))
         .route("/metrics", get(metrics))
         .route("/v1/stats", get(stats))
         .route("/v2", get(server_metadata))
@@ -169,7 +195,15 @@ async fn predict_with(
 
 async fn features(State(gw): State<Arc<Gateway>>, mut req: Request) -> Result<Response, ApiError> {
     let body_read = req.extensions_mut().remove::<BodyRead>();
-    let r = split(req, body_read, &gw).await?;
+    features_with(&gw, req, body_read).await
+}
+
+async fn features_with(
+    gw: &Gateway,
+    req: Request,
+    body_read: Option<BodyRead>,
+) -> Result<Response, ApiError> {
+    let r = split(req, body_read, gw).await?;
     gw.features(r.format, &r.headers, &r.body).await
 }
 

@@ -1,5 +1,5 @@
 //! The layer around every request, routed or not (the router's 404 and 405 answers pass through it too,
-//! and the inference routes' shortcut past the router calls it as [`RequestLayer::serve`]). In one place it:
+//! and the hot routes' shortcut past the router calls it as [`RequestLayer::serve`]). In one place it:
 //! - gives the request an id, taken from `X-Request-Id` or generated, and echoes it back;
 //! - runs the request in a `request` span;
 //! - times it into `hydrant_request_duration_seconds{route,model,status}`;

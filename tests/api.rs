@@ -1177,6 +1177,25 @@ async fn wrong_methods_undecodable_names_and_non_json_v2_bodies_get_json_errors(
         );
         assert_eq!(r.json()["error"]["code"], "unknown_model", "{path}");
     }
+    // And for /v1/features.
+    let wanted = br#"{"entities": {"user_id": ["u_1"]}, "features": ["user_profile:age"]}"#;
+    let r = app
+        .post("/v1/features?x=1", "application/json", wanted.to_vec())
+        .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    for path in ["/v1/features/", "/v1/featuresx", "//v1/features"] {
+        let r = app.post(path, "application/json", wanted.to_vec()).await;
+        assert_eq!(
+            r.status,
+            404,
+            "{path}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        assert_eq!(r.json()["error"]["code"], "unknown_route", "{path}");
+    }
+    let r = app.get("/v1/features").await;
+    assert_eq!(r.status, 405, "{}", String::from_utf8_lossy(&r.body));
+
     // The same for the V2 infer route, whose errors are in the Open Inference Protocol's shape.
     let zeros = vec![0.0f32; 27];
     let tensor = serde_json::to_vec(&json!({"inputs": [{"name": "features", "shape": [1, 27], "datatype": "FP32", "data": zeros}]}))
