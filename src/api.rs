@@ -81,11 +81,13 @@ impl Shortcut for HotShortcut {
                     Ok(features_with(&gw, req, body_read).await.into_response())
                 },
             )),
-            Some(_) => Box::pin(self.layer.serve(PREDICT, req, |req, body_read| async move {
-                Ok(predict_with(&gw, req, body_read).await.into_response())
-            })),
+            Some(PREDICT) => {
+                Box::pin(self.layer.serve(PREDICT, req, |req, body_read| async move {
+                    Ok(predict_with(&gw, req, body_read).await.into_response())
+                }))
+            }
             // Not taken: `Routes` asks `takes` first, so this is never reached; answered as the router would.
-            None => Box::pin(self.layer.serve("unmatched", req, |req, _| async move {
+            _ => Box::pin(self.layer.serve("unmatched", req, |req, _| async move {
                 Ok(not_found(req).await)
             })),
         }
@@ -117,7 +119,7 @@ fn request_layer(gw: &Gateway) -> RequestLayer {
     )
 }
 
-/// Builds the router over `gw` (every route; [`routes`] puts the predict shortcut in front of it).
+/// Builds the router over `gw` (every route; [`routes`] puts the hot routes' shortcut in front of it).
 pub fn router(gw: Arc<Gateway>) -> Router {
     let limits = gw.config.limits.clone();
     let layer = request_layer(&gw);
