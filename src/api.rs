@@ -9,7 +9,7 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::handler::HandlerWithoutStateExt as _;
 use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{MethodRouter, get, post};
 use axum::{Json, Router};
 use http_body_util::{BodyExt as _, LengthLimitError, Limited};
 use percent_encoding::percent_decode_str;
@@ -69,28 +69,35 @@ impl Shortcut for HotShortcut {
     }
 
     fn serve(&self, req: Request) -> ResponseFuture {
-        let gw = self.gw.clone();
         match hot_route(&req) {
-            Some(INFER) => Box::pin(self.layer.serve(INFER, req, |req, body_read| async move {
-                Ok(v2_infer_with(&gw, req, body_read).await.into_response())
-            })),
-            Some(FEATURES) => Box::pin(self.layer.serve(
-                FEATURES,
-                req,
-                |req, body_read| async move {
-                    Ok(features_with(&gw, req, body_read).await.into_response())
-                },
-            )),
-            Some(PREDICT) => {
-                Box::pin(self.layer.serve(PREDICT, req, |req, body_read| async move {
-                    Ok(predict_with(&gw, req, body_read).await.into_response())
-                }))
-            }
+            Some(INFER) => self.answer(INFER, req, v2_infer),
+            Some(FEATURES) => self.answer(FEATURES, req, features),
+            Some(PREDICT) => self.answer(PREDICT, req, predict),
             // Not taken: `Routes` asks `takes` first, so this is never reached; answered as the router would.
             _ => Box::pin(self.layer.serve("unmatched", req, |req, _| async move {
                 Ok(not_found(req).await)
             })),
         }
+    }
+}
+
+impl HotShortcut {
+    /// `handler`'s answer to `req` on `route`, in the request layer.
+    fn answer<Fut, R>(
+        &self,
+        route: &'static str,
+        req: Request,
+        handler: impl FnOnce(Arc<Gateway>, Request, Option<BodyRead>) -> Fut,
+    ) -> ResponseFuture
+    where
+        Fut: Future<Output = R> + Send + 'static,
+        R: IntoResponse,
+    {
+        let gw = self.gw.clone();
+        Box::pin(self.layer.serve(route, req, |req, body_read| {
+            let answer = handler(gw, req, body_read);
+            async move { Ok(answer.await.into_response()) }
+        }))
     }
 }
 
@@ -124,18 +131,18 @@ pub fn router(gw: Arc<Gateway>) -> Router {
     let limits = gw.config.limits.clone();
     let layer = request_layer(&gw);
     Router::new()
-        .route(PREDICT, post(predict))
-        .route(FEATURES, post(features))
+        .route(PREDICT, routed(predict))
+        .route(FEATURES, routed(features))
         .route("/metrics", get(metrics))
         .route("/v1/stats", get(stats))
         .route("/v2", get(server_metadata))
-        .route("/v1/prefetch", post(prefetch))
-        .route("/v1/views/{view}/rows", post(write_rows))
+        .route("/v1/prefetch", routed(prefetch))
+        .route("/v1/views/{view}/rows", routed(write_rows))
         .route("/v2/health/live", get(live))
         .route("/v2/health/ready", get(ready))
         .route("/v2/models/{model}", get(model_metadata))
         .route("/v2/models/{model}/ready", get(model_ready))
-        .route(INFER, post(v2_infer))
+        .route(INFER, routed(v2_infer))
         // Before `route_layer`, so that the request layer wraps the 405s too (request id, span, metrics).
         .method_not_allowed_fallback(method_not_allowed)
         .route_layer(layer.clone())
@@ -177,35 +184,39 @@ fn body_too_large(limit: usize) -> ApiError {
     }
 }
 
-async fn predict(State(gw): State<Arc<Gateway>>, mut req: Request) -> Result<Response, ApiError> {
-    let body_read = req.extensions_mut().remove::<BodyRead>();
-    predict_with(&gw, req, body_read).await
+/// A `POST` route of the router whose handler reads the body: `handler` gets the request layer's
+/// [`BodyRead`] from the request's extensions, where the shortcut hands it over directly.
+fn routed<H, Fut, R>(handler: H) -> MethodRouter<Arc<Gateway>>
+where
+    H: Fn(Arc<Gateway>, Request, Option<BodyRead>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = R> + Send + 'static,
+    R: IntoResponse + 'static,
+{
+    post(move |State(gw): State<Arc<Gateway>>, mut req: Request| {
+        let body_read = req.extensions_mut().remove::<BodyRead>();
+        handler(gw, req, body_read)
+    })
 }
 
-async fn predict_with(
-    gw: &Gateway,
+async fn predict(
+    gw: Arc<Gateway>,
     req: Request,
     body_read: Option<BodyRead>,
 ) -> Result<Response, ApiError> {
     // An unknown model is known from the path: answered before waiting for the body.
     let engine = gw.engine(&path_segment(req.uri(), 3))?;
-    let r = split(req, body_read, gw)
+    let r = split(req, body_read, &gw)
         .await
         .inspect_err(|e| engine.stats().failed(e.status()))?;
     gw.predict(engine, r.format, &r.headers, &r.body).await
 }
 
-async fn features(State(gw): State<Arc<Gateway>>, mut req: Request) -> Result<Response, ApiError> {
-    let body_read = req.extensions_mut().remove::<BodyRead>();
-    features_with(&gw, req, body_read).await
-}
-
-async fn features_with(
-    gw: &Gateway,
+async fn features(
+    gw: Arc<Gateway>,
     req: Request,
     body_read: Option<BodyRead>,
 ) -> Result<Response, ApiError> {
-    let r = split(req, body_read, gw).await?;
+    let r = split(req, body_read, &gw).await?;
     gw.features(r.format, &r.headers, &r.body).await
 }
 
@@ -302,15 +313,7 @@ pub(crate) fn path_segment(uri: &Uri, i: usize) -> Cow<'_, str> {
 }
 
 async fn v2_infer(
-    State(gw): State<Arc<Gateway>>,
-    mut req: Request,
-) -> Result<Response, crate::oip::OipError> {
-    let body_read = req.extensions_mut().remove::<BodyRead>();
-    v2_infer_with(&gw, req, body_read).await
-}
-
-async fn v2_infer_with(
-    gw: &Gateway,
+    gw: Arc<Gateway>,
     req: Request,
     body_read: Option<BodyRead>,
 ) -> Result<Response, crate::oip::OipError> {
@@ -336,7 +339,7 @@ async fn v2_infer_with(
             ));
         }
     }
-    let r = split(req, body_read, gw).await.map_err(|e| {
+    let r = split(req, body_read, &gw).await.map_err(|e| {
         failed(e.status());
         crate::oip::OipError(e.status(), e.to_string())
     })?;
@@ -346,7 +349,7 @@ async fn v2_infer_with(
             format!("model `{}` is not registered", path_segment(&r.uri, 3)),
         ));
     };
-    crate::oip::infer(gw, engine, &r.body).await
+    crate::oip::infer(&gw, engine, &r.body).await
 }
 
 /// Open Inference Protocol server metadata.
@@ -354,17 +357,20 @@ async fn server_metadata() -> Json<serde_json::Value> {
     Json(json!({"name": "hydrant", "version": env!("CARGO_PKG_VERSION"), "extensions": []}))
 }
 
-async fn prefetch(State(gw): State<Arc<Gateway>>, mut req: Request) -> Result<Response, ApiError> {
-    let body_read = req.extensions_mut().remove::<BodyRead>();
+async fn prefetch(
+    gw: Arc<Gateway>,
+    req: Request,
+    body_read: Option<BodyRead>,
+) -> Result<Response, ApiError> {
     let r = split(req, body_read, &gw).await?;
     gw.prefetch(r.format, &r.body).await
 }
 
 async fn write_rows(
-    State(gw): State<Arc<Gateway>>,
-    mut req: Request,
+    gw: Arc<Gateway>,
+    req: Request,
+    body_read: Option<BodyRead>,
 ) -> Result<Response, ApiError> {
-    let body_read = req.extensions_mut().remove::<BodyRead>();
     let r = split(req, body_read, &gw).await?;
     gw.write_rows(&path_segment(&r.uri, 3), r.format, &r.body)
         .await

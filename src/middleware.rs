@@ -137,8 +137,9 @@ where
         if let Some(b) = &body_read {
             req.extensions_mut().insert(b.clone());
         }
-        let start = self.shared.start(started, route, &req, body_read);
-        start.finish(self.inner.call(req))
+        let inner = &mut self.inner;
+        self.shared
+            .wrap(started, route, req, body_read, |req| inner.call(req))
     }
 }
 
@@ -157,8 +158,10 @@ impl RequestLayer {
     {
         let started = Instant::now();
         let body_read = body_read_for(route, &req);
-        let start = self.shared.start(started, route, &req, body_read.clone());
-        start.finish(handler(req, body_read))
+        self.shared
+            .wrap(started, route, req, body_read.clone(), |req| {
+                handler(req, body_read)
+            })
     }
 }
 
@@ -168,27 +171,17 @@ fn body_read_for(route: &'static str, req: &Request) -> Option<BodyRead> {
     (reads_body(route) && declares_body(req.headers())).then(BodyRead::default)
 }
 
-/// What [`RequestFuture`] needs, taken from the request before the handler gets it.
-struct Start {
-    started: Instant,
-    route: &'static str,
-    model: Option<usize>,
-    id: Option<HeaderValue>,
-    body_read: Option<BodyRead>,
-    shape: Shape,
-    span: tracing::Span,
-    backstop: tokio::time::Instant,
-    shared: Arc<Shared>,
-}
-
 impl Shared {
-    fn start(
+    /// The request's future: `call`'s, wrapped in the layer, with what the layer needs read from the
+    /// request before `call` takes it.
+    fn wrap<F>(
         self: &Arc<Self>,
         started: Instant,
         route: &'static str,
-        req: &Request,
+        req: Request,
         body_read: Option<BodyRead>,
-    ) -> Start {
+        call: impl FnOnce(Request) -> F,
+    ) -> RequestFuture<F> {
         // The model label is a registered name, or empty for unknown names.
         let model = if route.contains("{model}") {
             // As the handler reads it: `c%74r` is served as `ctr`, so it is counted as `ctr`.
@@ -204,32 +197,18 @@ impl Shared {
             method = %req.method(),
             route
         );
-        Start {
+        let deadline = tokio::time::Instant::from_std(started + self.backstop);
+        let shape = Shape::of_path(req.uri().path());
+        RequestFuture {
+            inner: call(req).instrument(span),
+            backstop: tokio::time::sleep_until(deadline),
             started,
             route,
             model,
             id,
             body_read,
-            shape: Shape::of_path(req.uri().path()),
-            span,
-            backstop: tokio::time::Instant::from_std(started + self.backstop),
+            shape,
             shared: self.clone(),
-        }
-    }
-}
-
-impl Start {
-    fn finish<F>(self, inner: F) -> RequestFuture<F> {
-        RequestFuture {
-            inner: inner.instrument(self.span),
-            backstop: tokio::time::sleep_until(self.backstop),
-            started: self.started,
-            route: self.route,
-            model: self.model,
-            id: self.id,
-            body_read: self.body_read,
-            shape: self.shape,
-            shared: self.shared,
         }
     }
 }

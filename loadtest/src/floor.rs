@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Request};
+use axum::extract::Request;
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
@@ -65,24 +65,21 @@ fn wants_msgpack(headers: &HeaderMap) -> bool {
 /// The floor's routes: the predict shortcut (any model) in front of [`router`].
 pub fn routes(scores: usize) -> Routes {
     let (json, msgpack) = answer_bodies(scores);
+    let predict = Arc::new(Predict { json, msgpack });
     Routes {
-        router: router(scores),
-        shortcut: Some(Arc::new(PredictShortcut { json, msgpack })),
+        router: router(predict.clone()),
+        shortcut: Some(predict),
     }
 }
 
-/// The predict route before the router, as hydrant serves it.
-struct PredictShortcut {
+/// The predict route, served before the router as hydrant serves it.
+struct Predict {
     json: Bytes,
     msgpack: Bytes,
 }
 
-impl Shortcut for PredictShortcut {
-    fn takes(&self, req: &Request) -> bool {
-        req.method() == Method::POST && hydrant::api::is_predict_path(req.uri().path())
-    }
-
-    fn serve(&self, req: Request) -> ResponseFuture {
+impl Predict {
+    fn answer(&self, req: Request) -> ResponseFuture {
         let answer = if wants_msgpack(req.headers()) {
             ("application/msgpack", self.msgpack.clone())
         } else {
@@ -105,24 +102,23 @@ impl Shortcut for PredictShortcut {
     }
 }
 
-/// The floor's router: predict (any model), readiness, and an empty stats document.
-pub fn router(scores: usize) -> Router {
-    let (json, msgpack) = answer_bodies(scores);
+impl Shortcut for Predict {
+    fn takes(&self, req: &Request) -> bool {
+        req.method() == Method::POST && hydrant::api::is_predict_path(req.uri().path())
+    }
+
+    fn serve(&self, req: Request) -> ResponseFuture {
+        self.answer(req)
+    }
+}
+
+/// The floor's router: predict (any model; the shortcut takes its `POST`s, the router answers the
+/// other methods), readiness, and an empty stats document.
+fn router(predict: Arc<Predict>) -> Router {
     Router::new()
         .route(
             "/v1/models/{model}/predict",
-            post(move |headers: HeaderMap, body: Bytes| {
-                let answer = if wants_msgpack(&headers) {
-                    ("application/msgpack", msgpack.clone())
-                } else {
-                    ("application/json", json.clone())
-                };
-                async move {
-                    // The body is read in full by the extractor; its length keeps it "used".
-                    let _ = body.len();
-                    ([(header::CONTENT_TYPE, answer.0)], answer.1)
-                }
-            }),
+            post(move |req: Request| predict.answer(req)),
         )
         .route("/v2/health/ready", get(|| async { StatusCode::OK }))
         .route(
@@ -135,7 +131,6 @@ pub fn router(scores: usize) -> Router {
                     .into_response()
             }),
         )
-        .layer(DefaultBodyLimit::max(MAX_BODY))
 }
 
 /// Serves the floor on `listener` until `shutdown` resolves; then gives open connections
