@@ -10,6 +10,10 @@
 //!   kernel's accept queue until one closes, so a flood of connections never exhausts the process's file
 //!   descriptors, which the store's connections and the cache file need too.
 //!
+//! And it closes connections gracefully. A connection closed while the client is still sending (an
+//! answer given before its request's body was read) first lingers: it reads and discards for a moment, so
+//! the client gets the answer instead of a reset (see [`Socket`]).
+//!
 //! A [`Shortcut`] serves the hot routes before the router: the router's per-request work (matching the
 //! path, the matched-path and parameter extensions, cloning the boxed route service, boxing the handler's
 //! future) cost 1.6 µs of CPU per hot-path request, more than any one stage of hydrant's own.
@@ -21,17 +25,18 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::Request;
+use axum::http::header::CONNECTION;
 use axum::response::Response;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 /// An answer on its way, boxed: what a [`Shortcut`] returns.
 pub type ResponseFuture = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
@@ -196,8 +201,13 @@ pub async fn serve(
             warned_full = false;
         }
         let activity = Arc::new(Activity::default());
+        let socket = Socket {
+            stream: Some(stream),
+            activity: activity.clone(),
+            permit: Some(permit),
+        };
         let conn = http.serve_connection(
-            TokioIo::new(stream),
+            TokioIo::new(socket),
             TowerToHyperService::new(Counted {
                 inner: routes.clone(),
                 activity: activity.clone(),
@@ -232,7 +242,8 @@ pub async fn serve(
                 }
             }
             drop(open);
-            drop(permit);
+            // Dropping `conn` drops the socket, which releases the connection's permit, at once or
+            // after lingering (see `Socket`).
         });
     }
     drop(listener);
@@ -284,6 +295,9 @@ const IDLE_CHECKS: u32 = 4;
 struct Activity {
     started: AtomicU64,
     finished: AtomicU64,
+    /// An answer went out with `Connection: close`: given before its request's body was read, whose
+    /// rest the client may still be sending.
+    linger: AtomicBool,
 }
 
 impl Activity {
@@ -383,11 +397,142 @@ impl Future for CountedFuture {
     type Output = Result<Response, Infallible>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().inner.project() {
-            AnswerProj::Router { fut } => fut.poll(cx),
-            AnswerProj::Shortcut { fut } => fut.as_mut().poll(cx),
+        let this = self.project();
+        let answer = match this.inner.project() {
+            AnswerProj::Router { fut } => ready!(fut.poll(cx)),
+            AnswerProj::Shortcut { fut } => ready!(fut.as_mut().poll(cx)),
+        };
+        // Only refusals go out before their body is read; a success skips the header lookup.
+        if let Ok(resp) = &answer
+            && resp.status().as_u16() >= 400
+            && resp
+                .headers()
+                .get(CONNECTION)
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"))
+        {
+            this.done.0.linger.store(true, Relaxed);
+        }
+        Poll::Ready(answer)
+    }
+}
+
+/// A connection's socket. It holds the connection's permit, and when hyper lets go of it while the client
+/// may still be sending (an answer given before the request's body was read, such as a 413 for a declared
+/// length, or request bytes left unread), it lingers: it ends its side of the stream and reads and discards
+/// what still arrives, for at most [`LINGER`], before it closes. Closing a socket with unread bytes makes
+/// the kernel reset the connection, and a client still writing its body (Python's `http.client` and
+/// `requests`, hyper's client, reqwest) then sees a broken pipe or a reset instead of the answer.
+struct Socket {
+    /// `None` only once dropped.
+    stream: Option<TcpStream>,
+    activity: Arc<Activity>,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+/// The longest a closing connection keeps reading what its client still sends.
+const LINGER: Duration = Duration::from_secs(5);
+
+/// A lingering connection whose client sends nothing for this long is closed.
+const LINGER_QUIET: Duration = Duration::from_secs(1);
+
+/// The most a lingering connection reads before it closes.
+const LINGER_BYTES: usize = 64 << 20;
+
+fn gone() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::NotConnected, "the socket was dropped")
+}
+
+impl tokio::io::AsyncRead for Socket {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut().stream.as_mut() {
+            Some(s) => Pin::new(s).poll_read(cx, buf),
+            None => Poll::Ready(Err(gone())),
         }
     }
+}
+
+impl tokio::io::AsyncWrite for Socket {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut().stream.as_mut() {
+            Some(s) => Pin::new(s).poll_write(cx, buf),
+            None => Poll::Ready(Err(gone())),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut().stream.as_mut() {
+            Some(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            None => Poll::Ready(Err(gone())),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.as_ref().is_some_and(|s| s.is_write_vectored())
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut().stream.as_mut() {
+            Some(s) => Pin::new(s).poll_flush(cx),
+            None => Poll::Ready(Err(gone())),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut().stream.as_mut() {
+            Some(s) => Pin::new(s).poll_shutdown(cx),
+            None => Poll::Ready(Err(gone())),
+        }
+    }
+}
+
+impl Drop for Socket {
+    fn drop(&mut self) {
+        let (Some(stream), permit) = (self.stream.take(), self.permit.take()) else {
+            return;
+        };
+        // Bytes waiting unread (the rest of a body, a head hyper refused) would turn the close into a
+        // reset; a read of 0 is the client's own end, and nothing to wait for.
+        let mut probe = [0u8; 1];
+        let unread = matches!(stream.try_read(&mut probe), Ok(n) if n > 0);
+        if !(unread || self.activity.linger.load(Relaxed)) {
+            return;
+        }
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(linger(stream, permit));
+        }
+    }
+}
+
+/// Ends the write side (the client sees the answer end), then reads and discards what the client still
+/// sends until it ends its side, pauses for [`LINGER_QUIET`], or [`LINGER`] or [`LINGER_BYTES`] is
+/// reached.
+async fn linger(mut stream: TcpStream, permit: Option<OwnedSemaphorePermit>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let until = tokio::time::Instant::now() + LINGER;
+    let _ = stream.shutdown().await;
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut read = 0;
+    while read < LINGER_BYTES {
+        let quiet = (tokio::time::Instant::now() + LINGER_QUIET).min(until);
+        match tokio::time::timeout_at(quiet, stream.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => read += n,
+            _ => break,
+        }
+    }
+    drop(stream);
+    drop(permit);
 }
 
 #[cfg(test)]
@@ -404,6 +549,17 @@ mod tests {
         let addr = listener.local_addr().expect("addr");
         let router = Router::new()
             .route("/", axum::routing::get(|| async { "ok" }))
+            .route(
+                "/refuse",
+                // A refusal given before the body is read, as hydrant's request layer marks it.
+                axum::routing::post(|| async {
+                    (
+                        axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+                        [(CONNECTION, "close")],
+                        "too large",
+                    )
+                }),
+            )
             .route(
                 "/slow",
                 axum::routing::get(|| async {
@@ -529,6 +685,40 @@ mod tests {
             .expect("read");
         assert!(buf[..n].starts_with(b"HTTP/1.1 200 OK"));
         assert_eq!(get(&mut b).await, "HTTP/1.1 200 OK");
+    }
+
+    #[tokio::test]
+    async fn a_refused_body_is_read_and_discarded_then_the_connection_closes() {
+        let (addr, _stop) = start(ConnLimits {
+            idle_timeout: Duration::from_secs(30),
+            max_connections: 1,
+        })
+        .await;
+        let mut a = TcpStream::connect(addr).await.expect("connect");
+        a.write_all(b"POST /refuse HTTP/1.1\r\nhost: x\r\ncontent-length: 100000000\r\n\r\n")
+            .await
+            .expect("write");
+        let mut buf = vec![0u8; 64 * 1024];
+        let n = a.read(&mut buf).await.expect("read");
+        assert!(buf[..n].starts_with(b"HTTP/1.1 413 "));
+        // The answer ends (the server's side of the stream is shut), but what the client still sends is
+        // read, not answered with a reset: far more than the kernel's buffers would hold.
+        for _ in 0..200 {
+            a.write_all(&buf)
+                .await
+                .expect("the rest of the body is taken");
+        }
+        assert_eq!(a.read(&mut buf).await.expect("read"), 0);
+        // The lingering connection holds its place under max_connections until its client falls quiet
+        // for LINGER_QUIET; then a waiting connection is served.
+        let t = Instant::now();
+        let mut b = TcpStream::connect(addr).await.expect("connect");
+        assert_eq!(get(&mut b).await, "HTTP/1.1 200 OK");
+        let waited = t.elapsed();
+        assert!(
+            waited >= LINGER_QUIET / 2 && waited < LINGER,
+            "served after {waited:?}"
+        );
     }
 
     #[tokio::test]

@@ -1416,6 +1416,109 @@ async fn an_oversized_body_or_unknown_model_is_refused_before_the_body_arrives()
     app.stop().await;
 }
 
+/// A client that sends its whole body before it reads (Python's `http.client`, reqwest) gets the refusal
+/// that went out before the body was read, not a broken pipe or a reset: the gateway reads and discards
+/// the rest before it closes.
+#[tokio::test]
+async fn a_client_that_sends_the_whole_body_first_still_reads_the_early_refusal() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let app = TestApp::spawn().await;
+    app.wait_ready().await;
+    let big = format!(
+        r#"{{"entities": {{"user_id": "u_1"}}, "context": {{"device": "{}"}}}}"#,
+        "x".repeat(3 << 20)
+    );
+    let chunked = {
+        let mut b = String::new();
+        for chunk in big.as_bytes().chunks(64 * 1024) {
+            b.push_str(&format!("{:x}\r\n", chunk.len()));
+            b.push_str(std::str::from_utf8(chunk).expect("ascii"));
+            b.push_str("\r\n");
+        }
+        b.push_str("0\r\n\r\n");
+        b
+    };
+    // Within limits.max_body_bytes (1 MiB), for the refusals that come before the length matters.
+    let within = &big[..1_000_000];
+    let sized = |path: &str, content_type: &str, body: &str| {
+        format!(
+            "POST {path} HTTP/1.1\r\nhost: h\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    for (request, status, code) in [
+        (
+            sized("/v1/models/ctr/predict", "application/json", &big),
+            "413",
+            "body_too_large",
+        ),
+        (
+            format!(
+                "POST /v1/models/ctr/predict HTTP/1.1\r\nhost: h\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n{chunked}"
+            ),
+            "413",
+            "body_too_large",
+        ),
+        (
+            sized("/v1/models/ctr/predict", "text/plain", within),
+            "415",
+            "unsupported_media_type",
+        ),
+        (
+            sized("/v1/models/nope/predict", "application/json", within),
+            "404",
+            "unknown_model",
+        ),
+    ] {
+        // A small send buffer, so the body cannot sit whole in the kernel before the gateway answers.
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_send_buffer_size(64 * 1024).expect("send buffer");
+        let mut s = socket
+            .connect(
+                app.addr
+                    .trim_start_matches("http://")
+                    .parse()
+                    .expect("address"),
+            )
+            .await
+            .expect("connect");
+        s.write_all(request.as_bytes())
+            .await
+            .unwrap_or_else(|e| panic!("the {status} case: sending the body failed: {e}"));
+        let mut answer = Vec::new();
+        tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            s.read_to_end(&mut answer),
+        )
+        .await
+        .expect("the connection ends")
+        .unwrap_or_else(|e| panic!("the {status} case: reading the answer failed: {e}"));
+        let text = String::from_utf8_lossy(&answer);
+        assert!(text.starts_with(&format!("HTTP/1.1 {status} ")), "{text}");
+        assert!(text.contains(&format!(r#""code":"{code}""#)), "{text}");
+    }
+    // And through an HTTP client library.
+    let r = app
+        .post(
+            "/v1/models/ctr/predict",
+            "application/json",
+            big.clone().into_bytes(),
+        )
+        .await;
+    assert_eq!(r.status, 413);
+    assert_eq!(r.code(), "body_too_large");
+    // The gateway keeps serving.
+    let ok = app
+        .predict(
+            "ctr",
+            &json!({"entities": {"user_id": "u_1", "item_id": "i_1"}}),
+        )
+        .await;
+    assert_eq!(ok.status, 200);
+    app.stop().await;
+}
+
 /// Stored features that drive the model to NaN or infinity get an error naming the output and the row,
 /// not a `null` score in a 200 that says nothing was degraded.
 #[tokio::test]

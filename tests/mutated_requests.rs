@@ -1,0 +1,513 @@
+//! Thousands of mutated requests against the real gateway: every one gets a 2xx or a 4xx with a proper
+//! error body (never a 5xx, a dropped connection or a hang), and afterwards the gateway still answers
+//! valid requests with the same scores as before.
+//!
+//! The mutations are seeded, so a failure names a case that can be replayed. `HYDRANT_MUTATIONS=N` runs
+//! N cases per endpoint and format instead of the default (for a longer campaign on a workstation);
+//! `HYDRANT_MUTATION_SEED=S` starts from another seed.
+
+mod common;
+
+use std::time::Duration;
+
+use common::TestApp;
+use serde_json::{Map, Value as Json, json};
+
+/// splitmix64: small, seedable, good enough to pick mutations.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.next() % 100 < percent
+    }
+
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len())]
+    }
+}
+
+/// Names that the endpoints know, so mutations reach past "unknown field" into the decoders' corners.
+const NAMES: &[&str] = &[
+    "entities",
+    "candidates",
+    "context",
+    "options",
+    "user_id",
+    "item_id",
+    "hour_of_day",
+    "device",
+    "timings",
+    "return_features",
+    "deadline_ms",
+    "features",
+    "views",
+    "rows",
+    "event_timestamp",
+    "age",
+    "country",
+    "is_premium",
+    "avg_session_minutes",
+    "embedding",
+    "price",
+    "ctr_7d",
+    "inputs",
+    "outputs",
+    "name",
+    "shape",
+    "datatype",
+    "data",
+    "parameters",
+    "binary_data",
+    "id",
+    "user_profile",
+    "item_stats",
+    "user_profile:age",
+    "",
+];
+
+/// A value chosen to sit on an edge: extremes, wrong types, odd strings, nesting.
+fn wild(rng: &mut Rng, depth: usize) -> Json {
+    let choice = rng.below(if depth > 2 { 22 } else { 26 });
+    match choice {
+        0 => Json::Null,
+        1 => json!(true),
+        2 => json!(0),
+        3 => json!(-1),
+        4 => json!(i64::MAX),
+        5 => json!(i64::MIN),
+        6 => json!(u64::MAX),
+        7 => json!(1e308),
+        8 => json!(-3.4e38),
+        9 => json!(3.5e38),
+        10 => json!(1e-320),
+        11 => json!(0.5),
+        12 => json!(""),
+        13 => json!("u_1"),
+        14 => json!("i_7"),
+        15 => json!("x".repeat(rng.below(5000))),
+        16 => json!("ü\u{0}\u{ffff}😀\u{202e}:hy:user_profile:"),
+        17 => json!(rng.pick(NAMES)),
+        18 => json!(rng.below(2000)),
+        19 => json!(-(rng.below(2000) as i64)),
+        20 => json!((rng.next() as f64) / 7.0),
+        21 => json!("FP32"),
+        22 | 23 => Json::Array((0..rng.below(4)).map(|_| wild(rng, depth + 1)).collect()),
+        _ => {
+            let mut m = Map::new();
+            for _ in 0..rng.below(4) {
+                m.insert((*rng.pick(NAMES)).to_owned(), wild(rng, depth + 1));
+            }
+            Json::Object(m)
+        }
+    }
+}
+
+/// Every node of `v` as a path of object keys and array indices.
+fn paths(v: &Json, at: &mut Vec<Step>, out: &mut Vec<Vec<Step>>) {
+    out.push(at.clone());
+    match v {
+        Json::Object(m) => {
+            for (k, child) in m {
+                at.push(Step::Key(k.clone()));
+                paths(child, at, out);
+                at.pop();
+            }
+        }
+        Json::Array(a) => {
+            for (i, child) in a.iter().enumerate() {
+                at.push(Step::Index(i));
+                paths(child, at, out);
+                at.pop();
+            }
+        }
+        _ => {}
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Step {
+    Key(String),
+    Index(usize),
+}
+
+fn node<'a>(v: &'a mut Json, path: &[Step]) -> &'a mut Json {
+    path.iter().fold(v, |v, step| match step {
+        Step::Key(k) => &mut v[k.as_str()],
+        Step::Index(i) => &mut v[*i],
+    })
+}
+
+/// One structural mutation of `v`: replace, drop, add or repeat a node.
+fn mutate_tree(rng: &mut Rng, v: &mut Json) {
+    let mut all = Vec::new();
+    paths(v, &mut Vec::new(), &mut all);
+    let path = rng.pick(&all).clone();
+    let target = node(v, &path);
+    match rng.below(6) {
+        0 | 1 => *target = wild(rng, 0),
+        2 => match target {
+            Json::Object(m) if !m.is_empty() => {
+                let k = m
+                    .keys()
+                    .nth(rng.below(m.len()))
+                    .cloned()
+                    .unwrap_or_default();
+                m.remove(&k);
+            }
+            Json::Array(a) if !a.is_empty() => {
+                a.remove(rng.below(a.len()));
+            }
+            _ => *target = Json::Null,
+        },
+        3 => match target {
+            Json::Object(m) => {
+                m.insert((*rng.pick(NAMES)).to_owned(), wild(rng, 0));
+            }
+            Json::Array(a) => a.push(wild(rng, 0)),
+            _ => *target = json!([target.clone()]),
+        },
+        4 => {
+            // Many copies: reaches the limits on candidates, keys and rows.
+            if let Json::Array(a) = target
+                && let Some(first) = a.first().cloned()
+            {
+                let n = *rng.pick(&[2, 99, 1000, 1001, 5000]);
+                a.resize(n, first);
+            }
+        }
+        _ => {
+            // A key renamed: unknown or repeated names.
+            if let Json::Object(m) = target
+                && !m.is_empty()
+            {
+                let k = m
+                    .keys()
+                    .nth(rng.below(m.len()))
+                    .cloned()
+                    .unwrap_or_default();
+                if let Some(val) = m.remove(&k) {
+                    m.insert((*rng.pick(NAMES)).to_owned(), val);
+                }
+            }
+        }
+    }
+}
+
+/// Byte-level damage to a serialized body: truncation, stray bytes, a flipped bit, a spliced token.
+fn mutate_bytes(rng: &mut Rng, body: &mut Vec<u8>) {
+    const TOKENS: &[&[u8]] = &[
+        b",",
+        b"}",
+        b"]",
+        b"\"",
+        b"\\u",
+        b"\\ud800",
+        b"1e999999",
+        b"-",
+        b"NaN",
+        b"[[[[[[[[[[",
+        b"\xff\xfe",
+        b"\xc1",
+        b"\xdd\xff\xff\xff\xff",
+        b"\xdf\xff\xff\xff\xff",
+        b"\xc7\x05\x01",
+        b"\x00",
+    ];
+    let at = rng.below(body.len() + 1);
+    match rng.below(4) {
+        0 => body.truncate(at),
+        1 => {
+            let tok = rng.pick(TOKENS);
+            body.splice(at..at, tok.iter().copied());
+        }
+        2 => {
+            if let Some(b) = body.get_mut(at) {
+                *b ^= 1 << rng.below(8);
+            }
+        }
+        _ => {
+            let b = rng.next() as u8;
+            body.insert(at, b);
+        }
+    }
+}
+
+/// Bodies no mutation of a valid one is likely to reach.
+fn crafted() -> Vec<(&'static str, Vec<u8>)> {
+    let deep_json = |n: usize| {
+        let mut s = String::from(r#"{"entities": {"user_id": "u_1"}, "context": {"device": "#);
+        s.push_str(&"[".repeat(n));
+        s.push_str(&"]".repeat(n));
+        s.push_str("}}");
+        s.into_bytes()
+    };
+    // {"entities": [[[[...]]]]} in MessagePack: fixmap(1), fixstr "entities", then n fixarrays of one.
+    let deep_msgpack = |n: usize| {
+        let mut b = vec![0x81, 0xa8];
+        b.extend_from_slice(b"entities");
+        b.extend(std::iter::repeat_n(0x91, n));
+        b.push(0xc0);
+        b
+    };
+    // A map with an integer key, a binary value and an extension value.
+    let odd_msgpack = vec![
+        0x83, 0x01, 0x02, 0xa7, b'o', b'p', b't', b'i', b'o', b'n', b's', 0xc4, 0x02, 0xff, 0x00,
+        0xa7, b'c', b'o', b'n', b't', b'e', b'x', b't', 0xd4, 0x05, 0x01,
+    ];
+    // A map that claims 2^32 - 1 entries and a string that claims 2^32 - 1 bytes.
+    let huge_claims = vec![
+        0xdf, 0xff, 0xff, 0xff, 0xff, 0xdb, 0xff, 0xff, 0xff, 0xff, b'x',
+    ];
+    vec![
+        ("application/json", deep_json(100)),
+        ("application/json", deep_json(200_000)),
+        ("application/msgpack", deep_msgpack(100)),
+        ("application/msgpack", deep_msgpack(500)),
+        ("application/msgpack", deep_msgpack(1_023)),
+        ("application/msgpack", deep_msgpack(200_000)),
+        ("application/msgpack", odd_msgpack),
+        ("application/msgpack", huge_claims),
+        ("application/json", b"".to_vec()),
+        ("application/msgpack", b"".to_vec()),
+        ("application/json", b"null".to_vec()),
+        ("application/json", b"\xef\xbb\xbf{}".to_vec()),
+        (
+            "application/json",
+            br#"{"entities": {"user_id": "u_1"}} trailing"#.to_vec(),
+        ),
+        (
+            "application/json",
+            br#"{"entities": {"user_id": "\ud800"}}"#.to_vec(),
+        ),
+        (
+            "application/json",
+            br#"{"entities": {"user_id": "u_1", "user_id": "u_2"}}"#.to_vec(),
+        ),
+        (
+            "application/json",
+            format!(
+                r#"{{"entities": {{"user_id": "u_1"}}, "context": {{"hour_of_day": 1{}}}}}"#,
+                "0".repeat(400)
+            )
+            .into_bytes(),
+        ),
+    ]
+}
+
+/// What every answer must be: a success, or a 4xx whose body says what was wrong.
+fn check(path: &str, case: &str, status: u16, body: &[u8]) {
+    assert!(
+        (200..300).contains(&status) || (400..500).contains(&status),
+        "{path} answered {status} to {case}: {}",
+        String::from_utf8_lossy(body)
+    );
+    if status >= 400 {
+        let err: Json = serde_json::from_slice(body).unwrap_or_else(|e| {
+            panic!(
+                "{path}: the {status} to {case} is not JSON ({e}): {}",
+                String::from_utf8_lossy(body)
+            )
+        });
+        if path.starts_with("/v2") {
+            assert!(
+                err["error"].as_str().is_some_and(|m| !m.is_empty()),
+                "{path}: the {status} to {case} has no error message: {err}"
+            );
+        } else {
+            assert!(
+                err["error"]["code"].as_str().is_some_and(|c| !c.is_empty())
+                    && err["error"]["message"]
+                        .as_str()
+                        .is_some_and(|m| !m.is_empty()),
+                "{path}: the {status} to {case} has no code and message: {err}"
+            );
+        }
+    }
+}
+
+/// Sends one body; a dropped connection or a hang fails the test.
+async fn send(
+    client: &reqwest::Client,
+    addr: &str,
+    path: &str,
+    content_type: &str,
+    body: Vec<u8>,
+    case: &str,
+) -> (u16, Vec<u8>) {
+    let len = body.len();
+    let resp = client
+        .post(format!("{addr}{path}"))
+        .header("content-type", content_type)
+        .body(body)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{path}: no answer to {case} ({len} bytes): {e:?}"));
+    let status = resp.status().as_u16();
+    let body = resp
+        .bytes()
+        .await
+        .unwrap_or_else(|e| panic!("{path}: the answer to {case} broke off: {e:?}"));
+    (status, body.to_vec())
+}
+
+fn env_number(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A short, printable account of a body for a failure message.
+fn describe(body: &[u8]) -> String {
+    let s = String::from_utf8_lossy(body);
+    if s.len() > 600 {
+        format!(
+            "{}… ({} bytes)",
+            &s[..s.floor_char_boundary(600)],
+            body.len()
+        )
+    } else {
+        s.into_owned()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutated_requests_get_2xx_or_a_named_4xx_and_change_nothing() {
+    let app = TestApp::spawn().await;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .expect("client");
+    let cases = env_number("HYDRANT_MUTATIONS", 300);
+    let seed = env_number("HYDRANT_MUTATION_SEED", 0x0068_7964_7261_6e74);
+
+    let meta = app.get("/v2/models/ctr").await.json();
+    let input = meta["inputs"][0]["name"]
+        .as_str()
+        .expect("input name")
+        .to_owned();
+    let width = meta["inputs"][0]["shape"][1].as_u64().expect("input width") as usize;
+
+    let valid_predict = json!({
+        "entities": {"user_id": "u_24"},
+        "context": {"hour_of_day": 20, "device": "ios"},
+        "candidates": [{"item_id": "i_1"}, {"item_id": "i_10"}, {"item_id": "i_unknown"}],
+        "options": {"timings": true, "return_features": false, "deadline_ms": 500},
+    });
+    let before = app.predict("ctr", &valid_predict).await;
+    assert_eq!(before.status, 200);
+    let scores_before = common::scores(&before.json());
+
+    // Endpoints that only read, then the writes (whose mutated rows may be valid and change data).
+    let seeds: Vec<(&str, Json, bool)> = vec![
+        ("/v1/models/ctr/predict", valid_predict.clone(), true),
+        (
+            "/v2/models/ctr/infer",
+            json!({"id": "r1", "inputs": [{"name": input, "shape": [2, width], "datatype": "FP32",
+                   "data": vec![0.25f32; 2 * width]}], "outputs": [{"name": "score"}]}),
+            false,
+        ),
+        (
+            "/v1/features",
+            json!({"entities": {"user_id": ["u_1", "u_2"], "item_id": ["i_7"]},
+                   "features": ["user_profile:age", "item_stats"]}),
+            true,
+        ),
+        (
+            "/v1/prefetch",
+            json!({"entities": {"user_id": ["u_3", "u_4"], "item_id": ["i_8"]}}),
+            true,
+        ),
+    ];
+    let writes: Vec<(&str, Json, bool)> = vec![
+        (
+            "/v1/views/user_profile/rows",
+            json!({"rows": [{"user_id": "u_fuzz", "age": 31, "country": "de", "is_premium": true,
+                   "avg_session_minutes": 12.5, "embedding": [0.1, 0.2, 0.3, 0.4],
+                   "event_timestamp": 1_700_000_000_000i64}]}),
+            false,
+        ),
+        (
+            "/v1/views/item_stats/rows",
+            json!({"rows": [{"item_id": "i_fuzz", "price": 9.99, "ctr_7d": 0.02}]}),
+            false,
+        ),
+    ];
+
+    let mut rng = Rng(seed);
+    let mut statuses = std::collections::BTreeMap::<u16, u64>::new();
+    for (round, list) in [seeds, writes].into_iter().enumerate() {
+        for (path, valid, msgpack_too) in list {
+            let formats: &[&str] = if msgpack_too {
+                &["application/json", "application/msgpack"]
+            } else {
+                &["application/json"]
+            };
+            for &format in formats {
+                for i in 0..cases {
+                    let case_seed = rng.next();
+                    let mut r = Rng(case_seed);
+                    let mut tree = valid.clone();
+                    for _ in 0..1 + r.below(3) {
+                        mutate_tree(&mut r, &mut tree);
+                    }
+                    let mut body = if format == "application/json" {
+                        serde_json::to_vec(&tree).expect("json")
+                    } else {
+                        rmp_serde::to_vec_named(&tree).expect("msgpack")
+                    };
+                    if r.chance(30) {
+                        mutate_bytes(&mut r, &mut body);
+                    }
+                    let case = format!(
+                        "case {i} (seed {case_seed:#x}, {format}): {}",
+                        describe(&body)
+                    );
+                    let (status, answer) =
+                        send(&client, &app.addr, path, format, body, &case).await;
+                    check(path, &case, status, &answer);
+                    *statuses.entry(status).or_default() += 1;
+                }
+            }
+            if round == 0 {
+                for (format, body) in crafted() {
+                    let case = format!("a crafted body ({format}): {}", describe(&body));
+                    let (status, answer) =
+                        send(&client, &app.addr, path, format, body, &case).await;
+                    check(path, &case, status, &answer);
+                    *statuses.entry(status).or_default() += 1;
+                }
+            }
+        }
+        if round == 0 {
+            // Nothing the reads were sent changed what a valid request is answered.
+            let after = app.predict("ctr", &valid_predict).await;
+            assert_eq!(after.status, 200);
+            assert_eq!(common::scores(&after.json()), scores_before);
+        }
+    }
+    eprintln!("statuses over the run: {statuses:?}");
+    // The mutations must reach the decoders' acceptance as well as their refusals, or they test little.
+    assert!(statuses.range(200..300).count() > 0, "{statuses:?}");
+    assert!(
+        statuses.keys().filter(|s| (400..500).contains(*s)).count() >= 3,
+        "{statuses:?}"
+    );
+    // The gateway still serves after the writes.
+    let after = app.predict("ctr", &valid_predict).await;
+    assert_eq!(after.status, 200);
+    assert_eq!(app.get("/v2/health/live").await.status, 200);
+    app.stop().await;
+}
