@@ -511,3 +511,178 @@ async fn mutated_requests_get_2xx_or_a_named_4xx_and_change_nothing() {
     assert_eq!(app.get("/v2/health/live").await.status, 200);
     app.stop().await;
 }
+
+/// One request over a fresh connection, as raw bytes; the status and the body (empty when hyper refused
+/// the head itself).
+async fn raw(addr: &str, request: &[u8]) -> (u16, Vec<u8>) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut s = tokio::net::TcpStream::connect(addr.trim_start_matches("http://"))
+        .await
+        .expect("connect");
+    s.write_all(request).await.expect("send");
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), s.read_to_end(&mut answer))
+        .await
+        .unwrap_or_else(|_| panic!("no end to the answer to {}", describe(request)))
+        .unwrap_or_else(|e| panic!("the answer to {} broke off: {e}", describe(request)));
+    // An `Expect: 100-continue` may get an interim answer first.
+    let interim = b"HTTP/1.1 100 Continue\r\n\r\n";
+    if answer.starts_with(interim) {
+        answer.drain(..interim.len());
+    }
+    let head_end = answer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no answer head to {}", describe(request)));
+    let status = std::str::from_utf8(&answer[9..12])
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {}", describe(&answer)));
+    (status, answer[head_end + 4..].to_vec())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutated_paths_and_headers_get_2xx_or_a_named_4xx() {
+    let app = TestApp::spawn().await;
+    let cases = env_number("HYDRANT_MUTATIONS", 300);
+    let mut rng = Rng(env_number("HYDRANT_MUTATION_SEED", 0x0068_7964_7261_6e74) ^ 0x5eed);
+    const SEGMENTS: &[&str] = &[
+        "ctr",
+        "c%74r",
+        "%63%74%72",
+        "nope",
+        "",
+        "%",
+        "%zz",
+        "%ff%fe",
+        "%00",
+        "..",
+        ".",
+        "ctr%2Fpredict",
+        "user_profile",
+        "item_stats",
+        "u%CC%88",
+        "~!$&'()*+,;=:@",
+    ];
+    const SHAPES: &[&str] = &[
+        "/v1/models/{}/predict",
+        "/v2/models/{}/infer",
+        "/v2/models/{}",
+        "/v2/models/{}/ready",
+        "/v1/views/{}/rows",
+        "/v1/{}",
+        "/{}",
+    ];
+    const CONTENT_TYPES: &[&str] = &[
+        "application/json",
+        "application/msgpack",
+        "application/x-msgpack",
+        "APPLICATION/JSON; charset=utf-8",
+        "application/json; charset=utf-16",
+        "application/json;;;",
+        "text/plain",
+        "*/*",
+        "",
+        "application/",
+        "multipart/form-data; boundary=x",
+    ];
+    const ACCEPTS: &[&str] = &[
+        "application/json",
+        "application/msgpack",
+        "application/msgpack;q=0, application/json;q=0",
+        "*/*;q=0",
+        "application/json;q=abc",
+        "application/json;q=2",
+        "application/json;q=-1",
+        "text/html",
+        ",,,,",
+        "application/json;q=0.5, application/msgpack;q=0.5",
+    ];
+    let body = br#"{"entities": {"user_id": "u_1", "item_id": "i_1"}}"#;
+    let mut statuses = std::collections::BTreeMap::<u16, u64>::new();
+    for i in 0..cases {
+        // Half the cases keep the path and method right, so the headers reach the handlers.
+        let right = rng.chance(50);
+        let segment: String = if right {
+            "ctr".to_owned()
+        } else {
+            (0..1 + rng.below(2))
+                .map(|_| *rng.pick(SEGMENTS))
+                .collect::<Vec<_>>()
+                .join(if rng.chance(20) { "/" } else { "" })
+        };
+        let shape = if right {
+            *rng.pick(&SHAPES[..2])
+        } else {
+            *rng.pick(SHAPES)
+        };
+        let path = shape.replace("{}", &segment);
+        let method = if right {
+            "POST"
+        } else {
+            *rng.pick(&["GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS"])
+        };
+        let mut head = format!("{method} {path} HTTP/1.1\r\nhost: h\r\nconnection: close\r\n");
+        for _ in 0..rng.below(4) {
+            let line = match rng.below(5) {
+                0 => format!("content-type: {}", rng.pick(CONTENT_TYPES)),
+                1 => format!("accept: {}", rng.pick(ACCEPTS)),
+                2 => format!(
+                    "x-request-id: {}",
+                    rng.pick(&["r-1", "", "with space", &"x".repeat(200), "ü"])
+                ),
+                3 => format!(
+                    "content-encoding: {}",
+                    rng.pick(&["identity", "gzip", "", "br, identity"])
+                ),
+                _ => format!("expect: {}", rng.pick(&["100-continue", "nonsense"])),
+            };
+            head.push_str(&line);
+            head.push_str("\r\n");
+        }
+        let mut request = head.into_bytes();
+        if method == "GET" || method == "HEAD" || rng.chance(10) {
+            request.extend_from_slice(b"\r\n");
+        } else {
+            request.extend_from_slice(format!("content-length: {}\r\n\r\n", body.len()).as_bytes());
+            request.extend_from_slice(body);
+        }
+        let (status, answer) = raw(&app.addr, &request).await;
+        *statuses.entry(status).or_default() += 1;
+        let case = format!("case {i}: {}", describe(&request));
+        assert!(
+            (200..300).contains(&status) || (400..500).contains(&status),
+            "{status} to {case}: {}",
+            describe(&answer)
+        );
+        // hyper answers a head it cannot parse itself, with no body; every other refusal says why.
+        if status >= 400 && !answer.is_empty() {
+            let err: Json = serde_json::from_slice(&answer)
+                .unwrap_or_else(|e| panic!("the {status} to {case} is not JSON ({e})"));
+            let message = if path.starts_with("/v2") {
+                err["error"].as_str()
+            } else {
+                err["error"]["message"].as_str()
+            };
+            assert!(
+                message.is_some_and(|m| !m.is_empty()),
+                "the {status} to {case} has no message: {err}"
+            );
+        } else if status >= 400 && method != "HEAD" {
+            assert!(
+                status == 400 && path.contains('%') || path.contains(' '),
+                "a bare {status} to {case}"
+            );
+        }
+    }
+    eprintln!("statuses over the run: {statuses:?}");
+    assert!(statuses.range(200..300).count() > 0, "{statuses:?}");
+    let r = app
+        .predict(
+            "ctr",
+            &json!({"entities": {"user_id": "u_1", "item_id": "i_1"}}),
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    app.stop().await;
+}
