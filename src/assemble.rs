@@ -88,6 +88,20 @@ pub fn assemble(
     Ok(())
 }
 
+/// The row that every slot's fallback makes: what a request is scored on when none of its entities is
+/// found and it sends no context.
+pub fn fallback_row(model: &Model) -> Vec<f32> {
+    let mut row = vec![0f32; model.width];
+    for slot in &model.slots {
+        write_slot(
+            slot,
+            slot.fallback(),
+            &mut row[slot.offset..slot.offset + slot.width],
+        );
+    }
+    row
+}
+
 /// Whether `slot`'s fallback (its fill value, else its default) transforms to a number beyond float32.
 pub fn fallback_overflows(slot: &Slot) -> bool {
     let mut out = vec![0f32; slot.width];

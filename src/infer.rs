@@ -230,6 +230,7 @@ impl Engine {
         }
         let info = inspect(&sessions[0], &model, device, n).map_err(load_err)?;
         trial_run(&mut sessions[0], &info, model.width).map_err(load_err)?;
+        fallback_run(&mut sessions[0], &info, &model).map_err(load_err)?;
         let (tx, rx) = crossbeam_channel::bounded::<Job>(cfg.max_queue);
         let depth = Arc::new(AtomicUsize::new(0));
         let mut workers = Vec::with_capacity(n);
@@ -683,6 +684,55 @@ fn trial_run(session: &mut Session, info: &ModelInfo, width: usize) -> Result<()
             "a trial run on two rows failed ({e}): hydrant runs several rows (candidates, batched requests) at once, so the input's first dimension must be dynamic"
         )
     })
+}
+
+/// Runs the model on the row of fallbacks (every entity not found, no context sent), the row the most
+/// common degraded request is scored on. A model that scores it as NaN or infinity would answer every such
+/// request with 500, so it is refused at start-up, naming the output.
+fn fallback_run(session: &mut Session, info: &ModelInfo, model: &Model) -> Result<(), String> {
+    let row = crate::assemble::fallback_row(model);
+    let mut out = OutputRows::default();
+    run_session(session, info, &row, 1, model.width, &mut out)
+        .map_err(|e| format!("a run on the row of defaults failed: {e}"))?;
+    match out.first_non_finite() {
+        None => Ok(()),
+        Some((o, _)) => Err(format!(
+            "output `{}` is {} for the row of defaults (every entity not found, no context sent), so every request scored on defaults would fail: check the defaults and `fill_missing` values of the model's inputs ({})",
+            info.outputs[o].name,
+            out.get(o)
+                .1
+                .iter()
+                .find(|x| !x.is_finite())
+                .copied()
+                .unwrap_or(f32::NAN),
+            fallbacks(model)
+        )),
+    }
+}
+
+/// `label = fallback` for the first slots of `model`, for an error message.
+fn fallbacks(model: &Model) -> String {
+    const SHOWN: usize = 16;
+    let mut text = model
+        .slots
+        .iter()
+        .take(SHOWN)
+        .map(|s| {
+            // A float32 value is held as the float64 nearest it; shown as float32, 0.01 reads 0.01.
+            let value = match (s.dtype, s.fallback()) {
+                (crate::value::Dtype::Float32, crate::value::Value::Float(f)) => {
+                    format!("{}", *f as f32)
+                }
+                (_, v) => serde_json::to_string(v).unwrap_or_default(),
+            };
+            format!("{} = {value}", s.label)
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    if model.slots.len() > SHOWN {
+        text.push_str(&format!(", and {} more", model.slots.len() - SHOWN));
+    }
+    text
 }
 
 /// Runs one forward pass; puts, per requested output, its width and all rows' numbers in `out`.

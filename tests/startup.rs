@@ -147,6 +147,26 @@ async fn a_dtype_mismatch_names_the_feature() {
 }
 
 #[tokio::test]
+async fn defaults_that_drive_the_model_to_nan_are_refused_at_start_up() {
+    // A valid float32, but the demo model's hidden layer turns it into infinity, then NaN: every user not
+    // in the store would get a 500.
+    let dir = workspace(|s, _| {
+        replace(
+            &s.join("user_profile.yaml"),
+            "default: [0, 0, 0, 0]",
+            "default: [-3.4e38, 0, 0, 0]",
+        )
+    });
+    let e = build_error(&dir).await;
+    assert!(
+        e.contains("output `score`")
+            && e.contains("row of defaults")
+            && e.contains("user_profile:embedding = [-3.4e+38,0.0,0.0,0.0]"),
+        "{e}"
+    );
+}
+
+#[tokio::test]
 async fn a_binding_narrower_than_the_model_input_is_refused() {
     let dir = workspace(|s, _| {
         replace(

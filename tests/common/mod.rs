@@ -1,6 +1,7 @@
 //! Test harness: starts the real gateway on port 0 over a real store, with typed request helpers.
 #![allow(dead_code)]
 
+pub mod mutate;
 pub mod redis;
 
 use std::collections::HashMap;
@@ -183,17 +184,27 @@ impl TestApp {
         store: Arc<dyn Store>,
         dir: Option<tempfile::TempDir>,
     ) -> Self {
-        let clock = Clock::default();
-        let app = Application::build_with_store(config.clone(), store.clone(), clock.clone())
+        Self::try_spawn_with(config, store, dir)
             .await
-            .expect("the app builds");
+            .unwrap_or_else(|e| panic!("the app does not build: {e:#}"))
+    }
+
+    /// Like [`TestApp::spawn_with`], but a start-up error is returned.
+    pub async fn try_spawn_with(
+        config: Config,
+        store: Arc<dyn Store>,
+        dir: Option<tempfile::TempDir>,
+    ) -> anyhow::Result<Self> {
+        let clock = Clock::default();
+        let app =
+            Application::build_with_store(config.clone(), store.clone(), clock.clone()).await?;
         let addr = format!("http://127.0.0.1:{}", app.port());
         let gateway = app.gateway();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let handle = tokio::spawn(app.run_until_stopped(async move {
             let _ = rx.await;
         }));
-        Self {
+        Ok(Self {
             addr,
             client: reqwest::Client::new(),
             gateway,
@@ -203,7 +214,7 @@ impl TestApp {
             shutdown: Some(tx),
             handle: Some(handle),
             _dir: dir,
-        }
+        })
     }
 
     pub async fn post(&self, path: &str, content_type: &str, body: Vec<u8>) -> Reply {

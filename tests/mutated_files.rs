@@ -1,0 +1,528 @@
+//! The files a person writes, mutated: schema files, the config file and its environment overrides, and
+//! feature rows for the bulk loader. Whatever the mutation, hydrant refuses with a message that says where
+//! (the file, the key, the line) or accepts, and never panics; a row the loader accepts reads back as
+//! loaded.
+//!
+//! Seeded like `tests/mutated_requests.rs`: `HYDRANT_MUTATIONS=N` runs N cases per file,
+//! `HYDRANT_MUTATION_SEED=S` starts from another seed.
+
+mod common;
+
+use std::panic::AssertUnwindSafe;
+use std::path::Path;
+use std::sync::Arc;
+
+use common::mutate::{Rng, describe, env_number, mutate_bytes, mutate_tree};
+use futures::FutureExt as _;
+use hydrant::config::Config;
+use hydrant::schema::Registry;
+use hydrant::store::{EmbeddedStore, Store};
+use hydrant::value::{Record, Value};
+use serde_json::Value as Json;
+
+const SEED: u64 = 0x0066_696c_6573;
+
+/// Names found in schema files, so mutations rename and add keys that mean something.
+const SCHEMA_NAMES: &[&str] = &[
+    "kind",
+    "name",
+    "version",
+    "entity",
+    "entities",
+    "key",
+    "dtype",
+    "description",
+    "max_age",
+    "cache",
+    "ttl",
+    "refresh_after",
+    "negative_ttl",
+    "max_staleness",
+    "store",
+    "key_ttl",
+    "timeout",
+    "features",
+    "default",
+    "file",
+    "input",
+    "outputs",
+    "device",
+    "batching",
+    "max_batch_rows",
+    "max_delay_us",
+    "sessions",
+    "context",
+    "inputs",
+    "feature",
+    "transform",
+    "standardize",
+    "mean",
+    "std",
+    "log1p",
+    "one_hot",
+    "vocabulary",
+    "hash_bucket",
+    "buckets",
+    "fill_missing",
+    "value",
+    "clip",
+    "min",
+    "max",
+    "bucketize",
+    "boundaries",
+    "user_profile:age",
+    "item_stats:price",
+    "context:device",
+    "int64",
+    "float32",
+    "float32[4]",
+    "string",
+    "bool",
+    "view",
+    "model",
+    "entity",
+    "cuda",
+    "auto",
+];
+
+/// Keys of the config file.
+const CONFIG_NAMES: &[&str] = &[
+    "server",
+    "bind",
+    "shutdown_grace",
+    "idle_timeout",
+    "max_connections",
+    "store",
+    "prefix",
+    "embedded",
+    "path",
+    "redis",
+    "url",
+    "pool_size",
+    "connect_timeout",
+    "command_timeout",
+    "registry",
+    "schemas",
+    "models",
+    "limits",
+    "max_body_bytes",
+    "max_candidates",
+    "request_timeout",
+    "cache",
+    "max_bytes",
+    "prefetch",
+    "max_concurrent",
+    "warm_top_k",
+    "inference",
+    "intra_threads",
+    "default_sessions",
+    "max_queue",
+    "queue_timeout",
+    "batching",
+    "telemetry",
+    "log_level",
+    "log_format",
+    "250ms",
+    "0s",
+    "-1s",
+    "1e3s",
+];
+
+/// Feature names and row keys of the demo views.
+const ROW_NAMES: &[&str] = &[
+    "user_id",
+    "item_id",
+    "event_timestamp",
+    "age",
+    "country",
+    "is_premium",
+    "avg_session_minutes",
+    "embedding",
+    "category",
+    "brand",
+    "price",
+    "ctr_7d",
+    "impressions_7d",
+];
+
+/// Runs `f`, failing the test with `case` if it panics.
+fn no_panic<T>(case: &str, f: impl FnOnce() -> T) -> T {
+    std::panic::catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| panic!("panicked on {case}"))
+}
+
+/// A mutated text document: a structural mutation through `parse`/`print` when the text parses, then
+/// sometimes byte damage (kept as text only when it stays UTF-8, like the files hydrant reads).
+fn mutated(
+    rng: &mut Rng,
+    names: &[&str],
+    text: &str,
+    parse: impl Fn(&str) -> Option<Json>,
+    print: impl Fn(&Json) -> Option<String>,
+) -> Vec<u8> {
+    let mut out = text.as_bytes().to_vec();
+    if let Some(mut tree) = parse(text) {
+        for _ in 0..1 + rng.below(3) {
+            mutate_tree(rng, names, &mut tree);
+        }
+        if let Some(t) = print(&tree) {
+            out = t.into_bytes();
+        }
+    }
+    if rng.chance(30) {
+        mutate_bytes(rng, &mut out);
+    }
+    out
+}
+
+/// A YAML file's documents, as one list.
+fn yaml_documents(text: &str) -> Option<Json> {
+    use serde::Deserialize as _;
+    serde_yaml::Deserializer::from_str(text)
+        .map(Json::deserialize)
+        .collect::<Result<Vec<_>, _>>()
+        .ok()
+        .map(Json::Array)
+}
+
+/// A list back as YAML documents (anything else as one document).
+fn print_yaml_documents(v: &Json) -> Option<String> {
+    match v {
+        Json::Array(docs) => docs
+            .iter()
+            .map(serde_yaml::to_string)
+            .collect::<Result<Vec<_>, _>>()
+            .ok()
+            .map(|docs| docs.join("---\n")),
+        other => serde_yaml::to_string(other).ok(),
+    }
+}
+
+fn text_of(path: &Path) -> String {
+    std::fs::read_to_string(path).expect("read")
+}
+
+/// The `name`s a schema file defines: its documents' and their features'.
+fn defined_names(yaml: &str) -> Vec<String> {
+    use serde::Deserialize as _;
+    let mut names = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(yaml) {
+        let Ok(doc) = Json::deserialize(doc) else {
+            continue;
+        };
+        let features = doc["features"].as_array().cloned().unwrap_or_default();
+        for v in std::iter::once(&doc).chain(features.iter()) {
+            if let Some(n) = v["name"].as_str() {
+                names.push(n.to_owned());
+            }
+        }
+    }
+    names
+}
+
+/// Serves a few requests from a gateway started on mutated schemas that were accepted: each gets a 2xx or
+/// a 4xx (a schema the registry accepts must not make requests fail on hydrant's side), or the gateway
+/// refuses to start with a message.
+async fn serve_with(schemas: &Path, case: &str) -> bool {
+    let mut config = common::test_config();
+    config.registry.schemas = schemas.to_owned();
+    config.inference.default_sessions = 1;
+    let (store, dir) = common::demo_store().await;
+    let app = match common::TestApp::try_spawn_with(config, store, Some(dir)).await {
+        Ok(app) => app,
+        Err(e) => {
+            assert!(
+                !format!("{e:#}").is_empty(),
+                "{case}: a start-up error with no message"
+            );
+            return false;
+        }
+    };
+    let bodies = [
+        serde_json::json!({"entities": {"user_id": "u_24"}, "context": {"hour_of_day": 20, "device": "ios"},
+                           "candidates": [{"item_id": "i_1"}, {"item_id": "i_unknown"}]}),
+        serde_json::json!({"entities": {"user_id": "u_missing", "item_id": "i_2"}}),
+        serde_json::json!({"entities": {"user_id": "u_1", "item_id": "i_3"}, "context": {"hour_of_day": -5}}),
+    ];
+    // The demo model, unless the mutation renamed it (then the predicts get 404).
+    for body in &bodies {
+        let r = app.predict("ctr", body).await;
+        assert!(
+            r.status == 200 || (400..500).contains(&r.status),
+            "{case}: predict answered {}: {}",
+            r.status,
+            String::from_utf8_lossy(&r.body)
+        );
+    }
+    let r = app
+        .post_json(
+            "/v1/features",
+            &serde_json::json!({"entities": {"user_id": ["u_1"], "item_id": ["i_1"]}}),
+        )
+        .await;
+    assert!(
+        r.status == 200 || (400..500).contains(&r.status),
+        "{case}: features answered {}",
+        r.status
+    );
+    app.stop().await;
+    true
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutated_schema_files_are_loaded_or_refused_naming_the_file() {
+    let root = common::root();
+    let cases = env_number("HYDRANT_MUTATIONS", 150);
+    let mut rng = Rng(env_number("HYDRANT_MUTATION_SEED", SEED));
+    let files: Vec<_> = std::fs::read_dir(root.join("schemas"))
+        .expect("schemas")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    let (mut loaded, mut refused, mut served) = (0, 0, 0);
+    for i in 0..cases {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for f in &files {
+            std::fs::copy(f, dir.path().join(f.file_name().expect("name"))).expect("copy");
+        }
+        let victim = rng.pick(&files).clone();
+        let name = victim.file_name().expect("name").to_owned();
+        let text = std::fs::read_to_string(&victim).expect("read");
+        let case_seed = rng.next();
+        let mut r = Rng(case_seed);
+        let bytes = mutated(
+            &mut r,
+            SCHEMA_NAMES,
+            &text,
+            yaml_documents,
+            print_yaml_documents,
+        );
+        std::fs::write(dir.path().join(&name), &bytes).expect("write");
+        let case = format!(
+            "case {i} (seed {case_seed:#x}), {}: {}",
+            name.display(),
+            describe(&bytes)
+        );
+        match no_panic(&case, || {
+            Registry::load_dir(dir.path(), &root.join("models"))
+        }) {
+            Ok(_) => {
+                loaded += 1;
+                if serve_with(dir.path(), &case).await {
+                    served += 1;
+                }
+            }
+            Err(errors) => {
+                refused += 1;
+                assert!(!errors.0.is_empty(), "no problem named for {case}");
+                for e in &errors.0 {
+                    assert!(
+                        e.file.starts_with(dir.path()) && !e.message.is_empty(),
+                        "{case}: a problem that names no schema file or says nothing: {e}"
+                    );
+                }
+                // The mutated file is among those blamed, unless the mutation broke a reference from
+                // another file (a model's input naming a view's feature that is gone, say): then the
+                // problem names what the mutated file defined.
+                let blamed = errors.0.iter().any(|e| e.file.ends_with(&name));
+                let text = errors.to_string();
+                assert!(
+                    blamed
+                        || defined_names(&text_of(&victim))
+                            .iter()
+                            .any(|n| text.contains(n.as_str())),
+                    "{case}: the mutated file is not blamed: {text}"
+                );
+            }
+        }
+    }
+    eprintln!(
+        "schema mutations: {loaded} loaded ({served} of them served requests), {refused} refused"
+    );
+    assert!(refused > cases / 4, "{refused} of {cases} refused");
+}
+
+#[test]
+fn a_mutated_config_file_or_environment_is_loaded_or_refused_naming_the_key() {
+    let root = common::root();
+    let text = std::fs::read_to_string(root.join("config/hydrant.toml")).expect("config");
+    let cases = env_number("HYDRANT_MUTATIONS", 300);
+    let mut rng = Rng(env_number("HYDRANT_MUTATION_SEED", SEED) ^ 1);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("hydrant.toml");
+    let (mut loaded, mut refused) = (0, 0);
+    for i in 0..cases {
+        let case_seed = rng.next();
+        let mut r = Rng(case_seed);
+        let bytes = mutated(
+            &mut r,
+            CONFIG_NAMES,
+            &text,
+            |t| toml::from_str(t).ok(),
+            |v| toml::to_string(v).ok(),
+        );
+        std::fs::write(&path, &bytes).expect("write");
+        // Sometimes an environment override as well, of a real or a mangled key.
+        let mut env = Vec::new();
+        if r.chance(40) {
+            let section = *r.pick(&[
+                "SERVER",
+                "STORE",
+                "STORE__REDIS",
+                "LIMITS",
+                "CACHE",
+                "INFERENCE",
+                "",
+            ]);
+            let key = *r.pick(CONFIG_NAMES);
+            let value = *r.pick(&["", "0", "-1", "abc", "2s", "1e400", "true", "[1]", "😀"]);
+            env.push((
+                format!("HYDRANT_{section}__{}", key.to_ascii_uppercase()),
+                value.to_owned(),
+            ));
+        }
+        let case = format!(
+            "case {i} (seed {case_seed:#x}), env {env:?}: {}",
+            describe(&bytes)
+        );
+        match no_panic(&case, || Config::load(Some(&path), env.clone())) {
+            Ok(_) => loaded += 1,
+            Err(e) => {
+                refused += 1;
+                let message = e.to_string();
+                assert!(
+                    message.contains("hydrant.toml") || message.contains("HYDRANT_"),
+                    "{case}: the refusal names neither the file nor the variable: {message}"
+                );
+            }
+        }
+    }
+    eprintln!("config mutations: {loaded} loaded, {refused} refused");
+    assert!(refused > cases / 4, "{refused} of {cases} refused");
+}
+
+/// The values `store` holds for `key`, decoded as the gateway reads them (the event time aside: a demo
+/// row without one is stamped with the time of its load).
+async fn stored(store: &dyn Store, key: &str) -> Option<Vec<Value>> {
+    let bytes = store
+        .get_many(&[key.to_owned()])
+        .await
+        .expect("read")
+        .into_iter()
+        .next()
+        .flatten()?;
+    Some(Record::decode(&bytes).expect("a record").values)
+}
+
+#[tokio::test]
+async fn mutated_feature_rows_are_loaded_or_rejected_by_line() {
+    let root = common::root();
+    let registry = common::registry();
+    let cases = env_number("HYDRANT_MUTATIONS", 150);
+    let mut rng = Rng(env_number("HYDRANT_MUTATION_SEED", SEED) ^ 2);
+    let limits = Config::default().limits;
+    let (mut written, mut rejected) = (0, 0);
+    for (view, key_field) in [("user_profile", "user_id"), ("item_stats", "item_id")] {
+        let text =
+            std::fs::read_to_string(root.join(format!("demo/rows/{view}.jsonl"))).expect("rows");
+        let lines: Vec<&str> = text.lines().take(40).collect();
+        let reference = tempfile::tempdir().expect("tempdir");
+        let clean: Arc<dyn Store> =
+            Arc::new(EmbeddedStore::open(&reference.path().join("t.redb")).expect("store"));
+        common::load_rows(
+            clean.as_ref(),
+            view,
+            std::io::Cursor::new(text.clone()),
+            false,
+        )
+        .await;
+        for i in 0..cases {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let store: Arc<dyn Store> =
+                Arc::new(EmbeddedStore::open(&dir.path().join("t.redb")).expect("store"));
+            let case_seed = rng.next();
+            let mut r = Rng(case_seed);
+            // A few lines mutated among intact ones.
+            let mut body = Vec::new();
+            let mut intact = Vec::new();
+            for (n, line) in lines.iter().enumerate() {
+                if r.chance(15) {
+                    let mut bad = mutated(
+                        &mut r,
+                        ROW_NAMES,
+                        line,
+                        |t| serde_json::from_str(t).ok(),
+                        |v| serde_json::to_string(v).ok(),
+                    );
+                    // One line stays one line, so line numbers keep meaning the rows written.
+                    for b in &mut bad {
+                        if *b == b'\n' {
+                            *b = b' ';
+                        }
+                    }
+                    body.extend(bad);
+                } else {
+                    body.extend_from_slice(line.as_bytes());
+                    intact.push(n);
+                }
+                body.push(b'\n');
+            }
+            let case = format!("{view} case {i} (seed {case_seed:#x})");
+            let report = hydrant::loader::load(
+                &registry.views[view],
+                "hy",
+                std::io::Cursor::new(body.clone()),
+                false,
+                &limits,
+                store.as_ref(),
+            );
+            let report = AssertUnwindSafe(report)
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|_| panic!("the loader panicked on {case}"))
+                .unwrap_or_else(|e| panic!("{case}: the load failed as a whole: {e}"));
+            assert!(report.failed.is_empty(), "{case}: {:?}", report.failed);
+            // Every line is accounted for: written or rejected (an empty one is neither).
+            let nonempty = body
+                .split(|&b| b == b'\n')
+                .filter(|l| !l.iter().all(u8::is_ascii_whitespace))
+                .count();
+            assert!(
+                report.written + report.rejected_rows == nonempty,
+                "{case}: {} written + {} rejected of {nonempty} lines",
+                report.written,
+                report.rejected_rows
+            );
+            for rj in &report.rejected {
+                assert!(
+                    rj.line >= 1 && rj.line <= lines.len() + 1 && !rj.reason.is_empty(),
+                    "{case}: {rj:?}"
+                );
+                assert!(
+                    !intact.contains(&(rj.line - 1)),
+                    "{case}: an intact line was rejected: {rj:?}"
+                );
+            }
+            // An intact row that no later mutated line overwrote (same key) reads back as the loader
+            // stores it from the unmutated file.
+            for &n in intact.iter().rev().take(3) {
+                let row: Json = serde_json::from_str(lines[n]).expect("row");
+                let k = row[key_field].as_str().expect("key");
+                let key = format!("hy:{view}:{k}");
+                let overwritten = body
+                    .split(|&b| b == b'\n')
+                    .skip(n + 1)
+                    .any(|l| String::from_utf8_lossy(l).contains(k));
+                if !overwritten {
+                    assert_eq!(
+                        stored(store.as_ref(), &key).await,
+                        stored(clean.as_ref(), &key).await,
+                        "{case}: {key} does not read back as loaded"
+                    );
+                }
+            }
+            written += report.written;
+            rejected += report.rejected_rows;
+        }
+    }
+    eprintln!("row mutations: {written} rows written, {rejected} rejected");
+    assert!(rejected > 0 && written > 0);
+}
