@@ -725,7 +725,14 @@ fn fallbacks(model: &Model) -> String {
                 }
                 (_, v) => serde_json::to_string(v).unwrap_or_default(),
             };
-            format!("{} = {value}", s.label)
+            // A long list or string default is cut, so the message stays one readable line.
+            const LONGEST: usize = 80;
+            if value.len() > LONGEST {
+                let cut = value.floor_char_boundary(LONGEST);
+                format!("{} = {}…", s.label, &value[..cut])
+            } else {
+                format!("{} = {value}", s.label)
+            }
         })
         .collect::<Vec<_>>()
         .join(", ");

@@ -352,6 +352,9 @@ impl tower::Service<hyper::Request<hyper::body::Incoming>> for Counted {
 
     fn call(&mut self, req: hyper::Request<hyper::body::Incoming>) -> Self::Future {
         self.activity.started.fetch_add(1, Relaxed);
+        // Whether a body may follow the head: a refusal of such a request may go out before the body is
+        // read (a field check; no header lookup).
+        let body = !hyper::body::Body::is_end_stream(req.body());
         let req = req.map(axum::body::Body::new);
         let inner = match &self.inner.shortcut {
             Some(shortcut) if shortcut.takes(&req) => Answer::Shortcut {
@@ -363,6 +366,7 @@ impl tower::Service<hyper::Request<hyper::body::Incoming>> for Counted {
         };
         CountedFuture {
             inner,
+            body,
             done: Finished(self.activity.clone()),
         }
     }
@@ -389,6 +393,7 @@ pin_project_lite::pin_project! {
     struct CountedFuture {
         #[pin]
         inner: Answer,
+        body: bool,
         done: Finished,
     }
 }
@@ -402,16 +407,19 @@ impl Future for CountedFuture {
             AnswerProj::Router { fut } => ready!(fut.poll(cx)),
             AnswerProj::Shortcut { fut } => ready!(fut.as_mut().poll(cx)),
         };
-        // Only refusals go out before their body is read; a success skips the header lookup.
-        if let Ok(resp) = &answer
-            && resp.status().as_u16() >= 400
-            && resp
-                .headers()
-                .get(CONNECTION)
-                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"))
-        {
-            this.done.0.linger.store(true, Relaxed);
-        }
+        // Only refusals go out before their body is read: one of a request with a body (a route that
+        // takes none, a body refused by its headers or cut at the size limit), or one that closes the
+        // connection. A success skips the checks. The flag follows the connection's last answer, which is
+        // the one that decides whether the client may still be sending when the socket closes.
+        let linger = answer.as_ref().is_ok_and(|resp| {
+            resp.status().as_u16() >= 400
+                && (*this.body
+                    || resp
+                        .headers()
+                        .get(CONNECTION)
+                        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close")))
+        });
+        this.done.0.linger.store(linger, Relaxed);
         Poll::Ready(answer)
     }
 }
@@ -502,14 +510,21 @@ impl Drop for Socket {
         let (Some(stream), permit) = (self.stream.take(), self.permit.take()) else {
             return;
         };
-        // Bytes waiting unread (the rest of a body, a head hyper refused) would turn the close into a
-        // reset; a read of 0 is the client's own end, and nothing to wait for.
-        let mut probe = [0u8; 1];
-        let unread = matches!(stream.try_read(&mut probe), Ok(n) if n > 0);
-        if !(unread || self.activity.linger.load(Relaxed)) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if self.activity.linger.load(Relaxed) {
+            rt.spawn(linger(stream, permit));
             return;
         }
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        // Bytes waiting unread (a head hyper refused, a pipelined request at shutdown) would turn the
+        // close into a reset. The kernel is asked, with a peek: tokio's own readiness flag is cleared by
+        // any short read, so a `try_read` would often not look. A peek of 0 is the client's own end.
+        let Ok(std) = stream.into_std() else {
+            return;
+        };
+        let unread = matches!(std.peek(&mut [0u8; 1]), Ok(n) if n > 0);
+        if unread && let Ok(stream) = TcpStream::from_std(std) {
             rt.spawn(linger(stream, permit));
         }
     }
@@ -517,7 +532,8 @@ impl Drop for Socket {
 
 /// Ends the write side (the client sees the answer end), then reads and discards what the client still
 /// sends until it ends its side, pauses for [`LINGER_QUIET`], or [`LINGER`] or [`LINGER_BYTES`] is
-/// reached.
+/// reached. [`serve`] does not wait for lingering sockets when it stops; a runtime that shuts down closes
+/// them at once.
 async fn linger(mut stream: TcpStream, permit: Option<OwnedSemaphorePermit>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let until = tokio::time::Instant::now() + LINGER;

@@ -1470,6 +1470,17 @@ async fn a_client_that_sends_the_whole_body_first_still_reads_the_early_refusal(
             "404",
             "unknown_model",
         ),
+        // Routes that take no body: hyper reads one chunk of it and closes.
+        (
+            sized("/v1/stats", "application/json", within),
+            "405",
+            "method_not_allowed",
+        ),
+        (
+            sized("/v1/no/such/route", "application/json", within),
+            "404",
+            "unknown_route",
+        ),
     ] {
         // A small send buffer, so the body cannot sit whole in the kernel before the gateway answers.
         let socket = tokio::net::TcpSocket::new_v4().expect("socket");
