@@ -31,7 +31,6 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::Request;
-use axum::http::header::CONNECTION;
 use axum::response::Response;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
@@ -295,8 +294,8 @@ const IDLE_CHECKS: u32 = 4;
 struct Activity {
     started: AtomicU64,
     finished: AtomicU64,
-    /// An answer went out with `Connection: close`: given before its request's body was read, whose
-    /// rest the client may still be sending.
+    /// The last answer refused a request that had a body: it may have gone out before the body was
+    /// read, whose rest the client may still be sending.
     linger: AtomicBool,
 }
 
@@ -407,18 +406,11 @@ impl Future for CountedFuture {
             AnswerProj::Router { fut } => ready!(fut.poll(cx)),
             AnswerProj::Shortcut { fut } => ready!(fut.as_mut().poll(cx)),
         };
-        // Only refusals go out before their body is read: one of a request with a body (a route that
-        // takes none, a body refused by its headers or cut at the size limit), or one that closes the
-        // connection. A success skips the checks. The flag follows the connection's last answer, which is
-        // the one that decides whether the client may still be sending when the socket closes.
-        let linger = answer.as_ref().is_ok_and(|resp| {
-            resp.status().as_u16() >= 400
-                && (*this.body
-                    || resp
-                        .headers()
-                        .get(CONNECTION)
-                        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close")))
-        });
+        // Only a refusal goes out before its request's body is read (a route that takes none, a body
+        // refused by its headers, cut at the size limit or stopped arriving), so only one of a request
+        // with a body can leave the client still sending. The flag follows the connection's last answer,
+        // the one that decides that when the socket closes.
+        let linger = *this.body && answer.as_ref().is_ok_and(|r| r.status().as_u16() >= 400);
         this.done.0.linger.store(linger, Relaxed);
         Poll::Ready(answer)
     }
@@ -446,8 +438,20 @@ const LINGER_QUIET: Duration = Duration::from_secs(1);
 /// The most a lingering connection reads before it closes.
 const LINGER_BYTES: usize = 64 << 20;
 
-fn gone() -> std::io::Error {
-    std::io::Error::new(std::io::ErrorKind::NotConnected, "the socket was dropped")
+impl Socket {
+    /// Runs `io` on the stream, which is only gone once the socket is dropped.
+    fn with_stream<T>(
+        self: Pin<&mut Self>,
+        io: impl FnOnce(Pin<&mut TcpStream>) -> Poll<std::io::Result<T>>,
+    ) -> Poll<std::io::Result<T>> {
+        match self.get_mut().stream.as_mut() {
+            Some(s) => io(Pin::new(s)),
+            None => Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::NotConnected,
+                "the socket was dropped",
+            ))),
+        }
+    }
 }
 
 impl tokio::io::AsyncRead for Socket {
@@ -456,10 +460,7 @@ impl tokio::io::AsyncRead for Socket {
         cx: &mut Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        match self.get_mut().stream.as_mut() {
-            Some(s) => Pin::new(s).poll_read(cx, buf),
-            None => Poll::Ready(Err(gone())),
-        }
+        self.with_stream(|s| s.poll_read(cx, buf))
     }
 }
 
@@ -469,10 +470,7 @@ impl tokio::io::AsyncWrite for Socket {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        match self.get_mut().stream.as_mut() {
-            Some(s) => Pin::new(s).poll_write(cx, buf),
-            None => Poll::Ready(Err(gone())),
-        }
+        self.with_stream(|s| s.poll_write(cx, buf))
     }
 
     fn poll_write_vectored(
@@ -480,10 +478,7 @@ impl tokio::io::AsyncWrite for Socket {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        match self.get_mut().stream.as_mut() {
-            Some(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            None => Poll::Ready(Err(gone())),
-        }
+        self.with_stream(|s| s.poll_write_vectored(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -491,17 +486,11 @@ impl tokio::io::AsyncWrite for Socket {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut().stream.as_mut() {
-            Some(s) => Pin::new(s).poll_flush(cx),
-            None => Poll::Ready(Err(gone())),
-        }
+        self.with_stream(|s| s.poll_flush(cx))
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut().stream.as_mut() {
-            Some(s) => Pin::new(s).poll_shutdown(cx),
-            None => Poll::Ready(Err(gone())),
-        }
+        self.with_stream(|s| s.poll_shutdown(cx))
     }
 }
 
@@ -555,8 +544,8 @@ async fn linger(mut stream: TcpStream, permit: Option<OwnedSemaphorePermit>) {
 mod tests {
     use std::time::Instant;
 
+    use axum::http::header::CONNECTION;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::net::TcpStream;
 
     use super::*;
 

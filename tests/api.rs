@@ -1421,8 +1421,6 @@ async fn an_oversized_body_or_unknown_model_is_refused_before_the_body_arrives()
 /// the rest before it closes.
 #[tokio::test]
 async fn a_client_that_sends_the_whole_body_first_still_reads_the_early_refusal() {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-
     let app = TestApp::spawn().await;
     app.wait_ready().await;
     let big = format!(
@@ -1482,29 +1480,8 @@ async fn a_client_that_sends_the_whole_body_first_still_reads_the_early_refusal(
             "unknown_route",
         ),
     ] {
-        // A small send buffer, so the body cannot sit whole in the kernel before the gateway answers.
-        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-        socket.set_send_buffer_size(64 * 1024).expect("send buffer");
-        let mut s = socket
-            .connect(
-                app.addr
-                    .trim_start_matches("http://")
-                    .parse()
-                    .expect("address"),
-            )
-            .await
-            .expect("connect");
-        s.write_all(request.as_bytes())
-            .await
-            .unwrap_or_else(|e| panic!("the {status} case: sending the body failed: {e}"));
-        let mut answer = Vec::new();
-        tokio::time::timeout(
-            std::time::Duration::from_secs(10),
-            s.read_to_end(&mut answer),
-        )
-        .await
-        .expect("the connection ends")
-        .unwrap_or_else(|e| panic!("the {status} case: reading the answer failed: {e}"));
+        let answer =
+            common::exchange(&app.addr, request.as_bytes(), &format!("the {status} case")).await;
         let text = String::from_utf8_lossy(&answer);
         assert!(text.starts_with(&format!("HTTP/1.1 {status} ")), "{text}");
         assert!(text.contains(&format!(r#""code":"{code}""#)), "{text}");

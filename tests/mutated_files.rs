@@ -12,7 +12,7 @@ use std::panic::AssertUnwindSafe;
 use std::path::Path;
 use std::sync::Arc;
 
-use common::mutate::{Rng, describe, env_number, mutate_bytes, mutate_tree};
+use common::mutate::{REQUEST_NAMES, Rng, describe, env_number, mutated};
 use futures::FutureExt as _;
 use hydrant::config::Config;
 use hydrant::schema::Registry;
@@ -128,50 +128,9 @@ const CONFIG_NAMES: &[&str] = &[
     "1e3s",
 ];
 
-/// Feature names and row keys of the demo views.
-const ROW_NAMES: &[&str] = &[
-    "user_id",
-    "item_id",
-    "event_timestamp",
-    "age",
-    "country",
-    "is_premium",
-    "avg_session_minutes",
-    "embedding",
-    "category",
-    "brand",
-    "price",
-    "ctr_7d",
-    "impressions_7d",
-];
-
 /// Runs `f`, failing the test with `case` if it panics.
 fn no_panic<T>(case: &str, f: impl FnOnce() -> T) -> T {
     std::panic::catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| panic!("panicked on {case}"))
-}
-
-/// A mutated text document: a structural mutation through `parse`/`print` when the text parses, then
-/// sometimes byte damage (kept as text only when it stays UTF-8, like the files hydrant reads).
-fn mutated(
-    rng: &mut Rng,
-    names: &[&str],
-    text: &str,
-    parse: impl Fn(&str) -> Option<Json>,
-    print: impl Fn(&Json) -> Option<String>,
-) -> Vec<u8> {
-    let mut out = text.as_bytes().to_vec();
-    if let Some(mut tree) = parse(text) {
-        for _ in 0..1 + rng.below(3) {
-            mutate_tree(rng, names, &mut tree);
-        }
-        if let Some(t) = print(&tree) {
-            out = t.into_bytes();
-        }
-    }
-    if rng.chance(30) {
-        mutate_bytes(rng, &mut out);
-    }
-    out
 }
 
 /// A YAML file's documents, as one list.
@@ -185,20 +144,16 @@ fn yaml_documents(text: &str) -> Option<Json> {
 }
 
 /// A list back as YAML documents (anything else as one document).
-fn print_yaml_documents(v: &Json) -> Option<String> {
+fn print_yaml_documents(v: &Json) -> Option<Vec<u8>> {
     match v {
         Json::Array(docs) => docs
             .iter()
             .map(serde_yaml::to_string)
             .collect::<Result<Vec<_>, _>>()
             .ok()
-            .map(|docs| docs.join("---\n")),
-        other => serde_yaml::to_string(other).ok(),
+            .map(|docs| docs.join("---\n").into_bytes()),
+        other => serde_yaml::to_string(other).ok().map(String::into_bytes),
     }
-}
-
-fn text_of(path: &Path) -> String {
-    std::fs::read_to_string(path).expect("read")
 }
 
 /// The `name`s a schema file defines: its documents' and their features'.
@@ -273,29 +228,32 @@ async fn mutated_schema_files_are_loaded_or_refused_naming_the_file() {
     let root = common::root();
     let cases = env_number("HYDRANT_MUTATIONS", 150);
     let mut rng = Rng(env_number("HYDRANT_MUTATION_SEED", SEED));
+    // Each schema file's name and text, read once.
     let files: Vec<_> = std::fs::read_dir(root.join("schemas"))
         .expect("schemas")
-        .map(|e| e.expect("entry").path())
+        .map(|e| {
+            let path = e.expect("entry").path();
+            let text = std::fs::read_to_string(&path).expect("read");
+            (path.file_name().expect("name").to_owned(), text)
+        })
         .collect();
     let (mut loaded, mut refused, mut served) = (0, 0, 0);
     for i in 0..cases {
         let dir = tempfile::tempdir().expect("tempdir");
-        for f in &files {
-            std::fs::copy(f, dir.path().join(f.file_name().expect("name"))).expect("copy");
+        for (name, text) in &files {
+            std::fs::write(dir.path().join(name), text).expect("copy");
         }
-        let victim = rng.pick(&files).clone();
-        let name = victim.file_name().expect("name").to_owned();
-        let text = std::fs::read_to_string(&victim).expect("read");
+        let (name, text) = rng.pick(&files);
         let case_seed = rng.next();
         let mut r = Rng(case_seed);
         let bytes = mutated(
             &mut r,
             SCHEMA_NAMES,
-            &text,
-            yaml_documents,
+            text.as_bytes(),
+            yaml_documents(text),
             print_yaml_documents,
         );
-        std::fs::write(dir.path().join(&name), &bytes).expect("write");
+        std::fs::write(dir.path().join(name), &bytes).expect("write");
         let case = format!(
             "case {i} (seed {case_seed:#x}), {}: {}",
             name.display(),
@@ -322,14 +280,14 @@ async fn mutated_schema_files_are_loaded_or_refused_naming_the_file() {
                 // The mutated file is among those blamed, unless the mutation broke a reference from
                 // another file (a model's input naming a view's feature that is gone, say): then the
                 // problem names what the mutated file defined.
-                let blamed = errors.0.iter().any(|e| e.file.ends_with(&name));
-                let text = errors.to_string();
+                let blamed = errors.0.iter().any(|e| e.file.ends_with(name));
+                let problems = errors.to_string();
                 assert!(
                     blamed
-                        || defined_names(&text_of(&victim))
+                        || defined_names(text)
                             .iter()
-                            .any(|n| text.contains(n.as_str())),
-                    "{case}: the mutated file is not blamed: {text}"
+                            .any(|n| problems.contains(n.as_str())),
+                    "{case}: the mutated file is not blamed: {problems}"
                 );
             }
         }
@@ -355,9 +313,9 @@ fn a_mutated_config_file_or_environment_is_loaded_or_refused_naming_the_key() {
         let bytes = mutated(
             &mut r,
             CONFIG_NAMES,
-            &text,
-            |t| toml::from_str(t).ok(),
-            |v| toml::to_string(v).ok(),
+            text.as_bytes(),
+            toml::from_str(&text).ok(),
+            |v| toml::to_string(v).ok().map(String::into_bytes),
         );
         std::fs::write(&path, &bytes).expect("write");
         // Sometimes an environment override as well, of a real or a mangled key.
@@ -447,10 +405,10 @@ async fn mutated_feature_rows_are_loaded_or_rejected_by_line() {
                 if r.chance(15) {
                     let mut bad = mutated(
                         &mut r,
-                        ROW_NAMES,
-                        line,
-                        |t| serde_json::from_str(t).ok(),
-                        |v| serde_json::to_string(v).ok(),
+                        REQUEST_NAMES,
+                        line.as_bytes(),
+                        serde_json::from_str(line).ok(),
+                        |v| serde_json::to_vec(v).ok(),
                     );
                     // One line stays one line, so line numbers keep meaning the rows written.
                     for b in &mut bad {

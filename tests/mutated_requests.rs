@@ -11,7 +11,7 @@ mod common;
 use std::time::Duration;
 
 use common::TestApp;
-use common::mutate::{REQUEST_NAMES, Rng, describe, env_number, mutate_bytes, mutate_tree};
+use common::mutate::{REQUEST_NAMES, Rng, describe, env_number, mutated};
 use serde_json::{Value as Json, json};
 
 /// Bodies no mutation of a valid one is likely to reach.
@@ -208,18 +208,13 @@ async fn mutated_requests_get_2xx_or_a_named_4xx_and_change_nothing() {
                 for i in 0..cases {
                     let case_seed = rng.next();
                     let mut r = Rng(case_seed);
-                    let mut tree = valid.clone();
-                    for _ in 0..1 + r.below(3) {
-                        mutate_tree(&mut r, REQUEST_NAMES, &mut tree);
-                    }
-                    let mut body = if format == "application/json" {
-                        serde_json::to_vec(&tree).expect("json")
-                    } else {
-                        rmp_serde::to_vec_named(&tree).expect("msgpack")
-                    };
-                    if r.chance(30) {
-                        mutate_bytes(&mut r, &mut body);
-                    }
+                    let body = mutated(&mut r, REQUEST_NAMES, &[], Some(valid.clone()), |t| {
+                        if format == "application/json" {
+                            serde_json::to_vec(t).ok()
+                        } else {
+                            rmp_serde::to_vec_named(t).ok()
+                        }
+                    });
                     let case = format!(
                         "case {i} (seed {case_seed:#x}, {format}): {}",
                         describe(&body)
@@ -264,16 +259,7 @@ async fn mutated_requests_get_2xx_or_a_named_4xx_and_change_nothing() {
 /// One request over a fresh connection, as raw bytes; the status and the body (empty when hyper refused
 /// the head itself).
 async fn raw(addr: &str, request: &[u8]) -> (u16, Vec<u8>) {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let mut s = tokio::net::TcpStream::connect(addr.trim_start_matches("http://"))
-        .await
-        .expect("connect");
-    s.write_all(request).await.expect("send");
-    let mut answer = Vec::new();
-    tokio::time::timeout(Duration::from_secs(20), s.read_to_end(&mut answer))
-        .await
-        .unwrap_or_else(|_| panic!("no end to the answer to {}", describe(request)))
-        .unwrap_or_else(|e| panic!("the answer to {} broke off: {e}", describe(request)));
+    let mut answer = common::exchange(addr, request, &describe(request)).await;
     // An `Expect: 100-continue` may get an interim answer first.
     let interim = b"HTTP/1.1 100 Continue\r\n\r\n";
     if answer.starts_with(interim) {

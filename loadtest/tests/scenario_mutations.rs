@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use loadtest::scenario::Scenario;
 use loadtest::workload::Workload;
-use mutate::{Rng, describe, env_number, mutate_bytes, mutate_tree};
+use mutate::{Rng, describe, env_number, mutated};
 use serde_json::Value as Json;
 
 /// The keys scenario files use.
@@ -70,18 +70,13 @@ fn mutated_scenarios_are_refused_naming_the_key_or_run_their_workload() {
         let text = std::fs::read_to_string(&file).expect("read");
         let case_seed = rng.next();
         let mut r = Rng(case_seed);
-        let mut bytes = text.clone().into_bytes();
-        if let Ok(mut tree) = toml::from_str::<Json>(&text) {
-            for _ in 0..1 + r.below(3) {
-                mutate_tree(&mut r, NAMES, &mut tree);
-            }
-            if let Ok(t) = toml::to_string(&tree) {
-                bytes = t.into_bytes();
-            }
-        }
-        if r.chance(30) {
-            mutate_bytes(&mut r, &mut bytes);
-        }
+        let bytes = mutated(
+            &mut r,
+            NAMES,
+            text.as_bytes(),
+            toml::from_str::<Json>(&text).ok(),
+            |t| toml::to_string(t).ok().map(String::into_bytes),
+        );
         let case = format!(
             "case {i} (seed {case_seed:#x}), {}: {}",
             file.display(),

@@ -81,6 +81,30 @@ impl Reply {
     }
 }
 
+/// Sends `request` (raw bytes: head and body) on a fresh connection to `addr` and reads until the gateway
+/// closes it: the whole answer. The send buffer is small, so a large body cannot sit whole in the kernel
+/// before the gateway answers: the client is still writing when a refusal goes out, as a real one would
+/// be. A failure to send or to read, or 20 s without the end, panics naming `what`.
+pub async fn exchange(addr: &str, request: &[u8], what: &str) -> Vec<u8> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_send_buffer_size(64 * 1024).expect("send buffer");
+    let addr = addr.trim_start_matches("http://").parse().expect("address");
+    let mut s = socket.connect(addr).await.expect("connect");
+    s.write_all(request)
+        .await
+        .unwrap_or_else(|e| panic!("{what}: sending the request failed: {e}"));
+    let mut answer = Vec::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        s.read_to_end(&mut answer),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{what}: no end to the answer"))
+    .unwrap_or_else(|e| panic!("{what}: reading the answer failed: {e}"));
+    answer
+}
+
 /// An embedded store in a temporary folder, loaded with the demo rows.
 pub async fn demo_store() -> (Arc<dyn Store>, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -28,7 +28,8 @@ impl Rng {
     }
 }
 
-/// Names that the endpoints know, so mutations reach past "unknown field" into the decoders' corners.
+/// Names that the endpoints and the demo rows know, so mutations reach past "unknown field" into the
+/// decoders' corners.
 pub const REQUEST_NAMES: &[&str] = &[
     "entities",
     "candidates",
@@ -64,6 +65,9 @@ pub const REQUEST_NAMES: &[&str] = &[
     "user_profile",
     "item_stats",
     "user_profile:age",
+    "category",
+    "brand",
+    "impressions_7d",
     "",
 ];
 
@@ -197,6 +201,31 @@ pub fn mutate_tree(rng: &mut Rng, names: &[&str], v: &mut Json) {
             }
         }
     }
+}
+
+/// A mutated document: `doc` (the parsed `original`, `None` when it does not parse) after one to three
+/// structural mutations, printed by `print` (`original` stays when the mutated tree cannot be printed in
+/// the format); then, three times in ten, byte damage.
+pub fn mutated(
+    rng: &mut Rng,
+    names: &[&str],
+    original: &[u8],
+    doc: Option<Json>,
+    print: impl Fn(&Json) -> Option<Vec<u8>>,
+) -> Vec<u8> {
+    let mut out = original.to_vec();
+    if let Some(mut tree) = doc {
+        for _ in 0..1 + rng.below(3) {
+            mutate_tree(rng, names, &mut tree);
+        }
+        if let Some(printed) = print(&tree) {
+            out = printed;
+        }
+    }
+    if rng.chance(30) {
+        mutate_bytes(rng, &mut out);
+    }
+    out
 }
 
 /// Byte-level damage to a serialized body: truncation, stray bytes, a flipped bit, a spliced token.
