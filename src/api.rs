@@ -133,6 +133,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
     Router::new()
         .route(PREDICT, routed(predict))
         .route(FEATURES, routed(features))
+        .route("/get-online-features", routed(online_features))
         .route("/metrics", get(metrics))
         .route("/v1/stats", get(stats))
         .route("/v2", get(server_metadata))
@@ -218,6 +219,15 @@ async fn features(
 ) -> Result<Response, ApiError> {
     let r = split(req, body_read, &gw).await?;
     gw.features(r.format, &r.headers, &r.body).await
+}
+
+async fn online_features(
+    gw: Arc<Gateway>,
+    req: Request,
+    body_read: Option<BodyRead>,
+) -> Result<Response, ApiError> {
+    let r = split(req, body_read, &gw).await?;
+    gw.online_features(r.format, &r.headers, &r.body).await
 }
 
 /// A request's headers, URI and body, owned, for the handlers to borrow from (the `HeaderMap` and
@@ -385,7 +395,16 @@ async fn ready(State(gw): State<Arc<Gateway>>) -> Response {
     if gw.is_ready() {
         (StatusCode::OK, Json(json!({"ready": true}))).into_response()
     } else {
-        ApiError::NotReady("the gateway is starting".to_owned()).into_response()
+        // The protocol's own answer (`/v2/models/{model}/ready` answers the same way), not hydrant's
+        // error body: a probe reads the status, a person the body.
+        let mut resp = (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"ready": false})),
+        )
+            .into_response();
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+        resp
     }
 }
 

@@ -980,6 +980,10 @@ impl<V> Fields<V> {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
 }
 
 impl<'de, V: Deserialize<'de>> Deserialize<'de> for Fields<V> {

@@ -17,6 +17,7 @@ use crate::config::Config;
 use crate::decode::{FeaturesRequest, Format, PredictRequest, parse_body};
 use crate::encode::{BodyWriter, TimingsBody, respond};
 use crate::error::ApiError;
+use crate::feast::{OnlineBody, OnlineFeaturesRequest};
 use crate::hydrate::{Hydrator, Status};
 use crate::infer::Engine;
 use crate::postprocess::{FeatureStatus, InputRows, Outputs, defaulted};
@@ -262,6 +263,52 @@ impl Gateway {
             w.field("timings_us", &TimingsBody::from(&t));
         }
         Ok(respond(answer, w.finish(), &t))
+    }
+}
+
+impl Gateway {
+    /// `POST /get-online-features`: Feast's feature-server read ([`crate::feast`]). Timed in the stages
+    /// of `/v1/features`; the timings go in `Server-Timing` only, since Feast's answer has no place for them.
+    pub async fn online_features(
+        &self,
+        format: Format,
+        headers: &HeaderMap,
+        body: &[u8],
+    ) -> Result<Response, ApiError> {
+        let started = Instant::now();
+        let mut t = Timings::default();
+        let mut laps = Laps::from(started);
+        let answer = Format::of_response(headers, format)?;
+        let req: OnlineFeaturesRequest = parse_body(format, body)?;
+        let plan = req.plan(&self.registry, &self.config.limits)?;
+        let deadline = self.deadline(started, None);
+        t.set(Stage::Decode, laps.lap());
+
+        let lookups: Vec<_> = plan.views.iter().map(|(v, k)| (v, k.as_slice())).collect();
+        let hydrated = self
+            .hydrator
+            .hydrate(&lookups, deadline)
+            .instrument(tracing::debug_span!("hydrate"))
+            .await;
+        t.set(Stage::Hydrate, laps.lap());
+
+        let mut w = BodyWriter::new(answer, 2, 128 + plan.rows * (plan.columns.len() + 1) * 48);
+        OnlineBody {
+            request: &req,
+            plan: &plan,
+            resolved: &hydrated.views,
+        }
+        .write(&mut w);
+        t.set(Stage::Encode, laps.lap());
+        t.total_us = laps.total();
+        let mut resp = respond(answer, w.finish(), &t);
+        if hydrated.degraded {
+            resp.headers_mut().insert(
+                crate::feast::DEGRADED_HEADER,
+                axum::http::HeaderValue::from_static("true"),
+            );
+        }
+        Ok(resp)
     }
 }
 

@@ -31,6 +31,7 @@
 //!   format.
 //! - [`schema`]: the schema registry: parsing, validation and compilation of entities, views and models.
 //! - [`oip`]: the Open Inference Protocol (KServe V2) infer endpoint, raw tensors without hydration.
+//! - [`feast`]: Feast's feature-server read (`POST /get-online-features`), for clients switching from Feast.
 //! - [`loader`]: writing feature rows: the bulk loader (JSON Lines, CSV) and the rows API, write-through.
 //! - [`config`]: typed configuration, file plus `HYDRANT_*` environment overrides.
 //! - [`observe`]: `/metrics` (Prometheus) and `/v1/stats` (JSON) rendering.
@@ -46,6 +47,7 @@ pub mod config;
 pub mod decode;
 pub mod encode;
 pub mod error;
+pub mod feast;
 pub mod gateway;
 pub mod hydrate;
 pub mod infer;

@@ -319,6 +319,7 @@ fn reads_body(route: &str) -> bool {
             | "/v2/models/{model}/infer"
             | "/v1/prefetch"
             | "/v1/views/{view}/rows"
+            | "/get-online-features"
     )
 }
 
@@ -338,6 +339,7 @@ fn route_label(req: &Request) -> &'static str {
         Some("/v1/stats") => "/v1/stats",
         Some("/v1/prefetch") => "/v1/prefetch",
         Some("/v1/views/{view}/rows") => "/v1/views/{view}/rows",
+        Some("/get-online-features") => "/get-online-features",
         Some(_) => "other",
         None => "unmatched",
     }

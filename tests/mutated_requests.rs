@@ -179,6 +179,18 @@ async fn mutated_requests_get_2xx_or_a_named_4xx_and_change_nothing() {
             json!({"entities": {"user_id": ["u_3", "u_4"], "item_id": ["i_8"]}}),
             true,
         ),
+        (
+            "/get-online-features",
+            json!({"entities": {"user_id": ["u_1", "u_2"], "item_id": ["i_7", "i_unknown"]},
+                   "features": ["user_profile:age", "item_stats:price"], "full_feature_names": false}),
+            true,
+        ),
+        (
+            "/get-online-features",
+            json!({"entities": {"user_id": [1, "u_2"], "item_id": ["i_7", "i_8"]},
+                   "feature_service": "ctr", "full_feature_names": true, "request_context": {}}),
+            true,
+        ),
     ];
     let writes: Vec<(&str, Json, bool)> = vec![
         (

@@ -453,6 +453,22 @@ async fn with_redis_down_cached_values_are_served_stale_up_to_max_staleness_then
     assert_eq!(v, vec![want, 30]);
     assert_eq!(s, vec!["STALE".to_owned(), "DEFAULTED".to_owned()]);
     assert_eq!(j["degraded"], true);
+    // Feast's read has no such statuses: the stale value is PRESENT, the one with nothing to serve is
+    // INVALID and null (Feast has no defaults), and a header says the answer is degraded.
+    let r = app
+        .post_json(
+            "/get-online-features",
+            &json!({"features": ["user_profile:age"], "entities": {"user_id": ["u_1", "u_2"]}}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.headers["x-hydrant-degraded"], "true");
+    let feast = r.json();
+    assert_eq!(feast["results"][1]["values"], json!([want, null]));
+    assert_eq!(
+        feast["results"][1]["statuses"],
+        json!(["PRESENT", "INVALID"])
+    );
 
     // Past ttl + max_staleness: nothing usable is cached any more.
     app.clock.advance(Duration::from_secs(60 * 60));
@@ -1318,11 +1334,11 @@ async fn the_warm_start_is_bounded_by_warm_timeout() {
         None,
     )
     .await;
-    assert_eq!(
-        app.get("/v2/health/ready").await.status,
-        503,
-        "not ready while warming"
-    );
+    let r = app.get("/v2/health/ready").await;
+    assert_eq!(r.status, 503, "not ready while warming");
+    // The Open Inference Protocol's answer, like every /v2 path's.
+    assert_eq!(r.json(), json!({"ready": false}));
+    assert_eq!(r.headers["retry-after"], "1");
     assert_eq!(app.get("/v2/health/live").await.status, 200, "but alive");
     app.wait_ready().await;
     assert!(

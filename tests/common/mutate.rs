@@ -68,6 +68,10 @@ pub const REQUEST_NAMES: &[&str] = &[
     "category",
     "brand",
     "impressions_7d",
+    "feature_service",
+    "full_feature_names",
+    "request_context",
+    "ctr",
     "",
 ];
 

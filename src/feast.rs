@@ -1,0 +1,549 @@
+//! `POST /get-online-features`: Feast's feature-server read, so a service that reads features through a
+//! Feast client (or Feast's JSON by hand) can point at hydrant instead.
+//!
+//! The request and the answer follow Feast's Python feature server: entities as columns (`{"user_id":
+//! ["u_1", "u_2"]}`, one row per position), features as `view:feature` references or a `feature_service`
+//! (here: a model, whose binding names the features it reads), and an answer of columns, the entity
+//! columns first, each with a value, a status and an event timestamp per row. Feast has no defaults: a
+//! feature without a value is `null` with a status saying why, and only `PRESENT` values are to be used.
+//! hydrant's own statuses map onto Feast's: a value served stale because the store failed is `PRESENT`
+//! (and the answer carries `x-hydrant-degraded: true`); no value because the store failed or held an
+//! unreadable record is `INVALID`.
+
+use std::fmt;
+use std::sync::Arc;
+
+use compact_str::CompactString;
+use serde::de::IgnoredAny;
+use serde::ser::{SerializeMap, SerializeSeq, SerializeStruct};
+use serde::{Deserialize, Serialize, Serializer};
+
+use crate::config::LimitsConfig;
+use crate::decode::{
+    EntityKey, EntityKeys, Fields, Positional, key_string, unknown_view, unregistered_entity,
+};
+use crate::encode::BodyWriter;
+use crate::error::ApiError;
+use crate::hydrate::{Resolved, Status};
+use crate::schema::{Registry, Source, View};
+use crate::value::{Dtype, Value};
+
+/// Set to `true` on an answer that has values served stale, or none at all, because the store failed
+/// (Feast's statuses have no word for it).
+pub const DEGRADED_HEADER: axum::http::HeaderName =
+    axum::http::HeaderName::from_static("x-hydrant-degraded");
+
+/// `POST /get-online-features`, as Feast's feature server takes it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OnlineFeaturesRequest {
+    /// Join key -> one key per row; every list is a column of the same rows.
+    pub entities: Fields<EntityKeys>,
+    /// `view:feature` (Feast's feature references), or `view` for all of a view's features.
+    #[serde(default)]
+    pub features: Option<Vec<String>>,
+    /// A model: the features its binding reads, in binding order.
+    #[serde(default)]
+    pub feature_service: Option<String>,
+    /// Name features `view__feature` rather than `feature`.
+    #[serde(default)]
+    pub full_feature_names: Option<bool>,
+    /// Input to Feast's on-demand feature views, which hydrant does not have: refused unless empty.
+    #[serde(default)]
+    pub request_context: Option<Fields<IgnoredAny>>,
+}
+
+impl Positional for OnlineFeaturesRequest {
+    const FIELDS: &'static [(&'static str, &'static [&'static str])] = &[
+        ("entities", &[]),
+        ("features", &[]),
+        ("feature_service", &[]),
+        ("full_feature_names", &[]),
+        ("request_context", &[]),
+    ];
+}
+
+/// A resolved `/get-online-features` request.
+#[derive(Debug)]
+pub struct OnlinePlan {
+    /// Entity rows.
+    pub rows: usize,
+    /// The views to read, each with its entity's key for every row.
+    pub views: Vec<(Arc<View>, Vec<CompactString>)>,
+    /// The answer's feature columns in order: (index into `views`, feature index, name in the answer).
+    pub columns: Vec<(usize, usize, String)>,
+}
+
+impl OnlineFeaturesRequest {
+    /// Checks the request against the registry and the limits.
+    pub fn plan(&self, registry: &Registry, limits: &LimitsConfig) -> Result<OnlinePlan, ApiError> {
+        let full_names = self.full_feature_names.unwrap_or(false);
+        if let Some(ctx) = &self.request_context
+            && !ctx.is_empty()
+        {
+            return Err(ApiError::invalid(
+                "invalid_field",
+                "request_context",
+                "request_context: hydrant has no on-demand feature views to give it to; leave it out",
+            ));
+        }
+        // The references asked for: (view, feature or all, field to name in errors).
+        let mut refs: Vec<(&str, Option<&str>, String)> = Vec::new();
+        match (&self.features, &self.feature_service) {
+            (Some(_), Some(_)) => {
+                return Err(ApiError::invalid(
+                    "invalid_field",
+                    "feature_service",
+                    "feature_service: send either `features` or `feature_service`, not both",
+                ));
+            }
+            (None, None) => {
+                return Err(ApiError::invalid(
+                    "invalid_field",
+                    "features",
+                    "features: expected a list of `view:feature` references (or a `feature_service`)",
+                ));
+            }
+            (Some(features), None) => {
+                if features.is_empty() {
+                    return Err(ApiError::invalid(
+                        "invalid_field",
+                        "features",
+                        "features: expected at least one `view:feature`",
+                    ));
+                }
+                for (i, name) in features.iter().enumerate() {
+                    let (view, feature) = match name.split_once(':') {
+                        Some((v, f)) => (v, Some(f)),
+                        None => (name.as_str(), None),
+                    };
+                    refs.push((view, feature, format!("features[{i}]")));
+                }
+            }
+            (None, Some(service)) => {
+                let Some(model) = registry.models.get(service) else {
+                    let known =
+                        crate::schema::known_names(registry.models.keys().map(String::as_str));
+                    return Err(ApiError::invalid(
+                        "unknown_feature_service",
+                        "feature_service",
+                        format!(
+                            "feature_service: no model `{service}` is registered (a feature service here is a model, whose binding names the features it reads; models: {known})"
+                        ),
+                    ));
+                };
+                for slot in &model.slots {
+                    if let Source::View { view, feature } = slot.source {
+                        let v = &model.views[view];
+                        refs.push((
+                            &v.name,
+                            Some(&v.features[feature].name),
+                            "feature_service".to_owned(),
+                        ));
+                    }
+                }
+            }
+        }
+
+        let total: usize = self.entities.iter().map(|(_, k)| k.0.len()).sum();
+        if total > limits.max_entities {
+            return Err(ApiError::TooLarge {
+                code: "too_many_entities",
+                message: format!(
+                    "entities: {total} keys, the limit is {}",
+                    limits.max_entities
+                ),
+                field: Some("entities".to_owned()),
+            });
+        }
+        let mut rows: Option<(&str, usize)> = None;
+        for (name, keys) in self.entities.iter() {
+            if !registry.entities.contains_key(name) {
+                return Err(unregistered_entity(registry, name));
+            }
+            match rows {
+                None => rows = Some((name, keys.0.len())),
+                Some((first, n)) if n != keys.0.len() => {
+                    return Err(ApiError::invalid(
+                        "invalid_field",
+                        format!("entities.{name}"),
+                        format!(
+                            "entities.{name}: {}, but entities.{first} has {n}: each entity is a column of the same rows",
+                            match keys.0.len() {
+                                1 => "1 key".to_owned(),
+                                k => format!("{k} keys"),
+                            }
+                        ),
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        let rows = match rows {
+            None => {
+                return Err(ApiError::invalid(
+                    "missing_entity",
+                    "entities",
+                    "entities: expected the join keys of the features' views, each a list of keys",
+                ));
+            }
+            Some((name, 0)) => {
+                return Err(ApiError::invalid(
+                    "missing_entity",
+                    format!("entities.{name}"),
+                    format!("entities.{name}: expected at least one key"),
+                ));
+            }
+            Some((_, n)) => n,
+        };
+
+        let mut views: Vec<(Arc<View>, Vec<CompactString>)> = Vec::new();
+        let mut columns: Vec<(usize, usize, String)> = Vec::new();
+        for (vname, fname, field) in refs {
+            let Some(view) = registry.views.get(vname) else {
+                return Err(unknown_view(registry, &field, vname));
+            };
+            let vi = match views.iter().position(|(v, _)| v.name == vname) {
+                Some(vi) => vi,
+                None => {
+                    let entity = &view.entity;
+                    let Some(keys) = self.entities.get(&entity.name) else {
+                        return Err(ApiError::invalid(
+                            "missing_entity",
+                            format!("entities.{}", entity.name),
+                            format!(
+                                "entities.{}: view `{vname}` is keyed by `{}`: send its keys",
+                                entity.name, entity.name
+                            ),
+                        ));
+                    };
+                    let keys = keys
+                        .0
+                        .iter()
+                        .enumerate()
+                        .map(|(j, k)| {
+                            key_string(
+                                entity,
+                                k,
+                                &format_args!("entities.{}[{j}]", entity.name),
+                                limits,
+                            )
+                        })
+                        .collect::<Result<Vec<_>, _>>()?;
+                    views.push((view.clone(), keys));
+                    views.len() - 1
+                }
+            };
+            let wanted: Vec<usize> = match fname {
+                None => (0..view.features.len()).collect(),
+                Some(f) => vec![view.feature_index(f).ok_or_else(|| {
+                    ApiError::invalid(
+                        "unknown_feature",
+                        &field,
+                        format!("{field}: view `{vname}` has no feature `{f}`"),
+                    )
+                })?],
+            };
+            for fi in wanted {
+                if columns.iter().any(|&(v, f, _)| (v, f) == (vi, fi)) {
+                    continue;
+                }
+                let feature = &view.features[fi].name;
+                let name = if full_names {
+                    format!("{vname}__{feature}")
+                } else {
+                    feature.clone()
+                };
+                // Feast refuses the same short name from two views: the answer could not tell them apart.
+                if let Some((other, _, _)) = columns.iter().find(|(_, _, n)| *n == name) {
+                    return Err(ApiError::invalid(
+                        "ambiguous_feature",
+                        &field,
+                        format!(
+                            "{field}: views `{}` and `{vname}` both have a feature `{feature}`: set full_feature_names to true to name them `view__feature`",
+                            views[*other].0.name
+                        ),
+                    ));
+                }
+                if self.entities.contains_key(&name) {
+                    return Err(ApiError::invalid(
+                        "ambiguous_feature",
+                        &field,
+                        format!(
+                            "{field}: feature `{feature}` has the name of a join key: set full_feature_names to true to name it `{vname}__{feature}`"
+                        ),
+                    ));
+                }
+                columns.push((vi, fi, name));
+            }
+        }
+        for (name, _) in self.entities.iter() {
+            if !views.iter().any(|(v, _)| v.entity.name == name) {
+                return Err(ApiError::invalid(
+                    "unknown_entity",
+                    format!("entities.{name}"),
+                    format!("entities.{name}: none of the requested views is keyed by `{name}`"),
+                ));
+            }
+        }
+        Ok(OnlinePlan {
+            rows,
+            views,
+            columns,
+        })
+    }
+}
+
+/// Feast's field statuses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum FieldStatus {
+    /// No value could be read: the store failed (or held an unreadable record) and nothing was cached.
+    Invalid,
+    Present,
+    NullValue,
+    NotFound,
+    OutsideMaxAge,
+}
+
+/// One cell: the value (or `None` for null), its status and its event time.
+fn cell(resolved: &Resolved, feature: usize) -> (Option<&Value>, FieldStatus, i64) {
+    let event_ts = |r: &Resolved| {
+        r.entry
+            .as_ref()
+            .and_then(|e| e.found.as_ref())
+            .map_or(0, |f| f.event_ts_ms)
+    };
+    match resolved.status {
+        Status::Present | Status::Stale => match resolved.found() {
+            Some(f) if !f.values[feature].is_null() => (
+                Some(&f.values[feature]),
+                FieldStatus::Present,
+                f.event_ts_ms,
+            ),
+            Some(f) => (None, FieldStatus::NullValue, f.event_ts_ms),
+            None => (None, FieldStatus::NotFound, 0),
+        },
+        Status::NotFound => (None, FieldStatus::NotFound, 0),
+        Status::OutsideMaxAge => (None, FieldStatus::OutsideMaxAge, event_ts(resolved)),
+        Status::Defaulted => (None, FieldStatus::Invalid, 0),
+    }
+}
+
+/// The answer: `{"metadata": {"feature_names": [...]}, "results": [{"values", "statuses",
+/// "event_timestamps"}, ...]}`, the entity columns first.
+pub struct OnlineBody<'a> {
+    pub request: &'a OnlineFeaturesRequest,
+    pub plan: &'a OnlinePlan,
+    /// Per plan view, one resolution per row.
+    pub resolved: &'a [Vec<Resolved>],
+}
+
+impl OnlineBody<'_> {
+    /// Writes the answer's two fields.
+    pub fn write(&self, w: &mut BodyWriter) {
+        w.field("metadata", &Metadata(self));
+        w.field("results", &Results(self));
+    }
+}
+
+struct Metadata<'a, 'b>(&'a OnlineBody<'b>);
+
+impl Serialize for Metadata<'_, '_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(1))?;
+        m.serialize_entry("feature_names", &FeatureNames(self.0))?;
+        m.end()
+    }
+}
+
+struct FeatureNames<'a, 'b>(&'a OnlineBody<'b>);
+
+impl Serialize for FeatureNames<'_, '_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let body = self.0;
+        let mut seq =
+            s.serialize_seq(Some(body.request.entities.len() + body.plan.columns.len()))?;
+        for (name, _) in body.request.entities.iter() {
+            seq.serialize_element(name)?;
+        }
+        for (_, _, name) in &body.plan.columns {
+            seq.serialize_element(name)?;
+        }
+        seq.end()
+    }
+}
+
+struct Results<'a, 'b>(&'a OnlineBody<'b>);
+
+impl Serialize for Results<'_, '_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let body = self.0;
+        let mut seq =
+            s.serialize_seq(Some(body.request.entities.len() + body.plan.columns.len()))?;
+        for (_, keys) in body.request.entities.iter() {
+            seq.serialize_element(&EntityColumn(keys))?;
+        }
+        for &(vi, fi, _) in &body.plan.columns {
+            let float32 = body.plan.views[vi].0.features[fi].dtype == Dtype::Float32;
+            seq.serialize_element(&FeatureColumn {
+                resolved: &body.resolved[vi],
+                feature: fi,
+                float32,
+            })?;
+        }
+        seq.end()
+    }
+}
+
+/// A join key's column: the keys as sent, `PRESENT`, at the epoch (as Feast answers them).
+struct EntityColumn<'a>(&'a EntityKeys);
+
+impl Serialize for EntityColumn<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let keys = &self.0.0;
+        let mut st = s.serialize_struct("FeatureVector", 3)?;
+        st.serialize_field("values", &EntityValues(keys))?;
+        st.serialize_field("statuses", &Repeat(FieldStatus::Present, keys.len()))?;
+        st.serialize_field("event_timestamps", &Repeat(Timestamp(0), keys.len()))?;
+        st.end()
+    }
+}
+
+struct EntityValues<'a>(&'a [EntityKey]);
+
+impl Serialize for EntityValues<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(self.0.len()))?;
+        for k in self.0 {
+            match k {
+                EntityKey::Str(v) => seq.serialize_element(v.as_str())?,
+                EntityKey::Int(i) => seq.serialize_element(i)?,
+            }
+        }
+        seq.end()
+    }
+}
+
+struct Repeat<T>(T, usize);
+
+impl<T: Serialize> Serialize for Repeat<T> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(self.1))?;
+        for _ in 0..self.1 {
+            seq.serialize_element(&self.0)?;
+        }
+        seq.end()
+    }
+}
+
+struct FeatureColumn<'a> {
+    resolved: &'a [Resolved],
+    feature: usize,
+    /// Written as float32 (`0.3`, not the float64 digits of the same number).
+    float32: bool,
+}
+
+impl Serialize for FeatureColumn<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut st = s.serialize_struct("FeatureVector", 3)?;
+        st.serialize_field("values", &Cells(self, Part::Value))?;
+        st.serialize_field("statuses", &Cells(self, Part::Status))?;
+        st.serialize_field("event_timestamps", &Cells(self, Part::Timestamp))?;
+        st.end()
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Part {
+    Value,
+    Status,
+    Timestamp,
+}
+
+struct Cells<'a, 'b>(&'a FeatureColumn<'b>, Part);
+
+impl Serialize for Cells<'_, '_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let col = self.0;
+        let mut seq = s.serialize_seq(Some(col.resolved.len()))?;
+        for r in col.resolved {
+            let (value, status, ts) = cell(r, col.feature);
+            match self.1 {
+                Part::Value => match value {
+                    // Stored rounded to float32 already, so this loses nothing.
+                    Some(Value::Float(f)) if col.float32 => seq.serialize_element(&(*f as f32))?,
+                    other => seq.serialize_element(&other)?,
+                },
+                Part::Status => seq.serialize_element(&status)?,
+                Part::Timestamp => seq.serialize_element(&Timestamp(ts))?,
+            }
+        }
+        seq.end()
+    }
+}
+
+/// Milliseconds since the epoch, written as protobuf's JSON writes a `Timestamp`: RFC 3339 in UTC,
+/// `1970-01-01T00:00:00Z`, with three fractional digits when there are milliseconds.
+#[derive(Clone, Copy)]
+struct Timestamp(i64);
+
+impl fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Protobuf's Timestamp spans years 1 to 9999.
+        const MIN: i64 = -62_135_596_800_000;
+        const MAX: i64 = 253_402_300_799_999;
+        let ms = self.0.clamp(MIN, MAX);
+        let days = ms.div_euclid(86_400_000);
+        let in_day = ms.rem_euclid(86_400_000);
+        let (year, month, day) = crate::clock::civil_from_days(days);
+        let (h, m, sec, milli) = (
+            in_day / 3_600_000,
+            in_day / 60_000 % 60,
+            in_day / 1000 % 60,
+            in_day % 1000,
+        );
+        write!(f, "{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{sec:02}")?;
+        if milli != 0 {
+            write!(f, ".{milli:03}")?;
+        }
+        f.write_str("Z")
+    }
+}
+
+impl Serialize for Timestamp {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_read_back_as_the_same_instant() {
+        assert_eq!(Timestamp(0).to_string(), "1970-01-01T00:00:00Z");
+        assert_eq!(Timestamp(-1).to_string(), "1969-12-31T23:59:59.999Z");
+        assert_eq!(
+            Timestamp(1_709_164_800_000).to_string(),
+            "2024-02-29T00:00:00Z"
+        );
+        for ms in [
+            0,
+            1,
+            999,
+            86_399_999,
+            951_782_400_000,
+            1_792_749_917_250,
+            -86_400_001,
+            253_402_300_799_999,
+            -62_135_596_800_000,
+        ] {
+            let text = Timestamp(ms).to_string();
+            assert_eq!(crate::clock::rfc3339_ms(&text), Some(ms), "{text}");
+        }
+        assert_eq!(Timestamp(i64::MAX).to_string(), "9999-12-31T23:59:59.999Z");
+        assert_eq!(Timestamp(i64::MIN).to_string(), "0001-01-01T00:00:00Z");
+    }
+}
