@@ -276,6 +276,27 @@ async fn split(
             return Err(ApiError::UnsupportedEncoding(text));
         }
     }
+    // hyper decodes `chunked` and passes any other coding through undecoded (`gzip, chunked` would
+    // reach the decoder as gzip bytes), so anything but one `chunked` is refused, naming it.
+    let mut codings = req
+        .headers()
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .peekable();
+    if codings.peek().is_some() {
+        let all: Vec<String> = codings
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .collect();
+        let listed: Vec<&str> = all
+            .iter()
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .collect();
+        if !matches!(listed.as_slice(), [only] if only.eq_ignore_ascii_case("chunked")) {
+            return Err(ApiError::UnsupportedTransferCoding(all.join(", ")));
+        }
+    }
     // Refused before the body is read: a client that sent `Expect: 100-continue` gets the 415 instead
     // of a 100 and then the 415.
     let format = Format::of_request(req.headers())?;

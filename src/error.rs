@@ -48,6 +48,11 @@ pub enum ApiError {
     ConflictingContentTypes(String),
     #[error("unsupported `Content-Encoding: {0}`: send the body uncompressed")]
     UnsupportedEncoding(String),
+    /// A transfer coding other than one `chunked` (RFC 9112 §6.1: answered 501).
+    #[error(
+        "unsupported `Transfer-Encoding: {0}`: send the body as is with a Content-Length, or `chunked` alone"
+    )]
+    UnsupportedTransferCoding(String),
     /// `Accept` refuses (`q=0`) both answer formats.
     #[error(
         "`Accept: {0}` refuses both answer formats: accept `application/json` or `application/msgpack`"
@@ -111,6 +116,7 @@ impl ApiError {
             | Self::ConflictingContentTypes(_)
             | Self::UnsupportedEncoding(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::NotAcceptable(_) => StatusCode::NOT_ACCEPTABLE,
+            Self::UnsupportedTransferCoding(_) => StatusCode::NOT_IMPLEMENTED,
             Self::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::Overloaded(_)
@@ -131,6 +137,7 @@ impl ApiError {
             | Self::ConflictingContentTypes(_)
             | Self::UnsupportedEncoding(_) => "unsupported_media_type",
             Self::NotAcceptable(_) => "not_acceptable",
+            Self::UnsupportedTransferCoding(_) => "unsupported_transfer_coding",
             Self::Overloaded(_) => "overloaded",
             Self::TooManyRequests(_) => "too_many_requests",
             Self::StoreUnavailable(_) => "store_unavailable",

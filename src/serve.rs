@@ -139,7 +139,8 @@ const ACCEPT_QUEUE: u32 = 4096;
 
 /// Serves `routes` on `listener` until `shutdown` resolves. Then it stops accepting, lets each open
 /// connection finish the request it is serving (an idle one gets [`IDLE_GRACE`] to start one already
-/// sent, a half-sent head [`HEAD_GRACE`]), and returns when all have closed; bound that wait from outside.
+/// sent, a half-sent head [`HEAD_GRACE`]), serves the connections already waiting in the listener's
+/// queue the same way, and returns when all have closed; bound that wait from outside.
 pub async fn serve(
     listener: TcpListener,
     routes: impl Into<Routes>,
@@ -152,10 +153,65 @@ pub async fn serve(
         max_connections.clamp(1, Semaphore::MAX_PERMITS),
     ));
     let mut http = hyper::server::conn::http1::Builder::new();
-    http.keep_alive(true).max_buf_size(MAX_HEAD_BYTES);
+    // `half_close`: a client that shuts its write side once the request is sent (HTTP/1.0-style tools,
+    // `nc -N`, a proxy passing on its client's FIN) is still answered. Without it hyper drops the request
+    // on that end-of-stream, and a write the handler goes on to apply is never acknowledged. A client that
+    // is really gone is found when the answer is written; `limits.request_timeout` bounds the work meanwhile.
+    http.keep_alive(true)
+        .half_close(true)
+        .max_buf_size(MAX_HEAD_BYTES);
     // `stop` tells the connections to finish; each holds a clone of `open` until it closes.
     let (stop_tx, stop_rx) = watch::channel(false);
     let (open_tx, open_rx) = watch::channel(());
+    // One connection: served until it ends, the idle timeout, or the shutdown. `permit` is its place
+    // under max_connections (none for the connections taken from the queue at shutdown).
+    let spawn_connection = |stream: TcpStream, permit: Option<OwnedSemaphorePermit>| {
+        let activity = Arc::new(Activity::default());
+        let socket = Socket {
+            stream: Some(stream),
+            activity: activity.clone(),
+            permit,
+        };
+        let conn = http.serve_connection(
+            TokioIo::new(socket),
+            TowerToHyperService::new(Counted {
+                inner: routes.clone(),
+                activity: activity.clone(),
+            }),
+        );
+        let mut stop = stop_rx.clone();
+        let open = open_rx.clone();
+        let idle_timeout = limits.idle_timeout;
+        tokio::spawn(async move {
+            let mut conn = pin!(conn);
+            let stopping = tokio::select! {
+                _ = conn.as_mut() => false,
+                r = stop.wait_for(|s| *s) => r.is_ok(),
+                _ = activity.idle(idle_timeout) => false, // dropping `conn` closes the socket
+            };
+            if stopping {
+                // hyper closes an idle connection at once, and with it a request the client has already
+                // sent that is still in the socket, unread: the client cannot tell that from a request
+                // refused. So an idle connection first gets a moment to start one.
+                let ended = activity.quiet() && {
+                    let before = activity.started.load(Relaxed);
+                    let started = || activity.started.load(Relaxed) != before;
+                    let waited = drive_until(conn.as_mut(), IDLE_GRACE / 10, started);
+                    tokio::time::timeout(IDLE_GRACE, waited).await == Ok(true)
+                };
+                if !ended {
+                    conn.as_mut().graceful_shutdown();
+                    // hyper waits for a request head that is still arriving as for a request; nothing
+                    // of it has reached the service, so after a moment to complete it is dropped rather
+                    // than waited for until shutdown_grace.
+                    drive_until(conn.as_mut(), HEAD_GRACE, || activity.quiet()).await;
+                }
+            }
+            drop(open);
+            // Dropping `conn` drops the socket, which releases the connection's permit, at once or
+            // after lingering (see `Socket`).
+        });
+    };
     let mut shutdown = pin!(shutdown);
     let mut warned_full = false;
     loop {
@@ -199,57 +255,62 @@ pub async fn serve(
         if permits.available_permits() > 0 {
             warned_full = false;
         }
-        let activity = Arc::new(Activity::default());
-        let socket = Socket {
-            stream: Some(stream),
-            activity: activity.clone(),
-            permit: Some(permit),
-        };
-        let conn = http.serve_connection(
-            TokioIo::new(socket),
-            TowerToHyperService::new(Counted {
-                inner: routes.clone(),
-                activity: activity.clone(),
-            }),
-        );
-        let mut stop = stop_rx.clone();
-        let open = open_rx.clone();
-        let idle_timeout = limits.idle_timeout;
-        tokio::spawn(async move {
-            let mut conn = pin!(conn);
-            let stopping = tokio::select! {
-                _ = conn.as_mut() => false,
-                r = stop.wait_for(|s| *s) => r.is_ok(),
-                _ = activity.idle(idle_timeout) => false, // dropping `conn` closes the socket
-            };
-            if stopping {
-                // hyper closes an idle connection at once, and with it a request the client has already
-                // sent that is still in the socket, unread: the client cannot tell that from a request
-                // refused. So an idle connection first gets a moment to start one.
-                let ended = activity.quiet() && {
-                    let before = activity.started.load(Relaxed);
-                    let started = || activity.started.load(Relaxed) != before;
-                    let waited = drive_until(conn.as_mut(), IDLE_GRACE / 10, started);
-                    tokio::time::timeout(IDLE_GRACE, waited).await == Ok(true)
-                };
-                if !ended {
-                    conn.as_mut().graceful_shutdown();
-                    // hyper waits for a request head that is still arriving as for a request; nothing
-                    // of it has reached the service, so after a moment to complete it is dropped rather
-                    // than waited for until shutdown_grace.
-                    drive_until(conn.as_mut(), HEAD_GRACE, || activity.quiet()).await;
-                }
-            }
-            drop(open);
-            // Dropping `conn` drops the socket, which releases the connection's permit, at once or
-            // after lingering (see `Socket`).
-        });
+        spawn_connection(stream, Some(permit));
     }
-    drop(listener);
+    // Connections the kernel completed before the shutdown, still in the listener's queue: dropping the
+    // listener would reset them, and their clients could not tell that from a request refused. They are
+    // taken and served as idle connections at shutdown are: a moment to start a request already sent.
+    let queued = take_queued(listener);
     let _ = stop_tx.send(true);
+    if !queued.is_empty() {
+        tracing::info!(
+            connections = queued.len(),
+            "shutting down: serving the connections already queued"
+        );
+    }
+    for stream in queued {
+        spawn_connection(stream, None);
+    }
     drop(open_rx);
     open_tx.closed().await;
     Ok(())
+}
+
+/// The most connections taken from the listener's queue at shutdown: the kernel's queue holds at most
+/// `net.core.somaxconn` of them (4096 by default), which this covers.
+const MAX_QUEUED_AT_SHUTDOWN: usize = 8192;
+
+/// Takes the connections waiting in `listener`'s accept queue, without waiting for more, and closes it.
+fn take_queued(listener: TcpListener) -> Vec<TcpStream> {
+    let mut out = Vec::new();
+    // Asked of the socket itself: tokio's own `accept` knows only what its reactor has seen so far.
+    let Ok(listener) = listener.into_std() else {
+        return out;
+    };
+    if listener.set_nonblocking(true).is_err() {
+        return out;
+    }
+    while out.len() < MAX_QUEUED_AT_SHUTDOWN {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                if let Ok(stream) = stream
+                    .set_nonblocking(true)
+                    .and_then(|()| TcpStream::from_std(stream))
+                {
+                    out.push(stream);
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::Interrupted
+                        | std::io::ErrorKind::ConnectionAborted
+                        | std::io::ErrorKind::ConnectionReset
+                ) => {}
+            Err(_) => break, // WouldBlock: the queue is empty
+        }
+    }
+    out
 }
 
 /// Drives `conn` until it ends (`true`), or until `done`, checked every `period`, says to stop waiting
@@ -283,7 +344,9 @@ const HEAD_GRACE: Duration = Duration::from_millis(500);
 const IDLE_GRACE: Duration = Duration::from_millis(100);
 
 /// The most a connection buffers of a request head (hyper's default is about 400 KiB): 10,000 connections
-/// each holding an unfinished head would otherwise pin gigabytes. Bodies are read in chunks of at most this.
+/// each holding an unfinished head would otherwise pin gigabytes. hyper checks it between reads, and one
+/// read fills what the buffer has room for, so a head that arrives whole in one read may be up to about
+/// twice this. Bodies are read in chunks of at most this.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
 
 /// Idle checks per `idle_timeout`: a connection is closed after between 1 and 1 + 1/CHECKS of it.
@@ -810,6 +873,54 @@ mod tests {
                 "connection {i}: {answer:?}"
             );
         }
+        tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .expect("serve returns")
+            .expect("join")
+            .expect("serve");
+    }
+
+    /// A connection the kernel had queued when the shutdown began (here: waiting for a place under
+    /// max_connections) gets its request answered, not a reset.
+    #[tokio::test]
+    async fn shutdown_answers_connections_still_in_the_accept_queue() {
+        let listener = listen("127.0.0.1:0".parse().expect("addr"))
+            .await
+            .expect("listen");
+        let addr = listener.local_addr().expect("addr");
+        let router = Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let limits = ConnLimits {
+            idle_timeout: Duration::from_secs(30),
+            max_connections: 1,
+        };
+        let server = tokio::spawn(serve(listener, router, limits, async {
+            let _ = rx.await;
+        }));
+        let mut held = TcpStream::connect(addr).await.expect("connect");
+        assert_eq!(get(&mut held).await, "HTTP/1.1 200 OK");
+        let mut queued = Vec::new();
+        for _ in 0..3 {
+            let mut s = TcpStream::connect(addr).await.expect("connect");
+            s.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+                .await
+                .expect("write");
+            queued.push(s);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let _ = tx.send(());
+        for (i, s) in queued.iter_mut().enumerate() {
+            let mut answer = String::new();
+            tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut answer))
+                .await
+                .expect("closed in time")
+                .unwrap_or_else(|e| panic!("queued connection {i}: {e}"));
+            assert!(
+                answer.starts_with("HTTP/1.1 200 OK") && answer.ends_with("ok"),
+                "queued connection {i}: {answer:?}"
+            );
+        }
+        assert!(closed_after(&mut held).await < Duration::from_secs(5));
         tokio::time::timeout(Duration::from_secs(5), server)
             .await
             .expect("serve returns")

@@ -1609,3 +1609,116 @@ async fn values_beyond_float32_after_their_transforms_never_reach_the_model() {
     );
     app.stop().await;
 }
+
+/// A client that shuts its write side once the request is sent (HTTP/1.0-style tools, `nc -N`, a proxy
+/// passing on the client's FIN) still gets the answer, and a write it sent is answered, never applied in
+/// silence.
+#[tokio::test]
+async fn a_client_that_half_closes_after_its_request_still_gets_the_answer() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let app = TestApp::spawn().await;
+    app.wait_ready().await;
+    let addr: std::net::SocketAddr = app
+        .addr
+        .trim_start_matches("http://")
+        .parse()
+        .expect("address");
+    let post = |path: &str, body: &str| {
+        format!(
+            "POST {path} HTTP/1.1\r\nhost: h\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let predict = post(
+        "/v1/models/ctr/predict",
+        r#"{"entities": {"user_id": "u_24"}, "candidates": [{"item_id": "i_1"}]}"#,
+    );
+    let write = post(
+        "/v1/views/user_profile/rows",
+        r#"{"rows": [{"user_id": "u_half", "age": 64}]}"#,
+    );
+    for (what, request, answers) in [
+        ("a predict", predict.clone(), 1),
+        ("a rows write", write, 1),
+        (
+            "GET /v2/health/live",
+            "GET /v2/health/live HTTP/1.1\r\nhost: h\r\n\r\n".to_owned(),
+            1,
+        ),
+        ("two pipelined predicts", format!("{predict}{predict}"), 2),
+    ] {
+        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        s.write_all(request.as_bytes()).await.expect("send");
+        s.shutdown().await.expect("shut the write side");
+        let mut answer = Vec::new();
+        tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            s.read_to_end(&mut answer),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no end to the answer"))
+        .unwrap_or_else(|e| panic!("{what}: reading the answer failed: {e}"));
+        let text = String::from_utf8_lossy(&answer);
+        assert_eq!(
+            text.matches("HTTP/1.1 200 OK").count(),
+            answers,
+            "{what}: {text}"
+        );
+    }
+    let j = app
+        .post_json(
+            "/v1/features",
+            &json!({"entities": {"user_id": "u_half"}, "features": ["user_profile:age"]}),
+        )
+        .await
+        .json();
+    assert_eq!(j["features"]["user_profile:age"]["values"][0], 64);
+}
+
+/// hyper decodes `chunked` and passes other transfer codings through undecoded: a `gzip, chunked` body
+/// would reach the decoder as gzip bytes. Anything but one `chunked` gets 501 naming the coding.
+#[tokio::test]
+async fn transfer_codings_other_than_chunked_are_refused_by_name() {
+    let app = TestApp::spawn().await;
+    app.wait_ready().await;
+    let body = r#"{"entities": {"user_id": "u_24"}, "candidates": [{"item_id": "i_1"}]}"#;
+    let chunked = format!("{:x}\r\n{body}\r\n0\r\n\r\n", body.len());
+    for (codings, status) in [
+        ("transfer-encoding: chunked\r\n", "200"),
+        ("transfer-encoding: Chunked\r\n", "200"),
+        ("transfer-encoding: gzip, chunked\r\n", "501"),
+        ("transfer-encoding: chunked, chunked\r\n", "501"),
+        (
+            "transfer-encoding: x-custom\r\ntransfer-encoding: chunked\r\n",
+            "501",
+        ),
+    ] {
+        let request = format!(
+            "POST /v1/models/ctr/predict HTTP/1.1\r\nhost: h\r\ncontent-type: application/json\r\n{codings}connection: close\r\n\r\n{chunked}"
+        );
+        let answer = common::exchange(&app.addr, request.as_bytes(), codings).await;
+        let text = String::from_utf8_lossy(&answer);
+        assert!(
+            text.starts_with(&format!("HTTP/1.1 {status} ")),
+            "{codings}: {text}"
+        );
+        if status == "501" {
+            let (_, json_body) = text.split_once("\r\n\r\n").expect("a body");
+            let j: Json = serde_json::from_str(json_body).expect("a JSON error body");
+            assert_eq!(j["error"]["code"], "unsupported_transfer_coding", "{j}");
+            let named = codings
+                .lines()
+                .next()
+                .and_then(|l| l.split_once(": "))
+                .expect("a header")
+                .1;
+            assert!(
+                j["error"]["message"]
+                    .as_str()
+                    .expect("message")
+                    .contains(named),
+                "{j}"
+            );
+        }
+    }
+}
