@@ -315,7 +315,7 @@ async fn split(
             ApiError::Malformed {
                 code: "invalid_body",
                 message: format!(
-                    "cannot read the request body ({e}): its framing is broken (a bad chunk in a chunked body, or fewer bytes than its Content-Length)"
+                    "cannot read the request body ({e}): its framing is broken (a bad chunk in a chunked body, chunk extensions or trailers past hyper's limits, or fewer bytes than its Content-Length)"
                 ),
                 field: None,
             }
