@@ -171,6 +171,7 @@ pub async fn serve(
             stream: Some(stream),
             activity: activity.clone(),
             permit,
+            open: Some(open_rx.clone()),
         };
         let conn = http.serve_connection(
             TokioIo::new(socket),
@@ -490,6 +491,10 @@ struct Socket {
     stream: Option<TcpStream>,
     activity: Arc<Activity>,
     permit: Option<OwnedSemaphorePermit>,
+    /// [`serve`]'s count of open connections, held until the socket is closed, lingering included: a
+    /// shutdown waits for it, rather than ending the process and resetting the connection under a client
+    /// that has yet to read its answer.
+    open: Option<watch::Receiver<()>>,
 }
 
 /// The longest a closing connection keeps reading what its client still sends.
@@ -559,14 +564,16 @@ impl tokio::io::AsyncWrite for Socket {
 
 impl Drop for Socket {
     fn drop(&mut self) {
-        let (Some(stream), permit) = (self.stream.take(), self.permit.take()) else {
+        let (Some(stream), permit, open) =
+            (self.stream.take(), self.permit.take(), self.open.take())
+        else {
             return;
         };
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
         if self.activity.linger.load(Relaxed) {
-            rt.spawn(linger(stream, permit));
+            rt.spawn(linger(stream, (permit, open)));
             return;
         }
         // Bytes waiting unread (a head hyper refused, a pipelined request at shutdown) would turn the
@@ -577,16 +584,16 @@ impl Drop for Socket {
         };
         let unread = matches!(std.peek(&mut [0u8; 1]), Ok(n) if n > 0);
         if unread && let Ok(stream) = TcpStream::from_std(std) {
-            rt.spawn(linger(stream, permit));
+            rt.spawn(linger(stream, (permit, open)));
         }
     }
 }
 
 /// Ends the write side (the client sees the answer end), then reads and discards what the client still
 /// sends until it ends its side, pauses for [`LINGER_QUIET`], or [`LINGER`] or [`LINGER_BYTES`] is
-/// reached. [`serve`] does not wait for lingering sockets when it stops; a runtime that shuts down closes
-/// them at once.
-async fn linger(mut stream: TcpStream, permit: Option<OwnedSemaphorePermit>) {
+/// reached. `held` (the connection's place under `max_connections`, and in [`serve`]'s count of open
+/// connections, which a shutdown waits for) is released once the socket is closed.
+async fn linger<T>(mut stream: TcpStream, held: T) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let until = tokio::time::Instant::now() + LINGER;
     let _ = stream.shutdown().await;
@@ -600,7 +607,7 @@ async fn linger(mut stream: TcpStream, permit: Option<OwnedSemaphorePermit>) {
         }
     }
     drop(stream);
-    drop(permit);
+    drop(held);
 }
 
 #[cfg(test)]
@@ -876,6 +883,54 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), server)
             .await
             .expect("serve returns")
+            .expect("join")
+            .expect("serve");
+    }
+
+    /// A shutdown waits for a connection that is still reading and discarding a refused body: ending the
+    /// process under it would reset the connection, and the client, still writing, would lose the answer.
+    #[tokio::test]
+    async fn shutdown_waits_for_a_lingering_connection() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let router = Router::new().route(
+            "/refuse",
+            axum::routing::post(|| async {
+                (
+                    axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+                    [(CONNECTION, "close")],
+                    "too large",
+                )
+            }),
+        );
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, router, ConnLimits::default(), async {
+            let _ = rx.await;
+        }));
+        let mut a = TcpStream::connect(addr).await.expect("connect");
+        a.write_all(b"POST /refuse HTTP/1.1\r\nhost: x\r\ncontent-length: 100000000\r\n\r\n")
+            .await
+            .expect("write");
+        let mut buf = vec![0u8; 64 * 1024];
+        let n = a.read(&mut buf).await.expect("read");
+        assert!(buf[..n].starts_with(b"HTTP/1.1 413 "));
+        let _ = tx.send(());
+        // The client goes on sending its body for a while after the shutdown began.
+        for _ in 0..6 {
+            for _ in 0..8 {
+                a.write_all(&buf).await.expect("the body is still taken");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert!(
+                !server.is_finished(),
+                "serve returned under a lingering connection"
+            );
+        }
+        assert_eq!(a.read(&mut buf).await.expect("read"), 0);
+        drop(a);
+        tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .expect("serve returns once the lingering connection closed")
             .expect("join")
             .expect("serve");
     }
