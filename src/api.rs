@@ -278,22 +278,30 @@ async fn split(
     }
     // hyper decodes `chunked` and passes any other coding through undecoded (`gzip, chunked` would
     // reach the decoder as gzip bytes), so anything but one `chunked` is refused, naming it.
-    let mut codings = req
-        .headers()
-        .get_all(header::TRANSFER_ENCODING)
-        .iter()
-        .peekable();
-    if codings.peek().is_some() {
-        let all: Vec<String> = codings
-            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-            .collect();
-        let listed: Vec<&str> = all
-            .iter()
-            .flat_map(|v| v.split(','))
-            .map(str::trim)
-            .filter(|c| !c.is_empty())
-            .collect();
-        if !matches!(listed.as_slice(), [only] if only.eq_ignore_ascii_case("chunked")) {
+    let codings = req.headers().get_all(header::TRANSFER_ENCODING);
+    if codings.iter().next().is_some() {
+        let listed = codings.iter().flat_map(|v| {
+            // A value that is not visible ASCII names no coding hyper decodes.
+            v.to_str()
+                .unwrap_or("?")
+                .split(',')
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+        });
+        let mut chunked = 0;
+        let mut other = false;
+        for c in listed {
+            if c.eq_ignore_ascii_case("chunked") {
+                chunked += 1;
+            } else {
+                other = true;
+            }
+        }
+        if other || chunked != 1 {
+            let all: Vec<_> = codings
+                .iter()
+                .map(|v| String::from_utf8_lossy(v.as_bytes()))
+                .collect();
             return Err(ApiError::UnsupportedTransferCoding(all.join(", ")));
         }
     }

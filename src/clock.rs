@@ -131,7 +131,7 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
 
 /// The proleptic Gregorian date `days` after 1970-01-01 (Howard Hinnant's `civil_from_days`), the inverse
 /// of [`days_from_civil`].
-pub fn civil_from_days(days: i64) -> (i64, i64, i64) {
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z - era * 146_097;
@@ -142,6 +142,33 @@ pub fn civil_from_days(days: i64) -> (i64, i64, i64) {
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
     (year, month, day)
+}
+
+/// Milliseconds since the Unix epoch, displayed as RFC 3339 in UTC the way protobuf's JSON writes a
+/// `Timestamp`: `1970-01-01T00:00:00Z`, with three fractional digits when there are milliseconds, and
+/// clamped to the years 1 to 9999. [`rfc3339_ms`] reads it back.
+#[derive(Debug, Clone, Copy)]
+pub struct Rfc3339(pub i64);
+
+impl std::fmt::Display for Rfc3339 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const MIN: i64 = -62_135_596_800_000;
+        const MAX: i64 = 253_402_300_799_999;
+        let ms = self.0.clamp(MIN, MAX);
+        let in_day = ms.rem_euclid(86_400_000);
+        let (year, month, day) = civil_from_days(ms.div_euclid(86_400_000));
+        let (h, m, sec, milli) = (
+            in_day / 3_600_000,
+            in_day / 60_000 % 60,
+            in_day / 1000 % 60,
+            in_day % 1000,
+        );
+        write!(f, "{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{sec:02}")?;
+        if milli != 0 {
+            write!(f, ".{milli:03}")?;
+        }
+        f.write_str("Z")
+    }
 }
 
 #[cfg(test)]
@@ -186,5 +213,31 @@ mod tests {
         ] {
             assert_eq!(rfc3339_ms(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn formatted_times_read_back_as_the_same_instant() {
+        assert_eq!(Rfc3339(0).to_string(), "1970-01-01T00:00:00Z");
+        assert_eq!(Rfc3339(-1).to_string(), "1969-12-31T23:59:59.999Z");
+        assert_eq!(
+            Rfc3339(1_709_164_800_000).to_string(),
+            "2024-02-29T00:00:00Z"
+        );
+        for ms in [
+            0,
+            1,
+            999,
+            86_399_999,
+            951_782_400_000,
+            1_792_749_917_250,
+            -86_400_001,
+            253_402_300_799_999,
+            -62_135_596_800_000,
+        ] {
+            let text = Rfc3339(ms).to_string();
+            assert_eq!(rfc3339_ms(&text), Some(ms), "{text}");
+        }
+        assert_eq!(Rfc3339(i64::MAX).to_string(), "9999-12-31T23:59:59.999Z");
+        assert_eq!(Rfc3339(i64::MIN).to_string(), "0001-01-01T00:00:00Z");
     }
 }

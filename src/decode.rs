@@ -1315,6 +1315,28 @@ fn unknown_entity(model: &Model, field: &str, name: &str) -> ApiError {
     )
 }
 
+/// 400 `missing_entity`: the request asks for `view` but sends no keys of its entity.
+pub fn view_keys_missing(view: &View) -> ApiError {
+    let entity = &view.entity.name;
+    ApiError::invalid(
+        "missing_entity",
+        format!("entities.{entity}"),
+        format!(
+            "entities.{entity}: view `{}` is keyed by `{entity}`: send its keys",
+            view.name
+        ),
+    )
+}
+
+/// 400 `unknown_entity`: keys of entity `name` were sent, but no requested view is keyed by it.
+pub fn entity_unused(name: &str) -> ApiError {
+    ApiError::invalid(
+        "unknown_entity",
+        format!("entities.{name}"),
+        format!("entities.{name}: none of the requested views is keyed by `{name}`"),
+    )
+}
+
 /// 400 `unknown_view` for `field`, listing the registered views.
 pub fn unknown_view(registry: &Registry, field: &str, name: &str) -> ApiError {
     let known = crate::schema::known_names(registry.views.keys().map(String::as_str));
@@ -1353,11 +1375,11 @@ pub fn entity_keys(
 }
 
 /// Refuses a request carrying more entity keys, over all entities, than `limits.max_entities` (413).
-pub fn check_key_count(
-    entities: &HashMap<String, EntityKeys>,
+pub fn check_key_count<'a>(
+    entities: impl IntoIterator<Item = &'a EntityKeys>,
     limits: &LimitsConfig,
 ) -> Result<(), ApiError> {
-    let total: usize = entities.values().map(|k| k.0.len()).sum();
+    let total: usize = entities.into_iter().map(|k| k.0.len()).sum();
     if total > limits.max_entities {
         return Err(ApiError::TooLarge {
             code: "too_many_entities",
@@ -1391,7 +1413,7 @@ impl FeaturesRequest {
                 "features: expected at least one `view` or `view:feature`",
             ));
         }
-        check_key_count(&self.entities, limits)?;
+        check_key_count(self.entities.values(), limits)?;
         if self.options.return_features {
             return Err(ApiError::invalid(
                 "invalid_field",
@@ -1422,16 +1444,10 @@ impl FeaturesRequest {
                 Some(idx) => idx,
                 None => {
                     let entity = &view.entity;
-                    let keys = self.entities.get(&entity.name).ok_or_else(|| {
-                        ApiError::invalid(
-                            "missing_entity",
-                            format!("entities.{}", entity.name),
-                            format!(
-                                "entities.{}: view `{vname}` is keyed by `{}`: send its keys",
-                                entity.name, entity.name
-                            ),
-                        )
-                    })?;
+                    let keys = self
+                        .entities
+                        .get(&entity.name)
+                        .ok_or_else(|| view_keys_missing(view))?;
                     let ks = entity_keys(entity, keys, limits)?;
                     views.push((view.clone(), ks, Vec::new()));
                     views.len() - 1
@@ -1458,11 +1474,7 @@ impl FeaturesRequest {
         }
         for name in names {
             if !views.iter().any(|(v, _, _)| &v.entity.name == name) {
-                return Err(ApiError::invalid(
-                    "unknown_entity",
-                    format!("entities.{name}"),
-                    format!("entities.{name}: none of the requested views is keyed by `{name}`"),
-                ));
+                return Err(entity_unused(name));
             }
         }
         Ok(FeaturesPlan { views })

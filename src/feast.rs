@@ -10,7 +10,6 @@
 //! (and the answer carries `x-hydrant-degraded: true`); no value because the store failed or held an
 //! unreadable record is `INVALID`.
 
-use std::fmt;
 use std::sync::Arc;
 
 use compact_str::CompactString;
@@ -18,9 +17,11 @@ use serde::de::IgnoredAny;
 use serde::ser::{SerializeMap, SerializeSeq, SerializeStruct};
 use serde::{Deserialize, Serialize, Serializer};
 
+use crate::clock::Rfc3339;
 use crate::config::LimitsConfig;
 use crate::decode::{
-    EntityKey, EntityKeys, Fields, Positional, key_string, unknown_view, unregistered_entity,
+    EntityKey, EntityKeys, Fields, Positional, check_key_count, entity_keys, entity_unused,
+    unknown_view, unregistered_entity, view_keys_missing,
 };
 use crate::encode::BodyWriter;
 use crate::error::ApiError;
@@ -145,17 +146,7 @@ impl OnlineFeaturesRequest {
             }
         }
 
-        let total: usize = self.entities.iter().map(|(_, k)| k.0.len()).sum();
-        if total > limits.max_entities {
-            return Err(ApiError::TooLarge {
-                code: "too_many_entities",
-                message: format!(
-                    "entities: {total} keys, the limit is {}",
-                    limits.max_entities
-                ),
-                field: Some("entities".to_owned()),
-            });
-        }
+        check_key_count(self.entities.iter().map(|(_, k)| k), limits)?;
         let mut rows: Option<(&str, usize)> = None;
         for (name, keys) in self.entities.iter() {
             if !registry.entities.contains_key(name) {
@@ -206,43 +197,25 @@ impl OnlineFeaturesRequest {
             let vi = match views.iter().position(|(v, _)| v.name == vname) {
                 Some(vi) => vi,
                 None => {
-                    let entity = &view.entity;
-                    let Some(keys) = self.entities.get(&entity.name) else {
-                        return Err(ApiError::invalid(
-                            "missing_entity",
-                            format!("entities.{}", entity.name),
-                            format!(
-                                "entities.{}: view `{vname}` is keyed by `{}`: send its keys",
-                                entity.name, entity.name
-                            ),
-                        ));
+                    let Some(keys) = self.entities.get(&view.entity.name) else {
+                        return Err(view_keys_missing(view));
                     };
-                    let keys = keys
-                        .0
-                        .iter()
-                        .enumerate()
-                        .map(|(j, k)| {
-                            key_string(
-                                entity,
-                                k,
-                                &format_args!("entities.{}[{j}]", entity.name),
-                                limits,
-                            )
-                        })
-                        .collect::<Result<Vec<_>, _>>()?;
-                    views.push((view.clone(), keys));
+                    views.push((view.clone(), entity_keys(&view.entity, keys, limits)?));
                     views.len() - 1
                 }
             };
-            let wanted: Vec<usize> = match fname {
-                None => (0..view.features.len()).collect(),
-                Some(f) => vec![view.feature_index(f).ok_or_else(|| {
-                    ApiError::invalid(
-                        "unknown_feature",
-                        &field,
-                        format!("{field}: view `{vname}` has no feature `{f}`"),
-                    )
-                })?],
+            let wanted = match fname {
+                None => 0..view.features.len(),
+                Some(f) => {
+                    let fi = view.feature_index(f).ok_or_else(|| {
+                        ApiError::invalid(
+                            "unknown_feature",
+                            &field,
+                            format!("{field}: view `{vname}` has no feature `{f}`"),
+                        )
+                    })?;
+                    fi..fi + 1
+                }
             };
             for fi in wanted {
                 if columns.iter().any(|&(v, f, _)| (v, f) == (vi, fi)) {
@@ -279,11 +252,7 @@ impl OnlineFeaturesRequest {
         }
         for (name, _) in self.entities.iter() {
             if !views.iter().any(|(v, _)| v.entity.name == name) {
-                return Err(ApiError::invalid(
-                    "unknown_entity",
-                    format!("entities.{name}"),
-                    format!("entities.{name}: none of the requested views is keyed by `{name}`"),
-                ));
+                return Err(entity_unused(name));
             }
         }
         Ok(OnlinePlan {
@@ -308,12 +277,6 @@ pub enum FieldStatus {
 
 /// One cell: the value (or `None` for null), its status and its event time.
 fn cell(resolved: &Resolved, feature: usize) -> (Option<&Value>, FieldStatus, i64) {
-    let event_ts = |r: &Resolved| {
-        r.entry
-            .as_ref()
-            .and_then(|e| e.found.as_ref())
-            .map_or(0, |f| f.event_ts_ms)
-    };
     match resolved.status {
         Status::Present | Status::Stale => match resolved.found() {
             Some(f) if !f.values[feature].is_null() => (
@@ -325,7 +288,15 @@ fn cell(resolved: &Resolved, feature: usize) -> (Option<&Value>, FieldStatus, i6
             None => (None, FieldStatus::NotFound, 0),
         },
         Status::NotFound => (None, FieldStatus::NotFound, 0),
-        Status::OutsideMaxAge => (None, FieldStatus::OutsideMaxAge, event_ts(resolved)),
+        // `found()` is for values to serve; the record is still there, and its time made it too old.
+        Status::OutsideMaxAge => {
+            let record = resolved.entry.as_ref().and_then(|e| e.found.as_ref());
+            (
+                None,
+                FieldStatus::OutsideMaxAge,
+                record.map_or(0, |f| f.event_ts_ms),
+            )
+        }
         Status::Defaulted => (None, FieldStatus::Invalid, 0),
     }
 }
@@ -483,67 +454,12 @@ impl Serialize for Cells<'_, '_> {
     }
 }
 
-/// Milliseconds since the epoch, written as protobuf's JSON writes a `Timestamp`: RFC 3339 in UTC,
-/// `1970-01-01T00:00:00Z`, with three fractional digits when there are milliseconds.
+/// An event time as protobuf's JSON writes a `Timestamp` ([`Rfc3339`]).
 #[derive(Clone, Copy)]
 struct Timestamp(i64);
 
-impl fmt::Display for Timestamp {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Protobuf's Timestamp spans years 1 to 9999.
-        const MIN: i64 = -62_135_596_800_000;
-        const MAX: i64 = 253_402_300_799_999;
-        let ms = self.0.clamp(MIN, MAX);
-        let days = ms.div_euclid(86_400_000);
-        let in_day = ms.rem_euclid(86_400_000);
-        let (year, month, day) = crate::clock::civil_from_days(days);
-        let (h, m, sec, milli) = (
-            in_day / 3_600_000,
-            in_day / 60_000 % 60,
-            in_day / 1000 % 60,
-            in_day % 1000,
-        );
-        write!(f, "{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{sec:02}")?;
-        if milli != 0 {
-            write!(f, ".{milli:03}")?;
-        }
-        f.write_str("Z")
-    }
-}
-
 impl Serialize for Timestamp {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn timestamps_read_back_as_the_same_instant() {
-        assert_eq!(Timestamp(0).to_string(), "1970-01-01T00:00:00Z");
-        assert_eq!(Timestamp(-1).to_string(), "1969-12-31T23:59:59.999Z");
-        assert_eq!(
-            Timestamp(1_709_164_800_000).to_string(),
-            "2024-02-29T00:00:00Z"
-        );
-        for ms in [
-            0,
-            1,
-            999,
-            86_399_999,
-            951_782_400_000,
-            1_792_749_917_250,
-            -86_400_001,
-            253_402_300_799_999,
-            -62_135_596_800_000,
-        ] {
-            let text = Timestamp(ms).to_string();
-            assert_eq!(crate::clock::rfc3339_ms(&text), Some(ms), "{text}");
-        }
-        assert_eq!(Timestamp(i64::MAX).to_string(), "9999-12-31T23:59:59.999Z");
-        assert_eq!(Timestamp(i64::MIN).to_string(), "0001-01-01T00:00:00Z");
+        s.collect_str(&Rfc3339(self.0))
     }
 }

@@ -18,10 +18,10 @@ use crate::decode::{FeaturesRequest, Format, PredictRequest, parse_body};
 use crate::encode::{BodyWriter, TimingsBody, respond};
 use crate::error::ApiError;
 use crate::feast::{OnlineBody, OnlineFeaturesRequest};
-use crate::hydrate::{Hydrator, Status};
+use crate::hydrate::{Hydrated, Hydrator, Status};
 use crate::infer::Engine;
 use crate::postprocess::{FeatureStatus, InputRows, Outputs, defaulted};
-use crate::schema::{Model, Registry};
+use crate::schema::{Model, Registry, View};
 use crate::telemetry::{Laps, Stage, Telemetry, Timings};
 use crate::value::Value;
 
@@ -47,6 +47,18 @@ impl Gateway {
         let limit = self.config.limits.request_timeout;
         let d = deadline_ms.map_or(limit, |ms| Duration::from_millis(ms).min(limit));
         started + d
+    }
+
+    /// Stage `hydrate`: the views' keys from the cache or the store, in the request's `hydrate` span.
+    async fn hydrate<K: AsRef<str>>(
+        &self,
+        lookups: &[(&Arc<View>, &[K])],
+        deadline: Instant,
+    ) -> Hydrated {
+        self.hydrator
+            .hydrate(lookups, deadline)
+            .instrument(tracing::debug_span!("hydrate"))
+            .await
     }
 
     pub fn engine(&self, model: &str) -> Result<&Arc<Engine>, ApiError> {
@@ -105,11 +117,7 @@ impl Gateway {
             .zip(&plan.keys)
             .map(|(v, k)| (v, k.as_slice()))
             .collect();
-        let hydrated = self
-            .hydrator
-            .hydrate(&lookups, deadline)
-            .instrument(tracing::debug_span!("hydrate"))
-            .await;
+        let hydrated = self.hydrate(&lookups, deadline).await;
         t.set(Stage::Hydrate, laps.lap());
 
         // assemble
@@ -221,11 +229,7 @@ impl Gateway {
             .iter()
             .map(|(v, k, _)| (v, k.as_slice()))
             .collect();
-        let hydrated = self
-            .hydrator
-            .hydrate(&lookups, deadline)
-            .instrument(tracing::debug_span!("hydrate"))
-            .await;
+        let hydrated = self.hydrate(&lookups, deadline).await;
         t.set(Stage::Hydrate, laps.lap());
 
         let mut columns: Vec<(String, Column)> = Vec::new();
@@ -264,9 +268,7 @@ impl Gateway {
         }
         Ok(respond(answer, w.finish(), &t))
     }
-}
 
-impl Gateway {
     /// `POST /get-online-features`: Feast's feature-server read ([`crate::feast`]). Timed in the stages
     /// of `/v1/features`; the timings go in `Server-Timing` only, since Feast's answer has no place for them.
     pub async fn online_features(
@@ -285,11 +287,7 @@ impl Gateway {
         t.set(Stage::Decode, laps.lap());
 
         let lookups: Vec<_> = plan.views.iter().map(|(v, k)| (v, k.as_slice())).collect();
-        let hydrated = self
-            .hydrator
-            .hydrate(&lookups, deadline)
-            .instrument(tracing::debug_span!("hydrate"))
-            .await;
+        let hydrated = self.hydrate(&lookups, deadline).await;
         t.set(Stage::Hydrate, laps.lap());
 
         let mut w = BodyWriter::new(answer, 2, 128 + plan.rows * (plan.columns.len() + 1) * 48);

@@ -238,7 +238,7 @@ impl PrefetchRequest {
                 "entities: expected at least one entity with keys, e.g. {\"user_id\": [\"u_1\"]}",
             ));
         }
-        check_key_count(&self.entities, limits)?;
+        check_key_count(self.entities.values(), limits)?;
         // In name order, so of several bad entities the same one is reported each time.
         let mut entities: Vec<(&String, &EntityKeys)> = self.entities.iter().collect();
         entities.sort_unstable_by(|a, b| a.0.cmp(b.0));

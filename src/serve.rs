@@ -170,8 +170,10 @@ pub async fn serve(
         let socket = Socket {
             stream: Some(stream),
             activity: activity.clone(),
-            permit,
-            open: Some(open_rx.clone()),
+            held: Some(Held {
+                _permit: permit,
+                _open: open_rx.clone(),
+            }),
         };
         let conn = http.serve_connection(
             TokioIo::new(socket),
@@ -181,7 +183,6 @@ pub async fn serve(
             }),
         );
         let mut stop = stop_rx.clone();
-        let open = open_rx.clone();
         let idle_timeout = limits.idle_timeout;
         tokio::spawn(async move {
             let mut conn = pin!(conn);
@@ -208,9 +209,8 @@ pub async fn serve(
                     drive_until(conn.as_mut(), HEAD_GRACE, || activity.quiet()).await;
                 }
             }
-            drop(open);
-            // Dropping `conn` drops the socket, which releases the connection's permit, at once or
-            // after lingering (see `Socket`).
+            // Dropping `conn` drops the socket, which releases what the connection holds (its permit,
+            // its place in the count a shutdown waits for), at once or after lingering (see `Socket`).
         });
     };
     let mut shutdown = pin!(shutdown);
@@ -490,11 +490,17 @@ struct Socket {
     /// `None` only once dropped.
     stream: Option<TcpStream>,
     activity: Arc<Activity>,
-    permit: Option<OwnedSemaphorePermit>,
-    /// [`serve`]'s count of open connections, held until the socket is closed, lingering included: a
-    /// shutdown waits for it, rather than ending the process and resetting the connection under a client
-    /// that has yet to read its answer.
-    open: Option<watch::Receiver<()>>,
+    /// `None` only once dropped.
+    held: Option<Held>,
+}
+
+/// What a connection holds until its socket is closed, lingering included.
+struct Held {
+    /// Its place under max_connections (none for a connection taken from the queue at shutdown).
+    _permit: Option<OwnedSemaphorePermit>,
+    /// A place in [`serve`]'s count of open connections, which a shutdown waits for, rather than ending
+    /// the process and resetting the connection under a client that has yet to read its answer.
+    _open: watch::Receiver<()>,
 }
 
 /// The longest a closing connection keeps reading what its client still sends.
@@ -564,16 +570,14 @@ impl tokio::io::AsyncWrite for Socket {
 
 impl Drop for Socket {
     fn drop(&mut self) {
-        let (Some(stream), permit, open) =
-            (self.stream.take(), self.permit.take(), self.open.take())
-        else {
+        let (Some(stream), held) = (self.stream.take(), self.held.take()) else {
             return;
         };
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
         if self.activity.linger.load(Relaxed) {
-            rt.spawn(linger(stream, (permit, open)));
+            rt.spawn(linger(stream, held));
             return;
         }
         // Bytes waiting unread (a head hyper refused, a pipelined request at shutdown) would turn the
@@ -584,16 +588,15 @@ impl Drop for Socket {
         };
         let unread = matches!(std.peek(&mut [0u8; 1]), Ok(n) if n > 0);
         if unread && let Ok(stream) = TcpStream::from_std(std) {
-            rt.spawn(linger(stream, (permit, open)));
+            rt.spawn(linger(stream, held));
         }
     }
 }
 
 /// Ends the write side (the client sees the answer end), then reads and discards what the client still
 /// sends until it ends its side, pauses for [`LINGER_QUIET`], or [`LINGER`] or [`LINGER_BYTES`] is
-/// reached. `held` (the connection's place under `max_connections`, and in [`serve`]'s count of open
-/// connections, which a shutdown waits for) is released once the socket is closed.
-async fn linger<T>(mut stream: TcpStream, held: T) {
+/// reached. `held` is released once the socket is closed.
+async fn linger(mut stream: TcpStream, held: Option<Held>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let until = tokio::time::Instant::now() + LINGER;
     let _ = stream.shutdown().await;
@@ -620,6 +623,19 @@ mod tests {
     use super::*;
 
     async fn start(limits: ConnLimits) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
+        let server = spawn_server(limits).await;
+        (server.addr, server.stop)
+    }
+
+    /// A test server: its address, the switch that shuts it down, and `serve`'s task.
+    struct Server {
+        addr: std::net::SocketAddr,
+        stop: tokio::sync::oneshot::Sender<()>,
+        task: tokio::task::JoinHandle<std::io::Result<()>>,
+    }
+
+    /// Serves `/` (`ok`), `POST /refuse` (a 413 given before the body is read) and `/slow` (a second).
+    async fn spawn_server(limits: ConnLimits) -> Server {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let router = Router::new()
@@ -642,11 +658,11 @@ mod tests {
                     "done"
                 }),
             );
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(serve(listener, router, limits, async {
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(serve(listener, router, limits, async {
             let _ = rx.await;
         }));
-        (addr, tx)
+        Server { addr, stop, task }
     }
 
     /// Sends one GET on `s` and reads the answer's status line.
@@ -891,22 +907,11 @@ mod tests {
     /// process under it would reset the connection, and the client, still writing, would lose the answer.
     #[tokio::test]
     async fn shutdown_waits_for_a_lingering_connection() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let router = Router::new().route(
-            "/refuse",
-            axum::routing::post(|| async {
-                (
-                    axum::http::StatusCode::PAYLOAD_TOO_LARGE,
-                    [(CONNECTION, "close")],
-                    "too large",
-                )
-            }),
-        );
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(serve(listener, router, ConnLimits::default(), async {
-            let _ = rx.await;
-        }));
+        let Server {
+            addr,
+            stop: tx,
+            task: server,
+        } = spawn_server(ConnLimits::default()).await;
         let mut a = TcpStream::connect(addr).await.expect("connect");
         a.write_all(b"POST /refuse HTTP/1.1\r\nhost: x\r\ncontent-length: 100000000\r\n\r\n")
             .await
@@ -939,19 +944,15 @@ mod tests {
     /// max_connections) gets its request answered, not a reset.
     #[tokio::test]
     async fn shutdown_answers_connections_still_in_the_accept_queue() {
-        let listener = listen("127.0.0.1:0".parse().expect("addr"))
-            .await
-            .expect("listen");
-        let addr = listener.local_addr().expect("addr");
-        let router = Router::new().route("/", axum::routing::get(|| async { "ok" }));
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let limits = ConnLimits {
+        let Server {
+            addr,
+            stop: tx,
+            task: server,
+        } = spawn_server(ConnLimits {
             idle_timeout: Duration::from_secs(30),
             max_connections: 1,
-        };
-        let server = tokio::spawn(serve(listener, router, limits, async {
-            let _ = rx.await;
-        }));
+        })
+        .await;
         let mut held = TcpStream::connect(addr).await.expect("connect");
         assert_eq!(get(&mut held).await, "HTTP/1.1 200 OK");
         let mut queued = Vec::new();
