@@ -2,8 +2,9 @@
 # Checks the CUDA path on a machine with an NVIDIA GPU, then measures it beside the CPU:
 #   1. tests/gpu.rs with TEST_HAS_CUDA=1: cuda scores equal cpu scores (alone and batched), V2 infer,
 #      and `device: auto` choosing the GPU;
-#   2. the ranking scenario at each rate in RATES, with the ctr model on cpu and then on cuda, one
-#      after the other on the same machine over the embedded store, and a table of both.
+#   2. the ranking scenario at each rate in RATES, for each model in MODELS (default: the demo ctr and
+#      the benchmark-only ctr_wide, loadtest/bench/ctr_wide.onnx) on cpu and then on cuda, one after
+#      the other on the same machine over the embedded store, and a table of all of them.
 # Needs the onnxruntime-gpu libraries in .ort/lib (`make ort-gpu`) and CUDA 13 with cuDNN 9, from the
 # system or from pip's nvidia-* packages (found through python3 and put on LD_LIBRARY_PATH).
 #   scripts/check-gpu.sh                              builds with cargo
@@ -13,7 +14,7 @@
 # inference.default_sessions (default: one per core).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rates="${RATES:-200 1000}" secs="${DURATION_S:-15}"
+rates="${RATES:-200 1000}" secs="${DURATION_S:-15}" models="${MODELS:-ctr ctr_wide}"
 [ -f .ort/lib/libonnxruntime_providers_cuda.so ] ||
   { echo "no CUDA provider in .ort/lib: run \`make ort-gpu\` first" >&2; exit 2; }
 source scripts/lib.sh
@@ -44,37 +45,47 @@ else
   TEST_HAS_CUDA=1 cargo test --release --test gpu -- --test-threads 1 --nocapture
 fi
 
-echo "== ranking, cpu then cuda, at ${rates// /, } requests/s for ${secs}s each" >&2
+echo "== ranking, cpu then cuda, models: $models, at ${rates// /, } requests/s for ${secs}s each" >&2
 export HYDRANT_STORE__EMBEDDED__PATH="$work/store.redb" HYDRANT_TELEMETRY__LOG_LEVEL=warn
 "$bin/hydrant" load --view user_profile demo/rows/user_profile.jsonl >/dev/null
 "$bin/hydrant" load --view item_stats demo/rows/item_stats.jsonl >/dev/null
 out=target/loadtest/gpu
-for device in cpu cuda; do
-  cp -r schemas "$work/schemas-$device"
-  sed -i "s/^device: cpu/device: $device/" "$work/schemas-$device/ctr.yaml"
-  port="$(free_port)"
-  HYDRANT_REGISTRY__SCHEMAS="$work/schemas-$device" HYDRANT_SERVER__BIND="127.0.0.1:$port" \
-    "$bin/hydrant" serve >"$work/hydrant-$device.log" 2>&1 &
-  pid=$!
-  pids+=("$pid")
-  wait_ready "$port" "$work/hydrant-$device.log"
-  curl -sf "http://127.0.0.1:$port/v2/models/ctr" | grep -q "\"device\":\"$device\"" ||
-    { echo "the gateway did not put ctr on $device:" >&2; cat "$work/hydrant-$device.log" >&2; exit 1; }
-  for rate in $rates; do
-    sed "s/^rate = .*/rate = $rate/" loadtest/scenarios/ranking.toml >"$work/ranking-$rate.toml"
-    "$bin/loadtest" run "$work/ranking-$rate.toml" --target "http://127.0.0.1:$port" \
-      --duration-s "$secs" --quiet --out-dir "$out/$device" >/dev/null
+for model in $models; do
+  for device in cpu cuda; do
+    dir="$work/schemas-$model-$device"
+    mkdir -p "$dir"
+    cp schemas/*.yaml "$dir/"
+    if [ "$model" = ctr_wide ]; then
+      sed -e 's/^name: ctr$/name: ctr_wide/' -e "s|^file: ctr.onnx .*|file: $PWD/loadtest/bench/ctr_wide.onnx|" \
+        schemas/ctr.yaml >"$dir/ctr_wide.yaml"
+    fi
+    sed -i "s/^device: cpu/device: $device/" "$dir"/*.yaml
+    port="$(free_port)"
+    HYDRANT_REGISTRY__SCHEMAS="$dir" HYDRANT_SERVER__BIND="127.0.0.1:$port" \
+      "$bin/hydrant" serve >"$work/hydrant-$model-$device.log" 2>&1 &
+    pid=$!
+    pids+=("$pid")
+    wait_ready "$port" "$work/hydrant-$model-$device.log"
+    curl -sf "http://127.0.0.1:$port/v2/models/$model" | grep -q "\"device\":\"$device\"" ||
+      { echo "the gateway did not put $model on $device:" >&2; cat "$work/hydrant-$model-$device.log" >&2; exit 1; }
+    for rate in $rates; do
+      sed -e "s/^rate = .*/rate = $rate/" -e "s/^model = .*/model = \"$model\"/" loadtest/scenarios/ranking.toml \
+        >"$work/ranking-$rate.toml"
+      "$bin/loadtest" run "$work/ranking-$rate.toml" --target "http://127.0.0.1:$port" \
+        --duration-s "$secs" --quiet --out-dir "$out/$model-$device" >/dev/null
+    done
+    kill "$pid" && wait "$pid" 2>/dev/null || true
   done
-  kill "$pid" && wait "$pid" 2>/dev/null || true
 done
-python3 - "$out" $rates <<'PY'
+python3 - "$out" "$models" $rates <<'PY'
 import json, sys
-out, rates = sys.argv[1], sys.argv[2:]
-print(f"{'device':<7}{'rate':>6}{'achieved':>10}{'p50 µs':>9}{'p99 µs':>9}{'infer p99':>11}{'queue p99':>11}{'errors':>8}")
-for device in ("cpu", "cuda"):
-    for rate in rates:
-        r = json.load(open(f"{out}/{device}/ranking-{rate}.json"))
-        s = r["stages_p99_us"]
-        print(f"{device:<7}{rate:>6}{r['achieved_rps']:>10.0f}{r['p50_us']:>9}{r['p99_us']:>9}"
-              f"{s.get('infer', 0):>11}{s.get('queue', 0):>11}{r['errors']:>8}")
+out, models, rates = sys.argv[1], sys.argv[2].split(), sys.argv[3:]
+print(f"{'model':<10}{'device':<7}{'rate':>6}{'achieved':>10}{'p50 µs':>9}{'p99 µs':>9}{'infer p99':>11}{'queue p99':>11}{'errors':>8}")
+for model in models:
+    for device in ("cpu", "cuda"):
+        for rate in rates:
+            r = json.load(open(f"{out}/{model}-{device}/ranking-{rate}.json"))
+            s = r["stages_p99_us"]
+            print(f"{model:<10}{device:<7}{rate:>6}{r['achieved_rps']:>10.0f}{r['p50_us']:>9}{r['p99_us']:>9}"
+                  f"{s.get('infer', 0):>11}{s.get('queue', 0):>11}{r['errors']:>8}")
 PY
