@@ -139,6 +139,9 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/v2", get(server_metadata))
         .route("/v1/prefetch", routed(prefetch))
         .route("/v1/views/{view}/rows", routed(write_rows))
+        .route("/v1/schemas", get(schemas))
+        .route("/v1/schemas/{kind}/{name}", get(schema_document))
+        .route("/v1/schemas:validate", routed(validate_schemas))
         .route("/v2/health/live", get(live))
         .route("/v2/health/ready", get(ready))
         .route("/v2/models/{model}", get(model_metadata))
@@ -230,6 +233,71 @@ async fn online_features(
     gw.online_features(r.format, &r.headers, &r.body).await
 }
 
+/// `GET /v1/schemas`: what is registered, by kind and name.
+async fn schemas(State(gw): State<Arc<Gateway>>) -> Json<serde_json::Value> {
+    Json(crate::proposal::listing(&gw.registry))
+}
+
+/// `GET /v1/schemas/{kind}/{name}`: one registered document as written, with where it came from.
+async fn schema_document(
+    State(gw): State<Arc<Gateway>>,
+    req: Request,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let kind = path_segment(req.uri(), 3);
+    let name = path_segment(req.uri(), 4);
+    crate::proposal::document(&gw.registry, &kind, &name).map(Json)
+}
+
+/// `POST /v1/schemas:validate`: one or more YAML documents checked against the running registry, and
+/// nothing registered (see [`crate::proposal`]).
+async fn validate_schemas(
+    gw: Arc<Gateway>,
+    req: Request,
+    body_read: Option<BodyRead>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let r = split_as(req, body_read, &gw, yaml_type).await?;
+    crate::proposal::check_size(&r.body)?;
+    // YAML allows a byte order mark at the start of the stream; the parser would read it as content.
+    let body = r.body.strip_prefix(b"\xef\xbb\xbf").unwrap_or(&r.body);
+    let text = match std::str::from_utf8(body) {
+        Ok(text) => text.to_owned(),
+        Err(e) => {
+            return Err(ApiError::Malformed {
+                code: "invalid_body",
+                message: format!(
+                    "the schema is not UTF-8 text: {e}; send YAML documents, as in schemas/*.yaml"
+                ),
+                field: None,
+            });
+        }
+    };
+    let changes = crate::proposal::check_for(&gw, text).await?;
+    Ok(Json(json!({"valid": true, "documents": changes})))
+}
+
+/// The schema route's `Content-Type`: YAML, or JSON or text read as YAML, or none; the answer is JSON.
+fn yaml_type(headers: &HeaderMap) -> Result<Format, ApiError> {
+    let Some(text) = crate::decode::content_type(headers)? else {
+        return Ok(Format::Json);
+    };
+    let media = text.split(';').next().unwrap_or("").trim();
+    let yaml = [
+        "application/yaml",
+        "application/x-yaml",
+        "text/yaml",
+        "text/x-yaml",
+        "application/json",
+        "text/plain",
+    ]
+    .iter()
+    .any(|t| media.eq_ignore_ascii_case(t));
+    if yaml {
+        Ok(Format::Json)
+    } else {
+        Err(ApiError::UnsupportedSchemaType(text.to_owned()))
+    }
+}
+
 /// A request's headers, URI and body, owned, for the handlers to borrow from (the `HeaderMap` and
 /// `Path<String>` extractors would copy the headers and the path segment on every request), and the
 /// body's format.
@@ -251,6 +319,16 @@ async fn split(
     req: Request,
     body_read: Option<BodyRead>,
     gw: &Gateway,
+) -> Result<Received, ApiError> {
+    split_as(req, body_read, gw, Format::of_request).await
+}
+
+/// [`split`], with the body's `Content-Type` checked by `format_of`, which answers the answer's format.
+async fn split_as(
+    req: Request,
+    body_read: Option<BodyRead>,
+    gw: &Gateway,
+    format_of: fn(&HeaderMap) -> Result<Format, ApiError>,
 ) -> Result<Received, ApiError> {
     let limits = &gw.config.limits;
     // A body declared larger than the limit is refused at once, not after waiting for it.
@@ -307,7 +385,7 @@ async fn split(
     }
     // Refused before the body is read: a client that sent `Expect: 100-continue` gets the 415 instead
     // of a 100 and then the 415.
-    let format = Format::of_request(req.headers())?;
+    let format = format_of(req.headers())?;
     let (parts, body) = req.into_parts();
     if let Some(b) = &body_read {
         b.start();
@@ -479,18 +557,13 @@ async fn model_ready(State(gw): State<Arc<Gateway>>, uri: Uri) -> Response {
 }
 
 async fn method_not_allowed(req: Request) -> Response {
-    // The router answers 405 only for a path one of its routes has; which one follows from the path's
-    // shape (a model or view name can be anything, so its position decides, not its text).
+    // The router answers 405 only for a path one of its routes has, and names that route: the routes
+    // that read a body are the `POST` ones, the rest are `GET`.
     let path = req.uri().path();
-    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    let post = matches!(
-        segments.as_slice(),
-        ["v1", "models", _, "predict"]
-            | ["v1", "views", _, "rows"]
-            | ["v2", "models", _, "infer"]
-            | ["v1", "features"]
-            | ["v1", "prefetch"]
-    );
+    let post = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .is_some_and(|route| crate::middleware::reads_body(route.as_str()));
     ApiError::MethodNotAllowed {
         method: req.method().to_string(),
         path: path.to_owned(),

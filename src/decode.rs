@@ -52,21 +52,9 @@ impl Format {
 
     /// The request's format from `Content-Type` (absent means JSON).
     pub fn of_request(headers: &HeaderMap) -> Result<Self, ApiError> {
-        let mut types = headers.get_all(header::CONTENT_TYPE).iter();
-        match (types.next(), types.next()) {
-            (None, _) => Ok(Self::Json),
-            (Some(v), None) => {
-                let s = v.to_str().unwrap_or("");
-                Self::parse(s).ok_or_else(|| ApiError::UnsupportedMediaType(s.to_owned()))
-            }
-            (Some(_), Some(_)) => Err(ApiError::ConflictingContentTypes(
-                headers
-                    .get_all(header::CONTENT_TYPE)
-                    .iter()
-                    .map(|v| String::from_utf8_lossy(v.as_bytes()))
-                    .collect::<Vec<_>>()
-                    .join("`, `"),
-            )),
+        match content_type(headers)? {
+            None => Ok(Self::Json),
+            Some(s) => Self::parse(s).ok_or_else(|| ApiError::UnsupportedMediaType(s.to_owned())),
         }
     }
 
@@ -1315,6 +1303,35 @@ fn unknown_entity(model: &Model, field: &str, name: &str) -> ApiError {
     )
 }
 
+/// The request's one `Content-Type` (`""` when it is not visible ASCII), `None` when it has none; two
+/// or more are refused, since which one to believe would be a guess.
+pub fn content_type(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+    let mut types = headers.get_all(header::CONTENT_TYPE).iter();
+    match (types.next(), types.next()) {
+        (None, _) => Ok(None),
+        (Some(v), None) => Ok(Some(v.to_str().unwrap_or(""))),
+        (Some(_), Some(_)) => Err(ApiError::ConflictingContentTypes(
+            headers
+                .get_all(header::CONTENT_TYPE)
+                .iter()
+                .map(|v| String::from_utf8_lossy(v.as_bytes()))
+                .collect::<Vec<_>>()
+                .join("`, `"),
+        )),
+    }
+}
+
+/// The index of feature `name` in `view`, else 400 `unknown_feature` at `field` (`features[2]`).
+pub fn feature_of(view: &View, name: &str, field: &str) -> Result<usize, ApiError> {
+    view.feature_index(name).ok_or_else(|| {
+        ApiError::invalid(
+            "unknown_feature",
+            field,
+            format!("{field}: view `{}` has no feature `{name}`", view.name),
+        )
+    })
+}
+
 /// 400 `missing_entity`: the request asks for `view` but sends no keys of its entity.
 pub fn view_keys_missing(view: &View) -> ApiError {
     let entity = &view.entity.name;
@@ -1456,16 +1473,7 @@ impl FeaturesRequest {
             let wanted = &mut views[idx].2;
             match fname {
                 None => wanted.extend(0..view.features.len()),
-                Some(f) => {
-                    let fi = view.feature_index(f).ok_or_else(|| {
-                        ApiError::invalid(
-                            "unknown_feature",
-                            &field,
-                            format!("{field}: view `{vname}` has no feature `{f}`"),
-                        )
-                    })?;
-                    wanted.push(fi);
-                }
+                Some(f) => wanted.push(feature_of(view, f, &field)?),
             }
         }
         for (_, _, wanted) in &mut views {

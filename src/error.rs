@@ -75,6 +75,14 @@ pub enum ApiError {
     BodyTimeout(String),
     #[error("{0}")]
     NotReady(String),
+    /// A schema sent to `POST /v1/schemas:validate` in a type that is not YAML (or JSON, or text).
+    #[error(
+        "unsupported content type `{0}`: send the schema as `application/yaml` (`application/json` and `text/plain` are read as YAML too)"
+    )]
+    UnsupportedSchemaType(String),
+    /// A schema that fails validation (422): every problem, each with its file and path.
+    #[error("{}", summary(.0))]
+    InvalidSchema(crate::schema::SchemaErrors),
     /// A bug or an unexpected failure: logged with its cause, answered generically.
     #[error("internal error: {0}")]
     Internal(String),
@@ -91,6 +99,24 @@ struct Detail<'a> {
     message: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     field: Option<&'a str>,
+    /// An invalid schema's problems, all of them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    problems: Vec<Problem<'a>>,
+}
+
+#[derive(Serialize)]
+struct Problem<'a> {
+    file: String,
+    path: &'a str,
+    message: &'a str,
+}
+
+/// `N schema problem(s); the first: FILE: PATH: MESSAGE`.
+fn summary(errors: &crate::schema::SchemaErrors) -> String {
+    match errors.0.first() {
+        Some(first) => format!("{} schema problem(s); the first: {first}", errors.0.len()),
+        None => "the schema is not valid".to_owned(),
+    }
 }
 
 impl ApiError {
@@ -113,8 +139,10 @@ impl ApiError {
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType(_)
+            | Self::UnsupportedSchemaType(_)
             | Self::ConflictingContentTypes(_)
             | Self::UnsupportedEncoding(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::InvalidSchema(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::NotAcceptable(_) => StatusCode::NOT_ACCEPTABLE,
             Self::UnsupportedTransferCoding(_) => StatusCode::NOT_IMPLEMENTED,
             Self::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -134,8 +162,10 @@ impl ApiError {
             | Self::NotFound { code, .. }
             | Self::TooLarge { code, .. } => code,
             Self::UnsupportedMediaType(_)
+            | Self::UnsupportedSchemaType(_)
             | Self::ConflictingContentTypes(_)
             | Self::UnsupportedEncoding(_) => "unsupported_media_type",
+            Self::InvalidSchema(_) => "invalid_schema",
             Self::NotAcceptable(_) => "not_acceptable",
             Self::UnsupportedTransferCoding(_) => "unsupported_transfer_coding",
             Self::Overloaded(_) => "overloaded",
@@ -154,6 +184,12 @@ impl ApiError {
             Self::Malformed { field, .. }
             | Self::Invalid { field, .. }
             | Self::TooLarge { field, .. } => field.as_deref(),
+            // The field is the request's: a first problem in a registered file has none.
+            Self::InvalidSchema(errors) => errors
+                .0
+                .first()
+                .filter(|e| e.file.as_os_str() == crate::proposal::ORIGIN && !e.path.is_empty())
+                .map(|e| e.path.as_str()),
             _ => None,
         }
     }
@@ -217,6 +253,18 @@ impl ApiError {
                     code: self.code(),
                     message: &message,
                     field: self.field(),
+                    problems: match &self {
+                        Self::InvalidSchema(errors) => errors
+                            .0
+                            .iter()
+                            .map(|e| Problem {
+                                file: e.file.display().to_string(),
+                                path: &e.path,
+                                message: &e.message,
+                            })
+                            .collect(),
+                        _ => Vec::new(),
+                    },
                 },
             }),
             Shape::V2 => serde_json::to_vec(&serde_json::json!({ "error": message })),

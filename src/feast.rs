@@ -207,13 +207,7 @@ impl OnlineFeaturesRequest {
             let wanted = match fname {
                 None => 0..view.features.len(),
                 Some(f) => {
-                    let fi = view.feature_index(f).ok_or_else(|| {
-                        ApiError::invalid(
-                            "unknown_feature",
-                            &field,
-                            format!("{field}: view `{vname}` has no feature `{f}`"),
-                        )
-                    })?;
+                    let fi = crate::decode::feature_of(view, f, &field)?;
                     fi..fi + 1
                 }
             };

@@ -184,6 +184,29 @@ pub struct Engine {
 }
 
 impl Engine {
+    /// Runs start-up's checks on `model` without serving it: one session is opened on its device (the
+    /// file, the input and outputs, the binding's width, the trial runs and the row of defaults), then
+    /// dropped. Answers the device it ran on. Blocking: call it off the async executor.
+    pub fn check(
+        env: &Environment,
+        model: &Model,
+        cfg: &InferenceConfig,
+    ) -> Result<&'static str, InferError> {
+        let load_err = |message: String| InferError::Load {
+            model: model.name.clone(),
+            schema: model.file.clone(),
+            path: model.path.clone(),
+            message,
+        };
+        let prepacked = PrepackedWeights::new();
+        let (mut session, device) =
+            open_session(env, model, cfg.intra_threads, &prepacked).map_err(load_err)?;
+        let info = inspect(&session, model, device, 1).map_err(load_err)?;
+        trial_run(&mut session, &info, model.width).map_err(load_err)?;
+        fallback_run(&mut session, &info, model).map_err(load_err)?;
+        Ok(device)
+    }
+
     /// Loads the model into its session pool and starts the workers. Fails, naming the file, when the file
     /// is missing or not ONNX, when the binding does not fit the model's input, or when the device cannot be
     /// used.

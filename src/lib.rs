@@ -29,7 +29,8 @@
 //! - [`store`]: the storage backends (Redis, embedded redb file) behind the `Store` trait, and the
 //!   invalidations replicas send each other through it; [`value`]: feature values and the stored record
 //!   format.
-//! - [`schema`]: the schema registry: parsing, validation and compilation of entities, views and models.
+//! - [`schema`]: the schema registry: parsing, validation and compilation of entities, views and models;
+//!   [`proposal`]: a proposed change checked against the running registry (`POST /v1/schemas:validate`).
 //! - [`oip`]: the Open Inference Protocol (KServe V2) infer endpoint, raw tensors without hydration.
 //! - [`feast`]: Feast's feature-server read (`POST /get-online-features`), for clients switching from Feast.
 //! - [`loader`]: writing feature rows: the bulk loader (JSON Lines, CSV) and the rows API, write-through.
@@ -57,6 +58,7 @@ pub mod observe;
 pub mod oip;
 pub mod postprocess;
 pub mod prefetch;
+pub mod proposal;
 pub mod schema;
 pub mod serve;
 pub mod store;

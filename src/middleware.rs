@@ -310,8 +310,8 @@ fn declares_body(headers: &HeaderMap) -> bool {
             .is_some_and(|v| v.as_bytes() != b"0")
 }
 
-/// Whether `route` (a [`route_label`]) reads a request body.
-fn reads_body(route: &str) -> bool {
+/// Whether `route` (a [`route_label`]) reads a request body: the `POST` routes, every one of them.
+pub(crate) fn reads_body(route: &str) -> bool {
     matches!(
         route,
         "/v1/models/{model}/predict"
@@ -320,6 +320,7 @@ fn reads_body(route: &str) -> bool {
             | "/v1/prefetch"
             | "/v1/views/{view}/rows"
             | "/get-online-features"
+            | "/v1/schemas:validate"
     )
 }
 
@@ -340,6 +341,9 @@ fn route_label(req: &Request) -> &'static str {
         Some("/v1/prefetch") => "/v1/prefetch",
         Some("/v1/views/{view}/rows") => "/v1/views/{view}/rows",
         Some("/get-online-features") => "/get-online-features",
+        Some("/v1/schemas") => "/v1/schemas",
+        Some("/v1/schemas/{kind}/{name}") => "/v1/schemas/{kind}/{name}",
+        Some("/v1/schemas:validate") => "/v1/schemas:validate",
         Some(_) => "other",
         None => "unmatched",
     }

@@ -389,6 +389,58 @@ pub struct Registry {
     pub entities: HashMap<String, Entity>,
     pub views: HashMap<String, Arc<View>>,
     pub models: HashMap<String, Arc<Model>>,
+    /// The documents as written, in file order: what `GET /v1/schemas/...` shows, and what a proposed
+    /// change is compiled beside ([`crate::proposal`]).
+    pub documents: Vec<Document>,
+}
+
+/// The three kinds of schema document.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    Entity,
+    View,
+    Model,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Entity => "entity",
+            Self::View => "view",
+            Self::Model => "model",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "entity" => Some(Self::Entity),
+            "view" => Some(Self::View),
+            "model" => Some(Self::Model),
+            _ => None,
+        }
+    }
+}
+
+/// One schema document as written.
+#[derive(Debug, Clone)]
+pub struct Document {
+    pub kind: Kind,
+    pub name: String,
+    pub file: PathBuf,
+    /// Its position in the file, from 0, counting empty documents (as `document N:` in errors does).
+    pub index: usize,
+    /// The whole document, `kind` included.
+    pub body: serde_yaml::Value,
+}
+
+impl Registry {
+    /// The document that defined `name` of `kind`.
+    pub fn document(&self, kind: Kind, name: &str) -> Option<&Document> {
+        self.documents
+            .iter()
+            .find(|d| d.kind == kind && d.name == name)
+    }
 }
 
 /// For a message about a relative path that could not be read: where it was looked for.
@@ -456,6 +508,7 @@ impl Registry {
         let mut entities = Vec::new();
         let mut views = Vec::new();
         let mut models = Vec::new();
+        let mut written = Vec::new();
         for (file, text) in sources {
             // A file with no document at all (empty, or only comments) is most likely one saved before
             // it was written: said, rather than skipped.
@@ -495,6 +548,18 @@ impl Registry {
                     broken.unread(file);
                     continue;
                 };
+                if let (Some(kind), Some(name)) = (
+                    Kind::parse(&kind),
+                    value.get("name").and_then(|n| n.as_str()),
+                ) {
+                    written.push(Document {
+                        kind,
+                        name: name.to_owned(),
+                        file: file.clone(),
+                        index: i,
+                        body: value.clone(),
+                    });
+                }
                 let mut body = value;
                 if let Some(m) = body.as_mapping_mut() {
                     m.remove("kind");
@@ -536,7 +601,10 @@ impl Registry {
             }
         }
 
-        let mut reg = Registry::default();
+        let mut reg = Registry {
+            documents: written,
+            ..Registry::default()
+        };
         // Where each name was first defined, for "defined twice" messages that name both places.
         let mut first: HashMap<(&str, String), String> = HashMap::new();
         let mut twice = |errs: &mut Errs,

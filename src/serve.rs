@@ -679,6 +679,25 @@ mod tests {
             .to_owned()
     }
 
+    /// Waits (5 s at most, else panics with `what`) for `serve`'s task to return `Ok`.
+    async fn returns(task: tokio::task::JoinHandle<std::io::Result<()>>, what: &str) {
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .unwrap_or_else(|_| panic!("{what}"))
+            .expect("join")
+            .expect("serve");
+    }
+
+    /// Reads `s` until the server closes it (5 s at most): the whole answer.
+    async fn answer(s: &mut TcpStream, what: &str) -> String {
+        let mut answer = String::new();
+        tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut answer))
+            .await
+            .expect("closed in time")
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        answer
+    }
+
     /// Reads until the server closes the connection; how long that took.
     async fn closed_after(s: &mut TcpStream) -> Duration {
         let t = Instant::now();
@@ -848,11 +867,7 @@ mod tests {
         );
         assert!(closed_after(&mut idle).await < Duration::from_secs(5));
         assert!(closed_after(&mut partial).await < Duration::from_secs(2));
-        tokio::time::timeout(Duration::from_secs(5), server)
-            .await
-            .expect("serve returns once every connection closed")
-            .expect("join")
-            .expect("serve");
+        returns(server, "serve returns once every connection closed").await;
         assert!(
             TcpStream::connect(addr).await.is_err(),
             "no longer accepting"
@@ -886,21 +901,13 @@ mod tests {
         }
         let _ = tx.send(());
         for (i, s) in conns.iter_mut().enumerate() {
-            let mut answer = String::new();
-            tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut answer))
-                .await
-                .expect("closed in time")
-                .expect("read");
+            let answer = answer(s, "read").await;
             assert!(
                 answer.starts_with("HTTP/1.1 200 OK") && answer.ends_with("ok"),
                 "connection {i}: {answer:?}"
             );
         }
-        tokio::time::timeout(Duration::from_secs(5), server)
-            .await
-            .expect("serve returns")
-            .expect("join")
-            .expect("serve");
+        returns(server, "serve returns").await;
     }
 
     /// A shutdown waits for a connection that is still reading and discarding a refused body: ending the
@@ -933,11 +940,7 @@ mod tests {
         }
         assert_eq!(a.read(&mut buf).await.expect("read"), 0);
         drop(a);
-        tokio::time::timeout(Duration::from_secs(5), server)
-            .await
-            .expect("serve returns once the lingering connection closed")
-            .expect("join")
-            .expect("serve");
+        returns(server, "serve returns once the lingering connection closed").await;
     }
 
     /// A connection the kernel had queued when the shutdown began (here: waiting for a place under
@@ -966,22 +969,14 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let _ = tx.send(());
         for (i, s) in queued.iter_mut().enumerate() {
-            let mut answer = String::new();
-            tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut answer))
-                .await
-                .expect("closed in time")
-                .unwrap_or_else(|e| panic!("queued connection {i}: {e}"));
+            let answer = answer(s, &format!("queued connection {i}")).await;
             assert!(
                 answer.starts_with("HTTP/1.1 200 OK") && answer.ends_with("ok"),
                 "queued connection {i}: {answer:?}"
             );
         }
         assert!(closed_after(&mut held).await < Duration::from_secs(5));
-        tokio::time::timeout(Duration::from_secs(5), server)
-            .await
-            .expect("serve returns")
-            .expect("join")
-            .expect("serve");
+        returns(server, "serve returns").await;
     }
 
     /// A request head is buffered up to MAX_HEAD_BYTES; past it the answer is 431, not more memory.

@@ -191,6 +191,18 @@ async fn mutated_requests_get_2xx_or_a_named_4xx_and_change_nothing() {
                    "feature_service": "ctr", "full_feature_names": true, "request_context": {}}),
             true,
         ),
+        // A schema change, dry run: JSON is read as YAML. A valid mutation loads ctr once to check it.
+        (
+            "/v1/schemas:validate",
+            json!({"kind": "view", "name": "user_profile", "version": 2, "entity": "user_id",
+                   "max_age": "365d", "cache": {"ttl": "10m", "refresh_after": "2m"},
+                   "features": [{"name": "age", "dtype": "int64", "default": 30},
+                                {"name": "country", "dtype": "string", "default": "unknown"},
+                                {"name": "is_premium", "dtype": "bool", "default": false},
+                                {"name": "avg_session_minutes", "dtype": "float32", "default": 10.0},
+                                {"name": "embedding", "dtype": "float32[4]", "default": [0, 0, 0, 0]}]}),
+            false,
+        ),
     ];
     let writes: Vec<(&str, Json, bool)> = vec![
         (

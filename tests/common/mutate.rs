@@ -72,6 +72,16 @@ pub const REQUEST_NAMES: &[&str] = &[
     "full_feature_names",
     "request_context",
     "ctr",
+    "kind",
+    "view",
+    "version",
+    "entity",
+    "dtype",
+    "default",
+    "max_age",
+    "cache",
+    "ttl",
+    "float32[4]",
     "",
 ];
 

@@ -1,0 +1,680 @@
+//! A proposed schema change, checked against the running registry without registering anything
+//! (`POST /v1/schemas:validate`).
+//!
+//! The submitted documents are compiled beside the registered ones, a submitted document taking the
+//! place of the registered one of the same kind and name, so a change is checked with everything that
+//! names it. The result is then compared with what runs: versions only go up, a view whose features
+//! change needs a new version, and a feature whose dtype changes under a running model needs a new
+//! version of that model in the same change. Last, every model the change touches is loaded once, as
+//! start-up would load it: its file, its inputs and outputs, the binding's width, the trial runs.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::Relaxed;
+
+use ort::environment::Environment;
+use serde::{Deserialize as _, Serialize};
+use serde_json::json;
+
+use crate::config::InferenceConfig;
+use crate::error::ApiError;
+use crate::gateway::Gateway;
+use crate::infer::{Engine, InferError};
+use crate::schema::{
+    Document, Feature, Kind, Model, Registry, SchemaError, SchemaErrors, Slot, Source, View,
+};
+
+/// The name messages give the request's documents.
+pub const ORIGIN: &str = "request body";
+
+/// Largest schema body: a thousand-feature view is about 60 KiB.
+pub const MAX_BODY_BYTES: usize = 128 << 10;
+
+/// Most `[` and `{` in a schema body. The YAML parser's cost grows with the tokens times the nesting
+/// of flow collections (`[[[...]]]`): a body nested 200,000 deep kept a core busy for minutes. The
+/// brackets are counted before parsing, inside quoted strings too. With this many and the size limit,
+/// the worst body (all of them open, then 65,000 tokens) took 0.25-0.45 s to check on the 2-core
+/// development machine.
+pub const MAX_BRACKETS: usize = 512;
+
+/// Refuses a body too large or holding too many flow brackets to parse in bounded time.
+pub fn check_size(body: &[u8]) -> Result<(), ApiError> {
+    if body.len() > MAX_BODY_BYTES {
+        return Err(ApiError::TooLarge {
+            code: "schema_too_large",
+            message: format!(
+                "the schema body is {} bytes, more than the {MAX_BODY_BYTES} a check takes: send fewer documents at a time",
+                body.len()
+            ),
+            field: None,
+        });
+    }
+    let brackets = body.iter().filter(|b| matches!(b, b'[' | b'{')).count();
+    if brackets > MAX_BRACKETS {
+        return Err(ApiError::TooLarge {
+            code: "schema_too_large",
+            message: format!(
+                "the schema body holds {brackets} `[` and `{{`, more than the {MAX_BRACKETS} a check takes (quoted ones count too): send fewer documents at a time, or write long lists in block style (`- item` lines)"
+            ),
+            field: None,
+        });
+    }
+    Ok(())
+}
+
+/// What the check says of one submitted document.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Change {
+    pub kind: Kind,
+    pub name: String,
+    pub change: Verdict,
+    /// The submitted version (views and models).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<u32>,
+    /// The running version, when there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub running_version: Option<u32>,
+    /// What registering it would mean for stored records and running models.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+/// How a submitted document compares with the running one.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    Added,
+    Changed,
+    Unchanged,
+}
+
+/// What loading the touched models takes: the runtime, the sessions' settings, and the flag that says
+/// the request is gone (the rest of the models are then skipped).
+pub struct Load<'a> {
+    pub env: &'a Environment,
+    pub cfg: &'a InferenceConfig,
+    pub gone: &'a AtomicBool,
+}
+
+/// Checks `body` (one or more YAML documents) against `running`: compiled with the registered documents,
+/// compared with them, and each model it touches loaded once on its device. Blocking (it opens ONNX
+/// Runtime sessions): call it off the async executor.
+pub fn check(
+    running: &Registry,
+    body: &str,
+    models_dir: &Path,
+    load: Load<'_>,
+) -> Result<Vec<Change>, SchemaErrors> {
+    let submitted = submitted(body);
+    let proposed = Registry::compile(&sources(running, &submitted, body)?, models_dir)?;
+    let changes = compare(running, &proposed, &submitted)?;
+    let touched = touched_models(&proposed, &changes);
+    let mut errors = outside_models_folder(&proposed, &touched);
+    if !errors.is_empty() {
+        return Err(SchemaErrors(errors));
+    }
+    for name in touched {
+        if load.gone.load(Relaxed) {
+            break;
+        }
+        let Some(model) = proposed.models.get(&name) else {
+            continue;
+        };
+        if let Err(e) = Engine::check(load.env, model, load.cfg) {
+            errors.push(load_error(e, proposed.document(Kind::Model, &name)));
+        }
+    }
+    if errors.is_empty() {
+        Ok(changes)
+    } else {
+        Err(SchemaErrors(errors))
+    }
+}
+
+/// The request's models among `touched` whose `file:` is absolute or climbs out with `..`. A request
+/// names ONNX files inside the models folder only: else any HTTP client could have the gateway read, and
+/// say whether it can read, any file on the host.
+fn outside_models_folder(proposed: &Registry, touched: &BTreeSet<String>) -> Vec<SchemaError> {
+    touched
+        .iter()
+        .filter_map(|name| proposed.document(Kind::Model, name))
+        .filter(|doc| doc.file.as_os_str() == ORIGIN)
+        .filter_map(|doc| {
+            let file = Path::new(doc.body.get("file")?.as_str()?);
+            let outside = file.is_absolute()
+                || file
+                    .components()
+                    .any(|c| matches!(c, std::path::Component::ParentDir));
+            outside.then(|| SchemaError {
+                file: PathBuf::from(ORIGIN),
+                path: at(doc, "file"),
+                message: format!(
+                    "`{}` is outside the models folder: a schema sent over HTTP names its ONNX file relative to registry.models, without `..`",
+                    file.display()
+                ),
+            })
+        })
+        .collect()
+}
+
+/// The kind and name of each document of `body`, in order, each once. A document without them is left
+/// to the compiler, which says what is missing.
+fn submitted(body: &str) -> Vec<(Kind, String)> {
+    let mut out: Vec<(Kind, String)> = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(body) {
+        let Ok(value) = serde_yaml::Value::deserialize(doc) else {
+            break;
+        };
+        let kind = value
+            .get("kind")
+            .and_then(|k| k.as_str())
+            .and_then(Kind::parse);
+        let name = value.get("name").and_then(|n| n.as_str());
+        if let (Some(kind), Some(name)) = (kind, name)
+            && !out.iter().any(|(k, n)| *k == kind && n == name)
+        {
+            out.push((kind, name.to_owned()));
+        }
+    }
+    out
+}
+
+/// The registered documents, file by file, less the submitted ones, and then the request's. A replaced
+/// document leaves an empty one in its place, so that `document N:` in a message about the rest of its
+/// file still counts as the file does; a file left with nothing is left out.
+fn sources(
+    running: &Registry,
+    submitted: &[(Kind, String)],
+    body: &str,
+) -> Result<Vec<(PathBuf, String)>, SchemaErrors> {
+    let mut files: Vec<(&Path, Vec<Option<&Document>>)> = Vec::new();
+    for doc in &running.documents {
+        if files.last().is_none_or(|(f, _)| *f != doc.file.as_path()) {
+            files.push((&doc.file, Vec::new()));
+        }
+        let Some((_, slots)) = files.last_mut() else {
+            continue;
+        };
+        if slots.len() <= doc.index {
+            slots.resize(doc.index + 1, None);
+        }
+        let replaced = submitted
+            .iter()
+            .any(|(k, n)| *k == doc.kind && *n == doc.name);
+        if !replaced {
+            slots[doc.index] = Some(doc);
+        }
+    }
+    let mut out = Vec::with_capacity(files.len() + 1);
+    for (file, slots) in files {
+        if slots.iter().all(Option::is_none) {
+            continue;
+        }
+        let mut text = String::new();
+        for (i, slot) in slots.iter().enumerate() {
+            if i > 0 {
+                text.push_str("---\n");
+            }
+            match slot {
+                Some(doc) => {
+                    let yaml = serde_yaml::to_string(&doc.body).map_err(|e| {
+                        SchemaErrors(vec![SchemaError {
+                            file: file.to_owned(),
+                            path: String::new(),
+                            message: format!(
+                                "cannot re-read the registered {} `{}`: {e}",
+                                doc.kind.as_str(),
+                                doc.name
+                            ),
+                        }])
+                    })?;
+                    text.push_str(&yaml);
+                }
+                None => text.push_str("null\n"),
+            }
+        }
+        out.push((file.to_owned(), text));
+    }
+    out.push((PathBuf::from(ORIGIN), body.to_owned()));
+    Ok(out)
+}
+
+/// Where in the request a document's field is, as the compiler writes it: `document 2: version`.
+fn at(doc: &Document, field: &str) -> String {
+    if doc.index == 0 {
+        field.to_owned()
+    } else {
+        format!("document {}: {field}", doc.index + 1)
+    }
+}
+
+/// Whether two compiled models compute the same thing from the same features: the file, the input and
+/// outputs, the context and every slot. Compared compiled, not as written, so `40` and `40.0` or `log1p`
+/// and `[log1p]` are the same; `description`, `sessions`, `batching` and `device` may differ.
+fn same_binding(a: &Model, b: &Model) -> bool {
+    let same_feature =
+        |x: &Feature, y: &Feature| x.name == y.name && x.dtype == y.dtype && x.default == y.default;
+    let same_slot = |x: &Slot, y: &Slot| {
+        x.label == y.label
+            && x.dtype == y.dtype
+            && x.fill == y.fill
+            && x.default == y.default
+            && x.steps == y.steps
+            && x.offset == y.offset
+            && x.width == y.width
+    };
+    a.path == b.path
+        && a.input == b.input
+        && a.outputs == b.outputs
+        && a.width == b.width
+        && a.context.len() == b.context.len()
+        && a.context
+            .iter()
+            .zip(&b.context)
+            .all(|(x, y)| same_feature(x, y))
+        && a.slots.len() == b.slots.len()
+        && a.slots.iter().zip(&b.slots).all(|(x, y)| same_slot(x, y))
+}
+
+/// Compares each submitted document with the running one of its kind and name.
+fn compare(
+    running: &Registry,
+    proposed: &Registry,
+    submitted: &[(Kind, String)],
+) -> Result<Vec<Change>, SchemaErrors> {
+    let mut errors = Vec::new();
+    let mut changes = Vec::with_capacity(submitted.len());
+    for (kind, name) in submitted {
+        // Compiled, so the registry has the request's document of that kind and name.
+        let Some(new) = proposed.document(*kind, name) else {
+            continue;
+        };
+        let old = running.document(*kind, name);
+        let mut refuse = |field: &str, message: String| {
+            errors.push(SchemaError {
+                file: PathBuf::from(ORIGIN),
+                path: at(new, field),
+                message,
+            });
+        };
+        let mut change = Change {
+            kind: *kind,
+            name: name.clone(),
+            change: match old {
+                None => Verdict::Added,
+                Some(old) if old.body == new.body => Verdict::Unchanged,
+                Some(_) => Verdict::Changed,
+            },
+            version: None,
+            running_version: None,
+            notes: Vec::new(),
+        };
+        // Versions only go up; at the same version, what the kind says may not change must not.
+        let mut retyped = Vec::new();
+        let (version, running_version, reshaped) = match kind {
+            Kind::Entity => {
+                if let (Some(o), Some(n)) =
+                    (running.entities.get(name), proposed.entities.get(name))
+                    && o.dtype != n.dtype
+                {
+                    let users = still_keyed_by(running, proposed, name);
+                    if !users.is_empty() {
+                        refuse(
+                            "dtype",
+                            format!(
+                                "changes from {} to {} while views {users} key their stored records by it: define a new entity for the new keys",
+                                o.dtype, n.dtype
+                            ),
+                        );
+                    }
+                }
+                (None, None, None)
+            }
+            Kind::View => {
+                let n = proposed.views.get(name);
+                let o = running.views.get(name);
+                let mut reshaped = None;
+                if let (Some(n), Some(o)) = (n, o)
+                    && (o.layout != n.layout || o.entity.name != n.entity.name)
+                {
+                    change.notes.extend(feature_notes(o, n));
+                    change.notes.push(format!(
+                        "records stored under version {}'s features are served as DEFAULTED until their rows are written again",
+                        o.version
+                    ));
+                    reshaped = Some(
+                        "the view's features or entity changed: a view whose stored records change shape needs a new version",
+                    );
+                    retyped = retyped_under_models(running, proposed, n);
+                }
+                (n.map(|v| v.version), o.map(|v| v.version), reshaped)
+            }
+            Kind::Model => {
+                let n = proposed.models.get(name);
+                let o = running.models.get(name);
+                let mut reshaped = None;
+                if let (Some(n), Some(o)) = (n, o) {
+                    if o.width != n.width {
+                        change.notes.push(format!(
+                            "input width changes from {} to {}",
+                            o.width, n.width
+                        ));
+                    }
+                    if !same_binding(o, n) {
+                        reshaped = Some(
+                            "the binding (file, input, outputs, context or inputs) changed: a changed binding needs a new version",
+                        );
+                    }
+                }
+                (n.map(|m| m.version), o.map(|m| m.version), reshaped)
+            }
+        };
+        if let (Some(n), Some(o)) = (version, running_version) {
+            if n < o {
+                refuse(
+                    "version",
+                    format!("{n} is lower than the running version {o}: versions only go up"),
+                );
+            } else if let Some(why) = reshaped.filter(|_| n == o) {
+                refuse("version", format!("is still {o}, but {why}"));
+            }
+        }
+        for message in retyped {
+            refuse("features", message);
+        }
+        change.version = version;
+        change.running_version = running_version;
+        changes.push(change);
+    }
+    if errors.is_empty() {
+        Ok(changes)
+    } else {
+        Err(SchemaErrors(errors))
+    }
+}
+
+/// The views that would still key stored records by entity `name` after the change: those keyed by it
+/// now and in the proposal, as a list for a message (empty when none).
+fn still_keyed_by(running: &Registry, proposed: &Registry, name: &str) -> String {
+    let users: Vec<&str> = proposed
+        .views
+        .values()
+        .filter(|v| v.entity.name == name)
+        .filter(|v| {
+            running
+                .views
+                .get(&v.name)
+                .is_some_and(|r| r.entity.name == name)
+        })
+        .map(|v| v.name.as_str())
+        .collect();
+    if users.is_empty() {
+        String::new()
+    } else {
+        crate::schema::known_names(users)
+    }
+}
+
+/// For view `view` as proposed: a message per feature whose dtype changes while a running model that
+/// keeps its binding (no new version in the proposal) reads it. Such a model would take values of
+/// another type through transforms written for the old one.
+fn retyped_under_models(running: &Registry, proposed: &Registry, view: &View) -> Vec<String> {
+    let mut out = Vec::new();
+    for model in running.models.values() {
+        let rebound = proposed
+            .models
+            .get(&model.name)
+            .is_some_and(|m| m.version > model.version);
+        if rebound {
+            continue;
+        }
+        for slot in &model.slots {
+            let Source::View { view: vi, feature } = slot.source else {
+                continue;
+            };
+            let read = &model.views[vi];
+            if read.name != view.name {
+                continue;
+            }
+            let before = &read.features[feature];
+            if let Some(after) = view.features.iter().find(|f| f.name == before.name)
+                && after.dtype != before.dtype
+            {
+                out.push(format!(
+                    "`{}` changes dtype from {} to {}, and model `{}` (version {}) reads it: submit a new version of model `{}` in the same change",
+                    before.name, before.dtype, after.dtype, model.name, model.version, model.name
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// Features added, removed and retyped between two versions of a view.
+fn feature_notes(old: &crate::schema::View, new: &crate::schema::View) -> Vec<String> {
+    let mut notes = Vec::new();
+    let added: Vec<&str> = new
+        .features
+        .iter()
+        .filter(|f| old.feature_index(&f.name).is_none())
+        .map(|f| f.name.as_str())
+        .collect();
+    let removed: Vec<&str> = old
+        .features
+        .iter()
+        .filter(|f| new.feature_index(&f.name).is_none())
+        .map(|f| f.name.as_str())
+        .collect();
+    let retyped: Vec<String> = old
+        .features
+        .iter()
+        .filter_map(|o| {
+            let n = new.features.iter().find(|n| n.name == o.name)?;
+            (n.dtype != o.dtype).then(|| format!("{} ({} to {})", o.name, o.dtype, n.dtype))
+        })
+        .collect();
+    if !added.is_empty() {
+        notes.push(format!("features added: {}", added.join(", ")));
+    }
+    if !removed.is_empty() {
+        notes.push(format!("features removed: {}", removed.join(", ")));
+    }
+    if !retyped.is_empty() {
+        notes.push(format!("dtypes changed: {}", retyped.join(", ")));
+    }
+    if old.entity.name != new.entity.name {
+        notes.push(format!(
+            "entity changes from {} to {}",
+            old.entity.name, new.entity.name
+        ));
+    }
+    if added.is_empty() && removed.is_empty() && retyped.is_empty() && old.entity == new.entity {
+        notes.push("features reordered".to_owned());
+    }
+    notes
+}
+
+/// The models a change touches, by name, each once: the submitted ones that are added or changed, and
+/// the models reading a submitted view that changed (a changed embedding width changes theirs).
+fn touched_models(proposed: &Registry, changes: &[Change]) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for c in changes.iter().filter(|c| c.change != Verdict::Unchanged) {
+        let reads = |m: &Model| match c.kind {
+            Kind::Model => m.name == c.name,
+            Kind::View => m.views.iter().any(|v| v.name == c.name),
+            Kind::Entity => m.views.iter().any(|v| v.entity.name == c.name),
+        };
+        out.extend(
+            proposed
+                .models
+                .values()
+                .filter(|m| reads(m))
+                .map(|m| m.name.clone()),
+        );
+    }
+    out
+}
+
+/// A model that cannot load, as a schema problem at the `file:` of its document.
+fn load_error(e: InferError, doc: Option<&Document>) -> SchemaError {
+    match e {
+        InferError::Load {
+            model,
+            schema,
+            path,
+            message,
+        } => SchemaError {
+            file: schema,
+            path: doc.map_or_else(|| "file".to_owned(), |d| at(d, "file")),
+            message: format!(
+                "model `{model}` ({}) cannot be loaded: {message}",
+                path.display()
+            ),
+        },
+        other => SchemaError {
+            file: PathBuf::from(ORIGIN),
+            path: String::new(),
+            message: other.to_string(),
+        },
+    }
+}
+
+/// One check at a time loads models: each opens an ONNX Runtime session, which takes memory and a core.
+static CHECKS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+
+/// Set when the request a check runs for is gone (answered by the timeout backstop, or the client left).
+struct Abandoned(Arc<AtomicBool>);
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        self.0.store(true, Relaxed);
+    }
+}
+
+/// [`check`] for the gateway's running registry, with the models loaded through its ONNX Runtime, on the
+/// blocking pool. A schema that fails is a 422 listing every problem.
+///
+/// The turn is held by the blocking job, not by the request, so a request dropped by its deadline does
+/// not let the next check start beside the one still running; and a job whose request is gone stops
+/// before its next step rather than loading models for nobody.
+pub async fn check_for(gw: &Gateway, body: String) -> Result<Vec<Change>, ApiError> {
+    let env = crate::infer::runtime(&gw.config.onnxruntime_library())
+        .map_err(|e| ApiError::Internal(format!("cannot load models to check them: {e}")))?;
+    let turn = CHECKS
+        .acquire()
+        .await
+        .map_err(|e| ApiError::Internal(format!("schema checks stopped: {e}")))?;
+    let gone = Arc::new(AtomicBool::new(false));
+    let _abandoned = Abandoned(gone.clone());
+    let running = gw.registry.clone();
+    let models_dir = gw.config.registry.models.clone();
+    let inference = gw.config.inference.clone();
+    tokio::task::spawn_blocking(move || {
+        let _turn = turn;
+        if gone.load(Relaxed) {
+            return Ok(Vec::new());
+        }
+        let load = Load {
+            env,
+            cfg: &inference,
+            gone: &gone,
+        };
+        check(&running, &body, &models_dir, load)
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("the schema check failed: {e}")))?
+    .map_err(ApiError::InvalidSchema)
+}
+
+/// `GET /v1/schemas`: each kind's registered names, sorted, with their versions and files.
+pub fn listing(registry: &Registry) -> serde_json::Value {
+    let mut entities: Vec<_> = registry.entities.values().collect();
+    entities.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut views: Vec<_> = registry.views.values().collect();
+    views.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut models: Vec<_> = registry.models.values().collect();
+    models.sort_by(|a, b| a.name.cmp(&b.name));
+    let file = |kind: Kind, name: &str| {
+        registry
+            .document(kind, name)
+            .map(|d| d.file.display().to_string())
+    };
+    json!({
+        "entities": entities.iter().map(|e| json!({
+            "name": e.name,
+            "dtype": e.dtype.to_string(),
+            "file": file(Kind::Entity, &e.name),
+        })).collect::<Vec<_>>(),
+        "views": views.iter().map(|v| json!({
+            "name": v.name,
+            "version": v.version,
+            "entity": v.entity.name,
+            "features": v.features.len(),
+            "file": file(Kind::View, &v.name),
+        })).collect::<Vec<_>>(),
+        "models": models.iter().map(|m| json!({
+            "name": m.name,
+            "version": m.version,
+            "views": m.views.iter().map(|v| v.name.as_str()).collect::<Vec<_>>(),
+            "width": m.width,
+            "file": file(Kind::Model, &m.name),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// `GET /v1/schemas/{kind}/{name}`: the registered document, as JSON, with its file. `kind` is the
+/// path's plural: `entities`, `views` or `models`.
+pub fn document(
+    registry: &Registry,
+    kind: &str,
+    name: &str,
+) -> Result<serde_json::Value, ApiError> {
+    let (kind, code) = match kind {
+        "entities" => (Kind::Entity, "unknown_entity"),
+        "views" => (Kind::View, "unknown_view"),
+        "models" => (Kind::Model, "unknown_model"),
+        other => {
+            return Err(ApiError::NotFound {
+                code: "unknown_schema_kind",
+                message: format!(
+                    "`/v1/schemas/{other}/...`: expected /v1/schemas/entities/NAME, /v1/schemas/views/NAME or /v1/schemas/models/NAME"
+                ),
+            });
+        }
+    };
+    let Some(doc) = registry.document(kind, name) else {
+        let known = crate::schema::known_names(
+            registry
+                .documents
+                .iter()
+                .filter(|d| d.kind == kind)
+                .map(|d| d.name.as_str()),
+        );
+        return Err(ApiError::NotFound {
+            code,
+            message: format!(
+                "no {} `{name}` is registered (registered: {known})",
+                kind.as_str()
+            ),
+        });
+    };
+    let body = serde_json::to_value(&doc.body).map_err(|e| {
+        ApiError::Internal(format!(
+            "cannot show {} `{name}` as JSON: {e}",
+            kind.as_str()
+        ))
+    })?;
+    let version = body.get("version").cloned();
+    let mut answer = json!({
+        "kind": kind.as_str(),
+        "name": doc.name,
+        "file": doc.file.display().to_string(),
+        "document": body,
+    });
+    if let Some(v) = version {
+        answer["version"] = v;
+    }
+    Ok(answer)
+}
