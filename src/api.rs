@@ -9,7 +9,7 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::handler::HandlerWithoutStateExt as _;
 use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{MethodRouter, get, post};
+use axum::routing::{MethodFilter, MethodRouter, get, on};
 use axum::{Json, Router};
 use http_body_util::{BodyExt as _, LengthLimitError, Limited};
 use percent_encoding::percent_decode_str;
@@ -20,6 +20,7 @@ use crate::decode::Format;
 use crate::error::{ApiError, Shape};
 use crate::gateway::Gateway;
 use crate::middleware::{BodyRead, RequestLayer};
+use crate::registrar::Action;
 use crate::serve::{ResponseFuture, Routes, Shortcut};
 
 /// The routes callers send on every request, as the router and the request layer name them.
@@ -121,7 +122,7 @@ fn one_segment_between(path: &str, prefix: &str, suffix: &str) -> bool {
 fn request_layer(gw: &Gateway) -> RequestLayer {
     RequestLayer::new(
         gw.telemetry.clone(),
-        gw.engines.keys().cloned().collect(),
+        gw.catalog.clone(),
         gw.config.limits.request_timeout,
     )
 }
@@ -139,8 +140,22 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/v2", get(server_metadata))
         .route("/v1/prefetch", routed(prefetch))
         .route("/v1/views/{view}/rows", routed(write_rows))
-        .route("/v1/schemas", get(schemas))
-        .route("/v1/schemas/{kind}/{name}", get(schema_document))
+        .route("/v1/schemas", get(schemas).merge(routed(post_schemas)))
+        .route(
+            "/v1/schemas/{kind}/{name}",
+            get(schema_document)
+                .merge(routed_as(MethodFilter::PUT, put_schema))
+                .delete(delete_schema),
+        )
+        .route("/v1/schemas/{kind}/{name}/versions", get(schema_versions))
+        .route(
+            "/v1/schemas/{kind}/{name}/versions/{version}",
+            get(schema_version),
+        )
+        .route(
+            "/v1/schemas/{kind}/{name}/rollback",
+            routed(rollback_schema),
+        )
         .route("/v1/schemas:validate", routed(validate_schemas))
         .route("/v2/health/live", get(live))
         .route("/v2/health/ready", get(ready))
@@ -196,10 +211,23 @@ where
     Fut: Future<Output = R> + Send + 'static,
     R: IntoResponse + 'static,
 {
-    post(move |State(gw): State<Arc<Gateway>>, mut req: Request| {
-        let body_read = req.extensions_mut().remove::<BodyRead>();
-        handler(gw, req, body_read)
-    })
+    routed_as(MethodFilter::POST, handler)
+}
+
+/// [`routed`], for the methods of `filter`.
+fn routed_as<H, Fut, R>(filter: MethodFilter, handler: H) -> MethodRouter<Arc<Gateway>>
+where
+    H: Fn(Arc<Gateway>, Request, Option<BodyRead>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = R> + Send + 'static,
+    R: IntoResponse + 'static,
+{
+    on(
+        filter,
+        move |State(gw): State<Arc<Gateway>>, mut req: Request| {
+            let body_read = req.extensions_mut().remove::<BodyRead>();
+            handler(gw, req, body_read)
+        },
+    )
 }
 
 async fn predict(
@@ -212,7 +240,7 @@ async fn predict(
     let r = split(req, body_read, &gw)
         .await
         .inspect_err(|e| engine.stats().failed(e.status()))?;
-    gw.predict(engine, r.format, &r.headers, &r.body).await
+    gw.predict(&engine, r.format, &r.headers, &r.body).await
 }
 
 async fn features(
@@ -235,7 +263,7 @@ async fn online_features(
 
 /// `GET /v1/schemas`: what is registered, by kind and name.
 async fn schemas(State(gw): State<Arc<Gateway>>) -> Json<serde_json::Value> {
-    Json(crate::proposal::listing(&gw.registry))
+    Json(crate::proposal::listing(&gw.registry()))
 }
 
 /// `GET /v1/schemas/{kind}/{name}`: one registered document as written, with where it came from.
@@ -245,7 +273,7 @@ async fn schema_document(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let kind = path_segment(req.uri(), 3);
     let name = path_segment(req.uri(), 4);
-    crate::proposal::document(&gw.registry, &kind, &name).map(Json)
+    crate::proposal::document(&gw.registry(), &kind, &name).map(Json)
 }
 
 /// `POST /v1/schemas:validate`: one or more YAML documents checked against the running registry, and
@@ -255,24 +283,110 @@ async fn validate_schemas(
     req: Request,
     body_read: Option<BodyRead>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let r = split_as(req, body_read, &gw, yaml_type).await?;
-    crate::proposal::check_size(&r.body)?;
-    // YAML allows a byte order mark at the start of the stream; the parser would read it as content.
-    let body = r.body.strip_prefix(b"\xef\xbb\xbf").unwrap_or(&r.body);
-    let text = match std::str::from_utf8(body) {
-        Ok(text) => text.to_owned(),
-        Err(e) => {
-            return Err(ApiError::Malformed {
-                code: "invalid_body",
-                message: format!(
-                    "the schema is not UTF-8 text: {e}; send YAML documents, as in schemas/*.yaml"
-                ),
-                field: None,
-            });
-        }
-    };
+    let text = schema_body(req, body_read, &gw).await?;
     let changes = crate::proposal::check_for(&gw, text).await?;
     Ok(Json(json!({"valid": true, "documents": changes})))
+}
+
+/// A schema route's body as text: YAML (or JSON, or text), within the schema size limits, UTF-8.
+async fn schema_body(
+    req: Request,
+    body_read: Option<BodyRead>,
+    gw: &Gateway,
+) -> Result<String, ApiError> {
+    let r = split_as(req, body_read, gw, yaml_type).await?;
+    crate::proposal::check_size(&r.body)?;
+    crate::registrar::body_text(&r.body)
+}
+
+/// `POST /v1/schemas`: one or more documents registered together (see [`crate::registrar`]).
+async fn post_schemas(
+    gw: Arc<Gateway>,
+    req: Request,
+    body_read: Option<BodyRead>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let body = schema_body(req, body_read, &gw).await?;
+    crate::registrar::register(&gw, Action::Post { body })
+        .await
+        .map(Json)
+}
+
+/// `PUT /v1/schemas/{kind}/{name}`: one document registered, in place of the running one.
+async fn put_schema(
+    gw: Arc<Gateway>,
+    req: Request,
+    body_read: Option<BodyRead>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let kind = crate::registrar::kind_of_segment(&path_segment(req.uri(), 3))?;
+    let name = path_segment(req.uri(), 4).into_owned();
+    let body = schema_body(req, body_read, &gw).await?;
+    crate::registrar::register(&gw, Action::Put { kind, name, body })
+        .await
+        .map(Json)
+}
+
+/// `DELETE /v1/schemas/{kind}/{name}`: refused while anything registered still names it.
+async fn delete_schema(
+    State(gw): State<Arc<Gateway>>,
+    uri: Uri,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let kind = crate::registrar::kind_of_segment(&path_segment(&uri, 3))?;
+    let name = path_segment(&uri, 4).into_owned();
+    crate::registrar::register(&gw, Action::Delete { kind, name })
+        .await
+        .map(Json)
+}
+
+/// The body of `POST /v1/schemas/{kind}/{name}/rollback`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RollbackBody {
+    version: u32,
+}
+
+impl crate::decode::Positional for RollbackBody {
+    const FIELDS: &'static [(&'static str, &'static [&'static str])] = &[("version", &[])];
+}
+
+/// `POST /v1/schemas/{kind}/{name}/rollback` `{"version": N}`: a kept version registered again.
+async fn rollback_schema(
+    gw: Arc<Gateway>,
+    req: Request,
+    body_read: Option<BodyRead>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let kind = crate::registrar::kind_of_segment(&path_segment(req.uri(), 3))?;
+    let name = path_segment(req.uri(), 4).into_owned();
+    let r = split(req, body_read, &gw).await?;
+    let RollbackBody { version } = crate::decode::parse_body(r.format, &r.body)?;
+    crate::registrar::register(
+        &gw,
+        Action::Rollback {
+            kind,
+            name,
+            version,
+        },
+    )
+    .await
+    .map(Json)
+}
+
+/// `GET /v1/schemas/{kind}/{name}/versions`.
+async fn schema_versions(
+    State(gw): State<Arc<Gateway>>,
+    uri: Uri,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let kind = crate::registrar::kind_of_segment(&path_segment(&uri, 3))?;
+    crate::registrar::list_versions(&gw, kind, &path_segment(&uri, 4)).map(Json)
+}
+
+/// `GET /v1/schemas/{kind}/{name}/versions/{version}`.
+async fn schema_version(
+    State(gw): State<Arc<Gateway>>,
+    uri: Uri,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let kind = crate::registrar::kind_of_segment(&path_segment(&uri, 3))?;
+    crate::registrar::show_version(&gw, kind, &path_segment(&uri, 4), &path_segment(&uri, 6))
+        .map(Json)
 }
 
 /// The schema route's `Content-Type`: YAML, or JSON or text read as YAML, or none; the answer is JSON.
@@ -436,9 +550,9 @@ async fn v2_infer(
 ) -> Result<Response, crate::oip::OipError> {
     // Looked up once; refusals before the model's own checks count in its stats too. An unknown model
     // is answered once the body is read, as before.
-    let engine = gw.engines.get(path_segment(req.uri(), 3).as_ref());
+    let engine = gw.engine(&path_segment(req.uri(), 3)).ok();
     let failed = |status: StatusCode| {
-        if let Some(engine) = engine {
+        if let Some(engine) = &engine {
             engine.stats().failed(status);
         }
     };
@@ -466,7 +580,7 @@ async fn v2_infer(
             format!("model `{}` is not registered", path_segment(&r.uri, 3)),
         ));
     };
-    crate::oip::infer(&gw, engine, &r.body).await
+    crate::oip::infer(&gw, &engine, &r.body).await
 }
 
 /// Open Inference Protocol server metadata.
@@ -517,7 +631,7 @@ async fn ready(State(gw): State<Arc<Gateway>>) -> Response {
 
 async fn model_metadata(State(gw): State<Arc<Gateway>>, uri: Uri) -> Response {
     let model = path_segment(&uri, 3);
-    let Some(engine) = gw.engines.get(model.as_ref()) else {
+    let Ok(engine) = gw.engine(&model) else {
         return (
             StatusCode::NOT_FOUND,
             Json(json!({"error": format!("model `{model}` is not registered")})),
@@ -539,9 +653,10 @@ async fn model_metadata(State(gw): State<Arc<Gateway>>, uri: Uri) -> Response {
 
 async fn model_ready(State(gw): State<Arc<Gateway>>, uri: Uri) -> Response {
     let model = path_segment(&uri, 3);
-    if gw.engines.contains_key(model.as_ref()) && gw.is_ready() {
+    let known = gw.catalog.load().engines.contains_key(model.as_ref());
+    if known && gw.is_ready() {
         (StatusCode::OK, Json(json!({"name": model, "ready": true}))).into_response()
-    } else if gw.engines.contains_key(model.as_ref()) {
+    } else if known {
         (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(json!({"name": model, "ready": false})),
@@ -560,14 +675,16 @@ async fn method_not_allowed(req: Request) -> Response {
     // The router answers 405 only for a path one of its routes has, and names that route: the routes
     // that read a body are the `POST` ones, the rest are `GET`.
     let path = req.uri().path();
-    let post = req
+    let allow = req
         .extensions()
         .get::<axum::extract::MatchedPath>()
-        .is_some_and(|route| crate::middleware::reads_body(route.as_str()));
+        .map_or("GET", |route| {
+            crate::middleware::allowed_methods(route.as_str())
+        });
     ApiError::MethodNotAllowed {
         method: req.method().to_string(),
         path: path.to_owned(),
-        allow: if post { "POST" } else { "GET" }.to_owned(),
+        allow: allow.to_owned(),
     }
     .respond(Shape::of_path(path))
 }

@@ -10,12 +10,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use anyhow::Context as _;
+use arc_swap::ArcSwap;
 use tokio::net::TcpListener;
 
 use crate::cache::FeatureCache;
 use crate::clock::Clock;
 use crate::config::Config;
-use crate::gateway::Gateway;
+use crate::gateway::{Catalog, Gateway};
 use crate::hydrate::Hydrator;
 use crate::infer::{self, Engine};
 use crate::prefetch::{self, HotKeys, Prefetcher};
@@ -196,8 +197,7 @@ impl Application {
             .with_context(|| format!("cannot listen on {} (server.bind)", config.server.bind))?;
         let gateway = Arc::new(Gateway {
             config,
-            registry,
-            engines,
+            catalog: Arc::new(ArcSwap::from_pointee(Catalog::new(registry, engines))),
             hydrator,
             telemetry,
             ready: AtomicBool::new(false),
@@ -209,7 +209,7 @@ impl Application {
         let gw = gateway.clone();
         tokio::spawn(async move {
             let warmed =
-                prefetch::warm_start(&gw.hydrator, &gw.registry, &gw.config.prefetch).await;
+                prefetch::warm_start(&gw.hydrator, &gw.registry(), &gw.config.prefetch).await;
             if warmed.keys.fetched > 0 || warmed.incomplete {
                 tracing::info!(
                     keys = warmed.keys.fetched,

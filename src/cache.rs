@@ -12,7 +12,7 @@ use moka::Expiry;
 use moka::notification::RemovalCause;
 
 use crate::clock::Clock;
-use crate::schema::Policy;
+use crate::schema::View;
 use crate::telemetry::ViewStats;
 use crate::value::Value;
 
@@ -33,6 +33,9 @@ pub struct Entry {
     pub found: Option<Found>,
     /// The store held a record that could not be decoded (cached like "not found", reported as `DEFAULTED`).
     pub unreadable: bool,
+    /// [`View::shape`] of the view the record was decoded for: a lookup for another shape of the view
+    /// (after a registered change) is a miss.
+    shape: u64,
     /// How long moka keeps the entry: ttl + max_staleness, or negative_ttl.
     keep: Duration,
     weight: u32,
@@ -44,10 +47,11 @@ impl Entry {
     pub fn new(
         fetched_at_ms: i64,
         found: Option<Found>,
-        policy: &Policy,
+        view: &View,
         key_len: usize,
         stats: Arc<ViewStats>,
     ) -> Self {
+        let policy = &view.policy;
         let keep = if found.is_some() {
             policy.ttl + policy.max_staleness
         } else {
@@ -84,6 +88,7 @@ impl Entry {
             fetched_at_ms,
             found,
             unreadable: false,
+            shape: view.shape(),
             keep,
             weight: u32::try_from(weight).unwrap_or(u32::MAX),
             stats,
@@ -94,13 +99,13 @@ impl Entry {
     /// hammer the store, and served as defaults.
     pub fn unreadable(
         fetched_at_ms: i64,
-        policy: &Policy,
+        view: &View,
         key_len: usize,
         stats: Arc<ViewStats>,
     ) -> Self {
         Self {
             unreadable: true,
-            ..Self::new(fetched_at_ms, None, policy, key_len, stats)
+            ..Self::new(fetched_at_ms, None, view, key_len, stats)
         }
     }
 
@@ -161,12 +166,17 @@ impl FeatureCache {
         &self.clock
     }
 
-    /// Classifies the entry at `key` against `policy` at `now_ms` (on [`Clock::now_ms`], read once per request
-    /// rather than per key).
-    pub fn lookup(&self, key: &str, policy: &Policy, now_ms: i64) -> Lookup {
+    /// Classifies the entry at `key` against `view`'s policy at `now_ms` (on [`Clock::now_ms`], read once
+    /// per request rather than per key). An entry decoded for another version or layout of the view is
+    /// absent.
+    pub fn lookup(&self, key: &str, view: &View, now_ms: i64) -> Lookup {
         let Some(e) = self.inner.get(key) else {
             return Lookup::Absent;
         };
+        if e.shape != view.shape() {
+            return Lookup::Absent;
+        }
+        let policy = &view.policy;
         let age = Duration::from_millis(now_ms.saturating_sub(e.fetched_at_ms).max(0) as u64);
         if e.found.is_none() {
             return if age < policy.negative_ttl {
@@ -224,7 +234,7 @@ mod tests {
     fn the_cache_stays_within_its_byte_budget() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
         let r = Registry::load_dir(&root.join("schemas"), &root.join("models")).expect("schemas");
-        let policy = &r.views["user_profile"].policy;
+        let view = &*r.views["user_profile"];
         let telemetry = Arc::new(Telemetry::default());
         let budget = 50_000;
         let cache = FeatureCache::new(budget, Clock::default());
@@ -233,7 +243,7 @@ mod tests {
             values: vec![Value::Str("x".repeat(100).into()), Value::Int(1)].into_boxed_slice(),
         };
         let weight =
-            Entry::new(0, Some(found()), policy, 20, telemetry.view("user_profile")).weight();
+            Entry::new(0, Some(found()), view, 20, telemetry.view("user_profile")).weight();
         for i in 0..2_000 {
             let key = format!("hy:user_profile:u_{i:05}");
             cache.insert(
@@ -241,7 +251,7 @@ mod tests {
                 Arc::new(Entry::new(
                     0,
                     Some(found()),
-                    policy,
+                    view,
                     20,
                     telemetry.view("user_profile"),
                 )),

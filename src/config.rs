@@ -122,6 +122,10 @@ pub struct RegistryConfig {
     pub schemas: PathBuf,
     /// Folder the models' `file:` paths are relative to.
     pub models: PathBuf,
+    /// Whether `PUT`, `POST` and `DELETE` under `/v1/schemas` may register changes (into the schemas
+    /// folder, which must then be writable). Off by default: any client of the port could change what
+    /// is served.
+    pub writes: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -265,6 +269,7 @@ impl Default for RegistryConfig {
         Self {
             schemas: PathBuf::from("schemas"),
             models: PathBuf::from("models"),
+            writes: false,
         }
     }
 }

@@ -83,6 +83,15 @@ pub enum ApiError {
     /// A schema that fails validation (422): every problem, each with its file and path.
     #[error("{}", summary(.0))]
     InvalidSchema(crate::schema::SchemaErrors),
+    /// A route turned off by configuration (registering schemas with `registry.writes = false`).
+    #[error("{message}")]
+    Forbidden { code: &'static str, message: String },
+    /// The request conflicts with the state of the server (a schema file edited since it was loaded).
+    #[error("{message}")]
+    Conflict { code: &'static str, message: String },
+    /// The schemas folder cannot be read or written: nothing was registered.
+    #[error("{0}")]
+    RegistryUnwritable(String),
     /// A bug or an unexpected failure: logged with its cause, answered generically.
     #[error("internal error: {0}")]
     Internal(String),
@@ -136,6 +145,8 @@ impl ApiError {
         match self {
             Self::Malformed { .. } | Self::Invalid { .. } => StatusCode::BAD_REQUEST,
             Self::NotFound { .. } => StatusCode::NOT_FOUND,
+            Self::Forbidden { .. } => StatusCode::FORBIDDEN,
+            Self::Conflict { .. } => StatusCode::CONFLICT,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType(_)
@@ -150,7 +161,8 @@ impl ApiError {
             Self::Overloaded(_)
             | Self::Timeout(_)
             | Self::NotReady(_)
-            | Self::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            | Self::StoreUnavailable(_)
+            | Self::RegistryUnwritable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -160,7 +172,10 @@ impl ApiError {
             Self::Malformed { code, .. }
             | Self::Invalid { code, .. }
             | Self::NotFound { code, .. }
+            | Self::Forbidden { code, .. }
+            | Self::Conflict { code, .. }
             | Self::TooLarge { code, .. } => code,
+            Self::RegistryUnwritable(_) => "registry_unwritable",
             Self::UnsupportedMediaType(_)
             | Self::UnsupportedSchemaType(_)
             | Self::ConflictingContentTypes(_)

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
@@ -25,11 +26,35 @@ use crate::schema::{Model, Registry, View};
 use crate::telemetry::{Laps, Stage, Telemetry, Timings};
 use crate::value::Value;
 
+/// What is registered and running: the compiled schemas and each model's engine. Registering a change
+/// builds a new catalog and swaps it in whole ([`crate::registrar`]); a request takes the catalog once
+/// and keeps it, so it never sees half of a change.
+pub struct Catalog {
+    pub registry: Arc<Registry>,
+    pub engines: HashMap<String, Arc<Engine>>,
+    /// The running models' names, which the request layer gives metrics as their `model` label.
+    pub names: Vec<Arc<str>>,
+}
+
+impl Catalog {
+    pub fn new(registry: Arc<Registry>, engines: HashMap<String, Arc<Engine>>) -> Self {
+        let mut names: Vec<Arc<str>> = engines.keys().map(|n| Arc::from(n.as_str())).collect();
+        names.sort();
+        Self {
+            registry,
+            engines,
+            names,
+        }
+    }
+}
+
+/// The running catalog, shared by the gateway and the request layer (which labels metrics by model).
+pub type Catalogs = Arc<ArcSwap<Catalog>>;
+
 /// Everything a request needs, shared by all requests.
 pub struct Gateway {
     pub config: Config,
-    pub registry: Arc<Registry>,
-    pub engines: HashMap<String, Arc<Engine>>,
+    pub catalog: Catalogs,
     pub hydrator: Arc<Hydrator>,
     pub telemetry: Arc<Telemetry>,
     /// False until models are loaded (and, with warm start, the cache is warm).
@@ -61,9 +86,16 @@ impl Gateway {
             .await
     }
 
-    pub fn engine(&self, model: &str) -> Result<&Arc<Engine>, ApiError> {
-        self.engines.get(model).ok_or_else(|| {
-            let known = crate::schema::known_names(self.engines.keys().map(String::as_str));
+    /// The registered schemas as they are now.
+    pub fn registry(&self) -> Arc<Registry> {
+        self.catalog.load().registry.clone()
+    }
+
+    /// The running model `model`'s engine.
+    pub fn engine(&self, model: &str) -> Result<Arc<Engine>, ApiError> {
+        let catalog = self.catalog.load();
+        catalog.engines.get(model).cloned().ok_or_else(|| {
+            let known = crate::schema::known_names(catalog.engines.keys().map(String::as_str));
             ApiError::NotFound {
                 code: "unknown_model",
                 message: format!("no model `{model}` is registered (models: {})", known),
@@ -220,7 +252,7 @@ impl Gateway {
         let mut laps = Laps::from(started);
         let answer = Format::of_response(headers, format)?;
         let req: FeaturesRequest = parse_body(format, body)?;
-        let plan = req.plan(&self.registry, &self.config.limits)?;
+        let plan = req.plan(&self.catalog.load().registry, &self.config.limits)?;
         let deadline = self.deadline(started, req.options.deadline_ms);
         t.set(Stage::Decode, laps.lap());
 
@@ -282,7 +314,7 @@ impl Gateway {
         let mut laps = Laps::from(started);
         let answer = Format::of_response(headers, format)?;
         let req: OnlineFeaturesRequest = parse_body(format, body)?;
-        let plan = req.plan(&self.registry, &self.config.limits)?;
+        let plan = req.plan(&self.catalog.load().registry, &self.config.limits)?;
         let deadline = self.deadline(started, None);
         t.set(Stage::Decode, laps.lap());
 
@@ -392,7 +424,7 @@ impl Gateway {
     /// `{"accepted": N}` (keys), or 429 while `prefetch.max_concurrent` prefetches are running.
     pub async fn prefetch(&self, format: Format, body: &[u8]) -> Result<Response, ApiError> {
         let req: crate::prefetch::PrefetchRequest = parse_body(format, body)?;
-        let plan = req.plan(&self.registry, &self.config.limits)?;
+        let plan = req.plan(&self.catalog.load().registry, &self.config.limits)?;
         let deadline = Instant::now() + self.config.limits.request_timeout;
         match self.prefetcher.start(&self.hydrator, plan, deadline) {
             Some(n) => Ok((
@@ -415,8 +447,9 @@ impl Gateway {
         format: Format,
         body: &[u8],
     ) -> Result<Response, ApiError> {
-        let Some(v) = self.registry.views.get(view) else {
-            let known = crate::schema::known_names(self.registry.views.keys().map(String::as_str));
+        let registry = self.registry();
+        let Some(v) = registry.views.get(view) else {
+            let known = crate::schema::known_names(registry.views.keys().map(String::as_str));
             return Err(ApiError::NotFound {
                 code: "unknown_view",
                 message: format!("no view `{view}` is registered (views: {})", known),

@@ -101,6 +101,9 @@ enum Purpose {
 /// it) and the channel its result is published on.
 struct Flight {
     id: u64,
+    /// [`View::shape`] of the view it decodes for: a lookup for another shape (a registered change
+    /// arrived meanwhile) leads a fetch of its own rather than take records decoded for the old one.
+    shape: u64,
     rx: watch::Receiver<Option<Outcome>>,
 }
 
@@ -259,7 +262,7 @@ impl Hydrator {
             self.hot.sample(&view.name, keys);
             for (ri, k) in keys.iter().enumerate() {
                 write_key(&mut key, &self.prefix, &view.name, k.as_ref());
-                let old = match self.cache.lookup(&key, &view.policy, now) {
+                let old = match self.cache.lookup(&key, view, now) {
                     Lookup::Fresh(e) => {
                         if e.found.is_some() {
                             hits += 1;
@@ -376,12 +379,22 @@ impl Hydrator {
         to_fetch: &mut Vec<FetchItem>,
     ) -> watch::Receiver<Option<Outcome>> {
         let mut inflight = self.inflight.lock();
-        if let Some(f) = inflight.get(key) {
+        if let Some(f) = inflight.get(key)
+            && f.shape == view.shape()
+        {
             return f.rx.clone();
         }
         let (tx, rx) = watch::channel(None);
         let id = self.next_flight.fetch_add(1, Relaxed);
-        inflight.insert(key.into(), Flight { id, rx: rx.clone() });
+        let shape = view.shape();
+        inflight.insert(
+            key.into(),
+            Flight {
+                id,
+                shape,
+                rx: rx.clone(),
+            },
+        );
         to_fetch.push(FetchItem {
             key: key.to_owned(),
             view: view.clone(),
@@ -410,7 +423,7 @@ impl Hydrator {
             let stats = self.telemetry.view(&view.name);
             for k in keys.iter() {
                 write_key(&mut key, &self.prefix, &view.name, k.as_ref());
-                match self.cache.lookup(&key, &view.policy, now) {
+                match self.cache.lookup(&key, view, now) {
                     Lookup::Fresh(_) => out.cached += 1,
                     Lookup::RefreshDue(_) | Lookup::Expired(_) | Lookup::Absent => {
                         waits.push(self.join_or_lead(&key, view, &stats, false, &mut to_fetch));
@@ -545,17 +558,17 @@ impl Hydrator {
         let view = &item.view;
         let stats = item.stats.clone();
         let Some(bytes) = bytes else {
-            return Entry::new(now, None, &view.policy, item.key.len(), stats);
+            return Entry::new(now, None, view, item.key.len(), stats);
         };
         match decode_record(view, bytes) {
-            Ok(found) => Entry::new(now, Some(found), &view.policy, item.key.len(), stats),
+            Ok(found) => Entry::new(now, Some(found), view, item.key.len(), stats),
             Err(why) => {
                 stats.bad_records.fetch_add(1, Relaxed);
                 let mut logged = self.logged_bad.lock();
                 if logged.len() < 10_000 && logged.insert(item.key.as_str().into()) {
                     tracing::warn!(key = %item.key, view = %view.name, "unreadable record served as defaults: {why}");
                 }
-                Entry::unreadable(now, &view.policy, item.key.len(), stats)
+                Entry::unreadable(now, view, item.key.len(), stats)
             }
         }
     }
@@ -746,7 +759,7 @@ mod tests {
         );
         assert!(matches!(
             h.cache()
-                .lookup("hy:user_profile:u_1", &v.policy, h.cache().clock().now_ms()),
+                .lookup("hy:user_profile:u_1", &v, h.cache().clock().now_ms()),
             Lookup::Absent
         ));
         gate.add_permits(1);

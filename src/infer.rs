@@ -379,6 +379,12 @@ impl Drop for Engine {
     fn drop(&mut self) {
         // Closing the queue lets each worker finish what is queued and exit.
         self.tx = None;
+        // An engine replaced by a registered change is dropped by the last request that held it, on an
+        // async worker: its session threads are left to finish on their own rather than joined there.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            self.workers.clear();
+            return;
+        }
         for w in self.workers.drain(..) {
             let _ = w.join();
         }

@@ -30,7 +30,8 @@
 //!   invalidations replicas send each other through it; [`value`]: feature values and the stored record
 //!   format.
 //! - [`schema`]: the schema registry: parsing, validation and compilation of entities, views and models;
-//!   [`proposal`]: a proposed change checked against the running registry (`POST /v1/schemas:validate`).
+//!   [`proposal`]: a proposed change checked against the running registry (`POST /v1/schemas:validate`);
+//!   [`registrar`]: registering changes while serving, with kept versions and rollback.
 //! - [`oip`]: the Open Inference Protocol (KServe V2) infer endpoint, raw tensors without hydration.
 //! - [`feast`]: Feast's feature-server read (`POST /get-online-features`), for clients switching from Feast.
 //! - [`loader`]: writing feature rows: the bulk loader (JSON Lines, CSV) and the rows API, write-through.
@@ -59,6 +60,7 @@ pub mod oip;
 pub mod postprocess;
 pub mod prefetch;
 pub mod proposal;
+pub mod registrar;
 pub mod schema;
 pub mod serve;
 pub mod store;

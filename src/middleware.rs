@@ -32,6 +32,7 @@ use tracing::Instrument as _;
 use tracing::instrument::Instrumented;
 
 use crate::error::{ApiError, Shape};
+use crate::gateway::Catalogs;
 use crate::telemetry::{Telemetry, us_since};
 
 /// How much longer than `limits.request_timeout` the backstop waits. The gateway's own deadlines (the
@@ -80,8 +81,8 @@ pub struct RequestLayer {
 
 struct Shared {
     telemetry: Arc<Telemetry>,
-    /// The registered model names: the `model` label is one of them, or empty for an unknown name.
-    models: Vec<String>,
+    /// The running catalog: the `model` label is one of its model names, or empty for an unknown name.
+    catalog: Catalogs,
     /// The backstop: `limits.request_timeout` + [`TIMEOUT_GRACE`].
     backstop: Duration,
     /// `limits.request_timeout`, for the error message.
@@ -89,11 +90,11 @@ struct Shared {
 }
 
 impl RequestLayer {
-    pub fn new(telemetry: Arc<Telemetry>, models: Vec<String>, request_timeout: Duration) -> Self {
+    pub fn new(telemetry: Arc<Telemetry>, catalog: Catalogs, request_timeout: Duration) -> Self {
         Self {
             shared: Arc::new(Shared {
                 telemetry,
-                models,
+                catalog,
                 backstop: request_timeout + TIMEOUT_GRACE,
                 limit: request_timeout,
             }),
@@ -186,7 +187,8 @@ impl Shared {
         let model = if route.contains("{model}") {
             // As the handler reads it: `c%74r` is served as `ctr`, so it is counted as `ctr`.
             let segment = crate::api::path_segment(req.uri(), 3);
-            self.models.iter().position(|m| *m == segment)
+            let catalog = self.catalog.load();
+            catalog.names.iter().find(|m| ***m == *segment).cloned()
         } else {
             None
         };
@@ -222,7 +224,7 @@ pin_project_lite::pin_project! {
         backstop: Sleep,
         started: Instant,
         route: &'static str,
-        model: Option<usize>,
+        model: Option<Arc<str>>,
         id: Option<HeaderValue>,
         body_read: Option<BodyRead>,
         // The error body's shape: on `/v2` the backstop and a panic answer as the Open Inference
@@ -272,10 +274,7 @@ where
                 (err.respond(*this.shape), false)
             }
         };
-        let model = this
-            .model
-            .and_then(|i| this.shared.models.get(i))
-            .map_or("", String::as_str);
+        let model = this.model.as_deref().unwrap_or("");
         // Only the routes whose answers the handlers count: the model's metadata routes never count.
         let counts = matches!(
             *this.route,
@@ -310,7 +309,7 @@ fn declares_body(headers: &HeaderMap) -> bool {
             .is_some_and(|v| v.as_bytes() != b"0")
 }
 
-/// Whether `route` (a [`route_label`]) reads a request body: the `POST` routes, every one of them.
+/// Whether `route` (a [`route_label`]) reads a request body: the `POST` and `PUT` routes, every one of them.
 pub(crate) fn reads_body(route: &str) -> bool {
     matches!(
         route,
@@ -321,7 +320,20 @@ pub(crate) fn reads_body(route: &str) -> bool {
             | "/v1/views/{view}/rows"
             | "/get-online-features"
             | "/v1/schemas:validate"
+            | "/v1/schemas"
+            | "/v1/schemas/{kind}/{name}"
+            | "/v1/schemas/{kind}/{name}/rollback"
     )
+}
+
+/// The methods `route` takes, as a 405's `Allow` says them.
+pub(crate) fn allowed_methods(route: &str) -> &'static str {
+    match route {
+        "/v1/schemas" => "GET, POST",
+        "/v1/schemas/{kind}/{name}" => "GET, PUT, DELETE",
+        r if reads_body(r) => "POST",
+        _ => "GET",
+    }
 }
 
 /// The matched route as a static label (bounded cardinality).
@@ -343,6 +355,11 @@ fn route_label(req: &Request) -> &'static str {
         Some("/get-online-features") => "/get-online-features",
         Some("/v1/schemas") => "/v1/schemas",
         Some("/v1/schemas/{kind}/{name}") => "/v1/schemas/{kind}/{name}",
+        Some("/v1/schemas/{kind}/{name}/versions") => "/v1/schemas/{kind}/{name}/versions",
+        Some("/v1/schemas/{kind}/{name}/versions/{version}") => {
+            "/v1/schemas/{kind}/{name}/versions/{version}"
+        }
+        Some("/v1/schemas/{kind}/{name}/rollback") => "/v1/schemas/{kind}/{name}/rollback",
         Some("/v1/schemas:validate") => "/v1/schemas:validate",
         Some(_) => "other",
         None => "unmatched",
@@ -434,7 +451,11 @@ mod tests {
             )
             .route_layer(RequestLayer::new(
                 telemetry,
-                vec!["ctr".to_owned()],
+                Arc::new(arc_swap::ArcSwap::from_pointee(crate::gateway::Catalog {
+                    registry: Arc::default(),
+                    engines: Default::default(),
+                    names: vec![Arc::from("ctr")],
+                })),
                 timeout,
             ))
     }

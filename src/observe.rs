@@ -104,7 +104,8 @@ pub fn prometheus(gw: &Gateway) -> String {
         "gauge",
         "Requests waiting for an inference session.",
     );
-    let mut engines: Vec<_> = gw.engines.iter().collect();
+    let catalog = gw.catalog.load_full();
+    let mut engines: Vec<_> = catalog.engines.iter().collect();
     engines.sort_by(|a, b| a.0.cmp(b.0));
     for (name, e) in &engines {
         let _ = writeln!(
@@ -400,7 +401,7 @@ pub fn stats(gw: &Gateway) -> Json {
                 "rows": m.rows.load(Relaxed),
                 "rps": recent as f64 / span,
                 "error_rate": ratio(errors, requests + errors + rejected),
-                "queue_depth": gw.engines.get(&name).map_or(0, |e| e.queue_depth()),
+                "queue_depth": gw.engine(&name).map_or(0, |e| e.queue_depth()),
                 "shed": {
                     "queue_full": m.shed_queue_full.load(Relaxed),
                     "queue_timeout": m.shed_queue_timeout.load(Relaxed),

@@ -98,6 +98,51 @@ pub struct Load<'a> {
     pub gone: &'a AtomicBool,
 }
 
+/// A change compiled beside the registered documents and compared with them.
+pub struct Proposal {
+    /// Everything, as it would be registered (the submitted documents under [`ORIGIN`]).
+    pub registry: Registry,
+    /// What each submitted document changes.
+    pub changes: Vec<Change>,
+    /// The models whose engines the change replaces or adds.
+    pub touched: BTreeSet<String>,
+    /// The submitted documents' kinds and names, in order.
+    pub submitted: Vec<(Kind, String)>,
+}
+
+/// What a proposal takes the place of: documents submitted in a body, documents removed, and whether a
+/// version may go down (a rollback).
+#[derive(Default)]
+pub struct Edit<'a> {
+    pub body: Option<&'a str>,
+    pub removed: &'a [(Kind, String)],
+    pub rollback: bool,
+}
+
+/// Compiles `edit` beside the registered documents of `running` and compares the result with them.
+pub fn propose(
+    running: &Registry,
+    edit: &Edit<'_>,
+    models_dir: &Path,
+) -> Result<Proposal, SchemaErrors> {
+    let submitted = edit.body.map(submitted).unwrap_or_default();
+    let mut replaced = submitted.clone();
+    replaced.extend(edit.removed.iter().cloned());
+    let proposed = Registry::compile(&sources(running, &replaced, edit.body)?, models_dir)?;
+    let changes = compare(running, &proposed, &submitted, edit.rollback)?;
+    let touched = touched_models(&proposed, &changes);
+    let errors = outside_models_folder(&proposed, &touched);
+    if !errors.is_empty() {
+        return Err(SchemaErrors(errors));
+    }
+    Ok(Proposal {
+        registry: proposed,
+        changes,
+        touched,
+        submitted,
+    })
+}
+
 /// Checks `body` (one or more YAML documents) against `running`: compiled with the registered documents,
 /// compared with them, and each model it touches loaded once on its device. Blocking (it opens ONNX
 /// Runtime sessions): call it off the async executor.
@@ -107,14 +152,17 @@ pub fn check(
     models_dir: &Path,
     load: Load<'_>,
 ) -> Result<Vec<Change>, SchemaErrors> {
-    let submitted = submitted(body);
-    let proposed = Registry::compile(&sources(running, &submitted, body)?, models_dir)?;
-    let changes = compare(running, &proposed, &submitted)?;
-    let touched = touched_models(&proposed, &changes);
-    let mut errors = outside_models_folder(&proposed, &touched);
-    if !errors.is_empty() {
-        return Err(SchemaErrors(errors));
-    }
+    let edit = Edit {
+        body: Some(body),
+        ..Edit::default()
+    };
+    let Proposal {
+        registry: proposed,
+        changes,
+        touched,
+        ..
+    } = propose(running, &edit, models_dir)?;
+    let mut errors = Vec::new();
     for name in touched {
         if load.gone.load(Relaxed) {
             break;
@@ -187,7 +235,7 @@ fn submitted(body: &str) -> Vec<(Kind, String)> {
 fn sources(
     running: &Registry,
     submitted: &[(Kind, String)],
-    body: &str,
+    body: Option<&str>,
 ) -> Result<Vec<(PathBuf, String)>, SchemaErrors> {
     let mut files: Vec<(&Path, Vec<Option<&Document>>)> = Vec::new();
     for doc in &running.documents {
@@ -237,7 +285,9 @@ fn sources(
         }
         out.push((file.to_owned(), text));
     }
-    out.push((PathBuf::from(ORIGIN), body.to_owned()));
+    if let Some(body) = body {
+        out.push((PathBuf::from(ORIGIN), body.to_owned()));
+    }
     Ok(out)
 }
 
@@ -283,6 +333,7 @@ fn compare(
     running: &Registry,
     proposed: &Registry,
     submitted: &[(Kind, String)],
+    rollback: bool,
 ) -> Result<Vec<Change>, SchemaErrors> {
     let mut errors = Vec::new();
     let mut changes = Vec::with_capacity(submitted.len());
@@ -372,7 +423,7 @@ fn compare(
             }
         };
         if let (Some(n), Some(o)) = (version, running_version) {
-            if n < o {
+            if n < o && !rollback {
                 refuse(
                     "version",
                     format!("{n} is lower than the running version {o}: versions only go up"),
@@ -518,7 +569,7 @@ fn touched_models(proposed: &Registry, changes: &[Change]) -> BTreeSet<String> {
 }
 
 /// A model that cannot load, as a schema problem at the `file:` of its document.
-fn load_error(e: InferError, doc: Option<&Document>) -> SchemaError {
+pub(crate) fn load_error(e: InferError, doc: Option<&Document>) -> SchemaError {
     match e {
         InferError::Load {
             model,
@@ -542,10 +593,10 @@ fn load_error(e: InferError, doc: Option<&Document>) -> SchemaError {
 }
 
 /// One check at a time loads models: each opens an ONNX Runtime session, which takes memory and a core.
-static CHECKS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+pub(crate) static CHECKS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
 
 /// Set when the request a check runs for is gone (answered by the timeout backstop, or the client left).
-struct Abandoned(Arc<AtomicBool>);
+pub(crate) struct Abandoned(pub(crate) Arc<AtomicBool>);
 
 impl Drop for Abandoned {
     fn drop(&mut self) {
@@ -568,7 +619,7 @@ pub async fn check_for(gw: &Gateway, body: String) -> Result<Vec<Change>, ApiErr
         .map_err(|e| ApiError::Internal(format!("schema checks stopped: {e}")))?;
     let gone = Arc::new(AtomicBool::new(false));
     let _abandoned = Abandoned(gone.clone());
-    let running = gw.registry.clone();
+    let running = gw.registry();
     let models_dir = gw.config.registry.models.clone();
     let inference = gw.config.inference.clone();
     tokio::task::spawn_blocking(move || {

@@ -297,6 +297,13 @@ pub struct View {
 }
 
 impl View {
+    /// The version and the layout together: what a cached record decoded for this view is tagged with, so
+    /// that a record decoded for another version or layout of the view (before a registered change) is
+    /// never served as this one.
+    pub fn shape(&self) -> u64 {
+        (u64::from(self.version) << 32) | u64::from(self.layout)
+    }
+
     pub fn feature_index(&self, name: &str) -> Option<usize> {
         self.features.iter().position(|f| f.name == name)
     }

@@ -42,14 +42,24 @@ fn allocations_per_request(body: &[u8]) -> u64 {
     );
     // The first request fills the cache; the rest are the hot path.
     let first = rt
-        .block_on(gw.predict(gw.engine("ctr").expect("ctr"), Format::Json, &headers, body))
+        .block_on(gw.predict(
+            &gw.engine("ctr").expect("ctr"),
+            Format::Json,
+            &headers,
+            body,
+        ))
         .expect("predict");
     assert_eq!(first.status(), 200);
     let info = allocation_counter::measure(|| {
         rt.block_on(async {
             for _ in 0..REQUESTS {
                 let resp = gw
-                    .predict(gw.engine("ctr").expect("ctr"), Format::Json, &headers, body)
+                    .predict(
+                        &gw.engine("ctr").expect("ctr"),
+                        Format::Json,
+                        &headers,
+                        body,
+                    )
                     .await
                     .expect("predict");
                 assert_eq!(resp.status(), 200);

@@ -293,7 +293,7 @@ async fn concurrent_misses_of_one_key_share_one_store_read() {
     let slowed = Slowed::new(inner, Duration::from_millis(20), Duration::ZERO);
     let app = gateway_over(c, slowed.clone()).await;
     redis.reset_stats();
-    let view = app.gateway.registry.views["user_profile"].clone();
+    let view = app.gateway.registry().views["user_profile"].clone();
     let keys = vec!["u_42".to_owned()];
     let h = app.gateway.hydrator.clone();
     let deadline = Instant::now() + Duration::from_secs(1);

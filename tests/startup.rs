@@ -368,7 +368,10 @@ async fn cuda_on_a_machine_without_it_is_a_clear_start_up_error() {
     let app = Application::build_with_store(c, store, Clock::default())
         .await
         .expect("auto falls back");
-    assert_eq!(app.gateway().engines["ctr"].info().device, "cpu");
+    assert_eq!(
+        app.gateway().catalog.load().engines["ctr"].info().device,
+        "cpu"
+    );
 }
 
 #[test]

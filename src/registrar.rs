@@ -1,0 +1,827 @@
+//! Registering schema changes while serving: `PUT /v1/schemas/{kind}/{name}`, `POST /v1/schemas` (several
+//! documents at once), `DELETE /v1/schemas/{kind}/{name}`, and each view's and model's past versions with
+//! rollback.
+//!
+//! A change is checked as `POST /v1/schemas:validate` checks it ([`crate::proposal`]), then the models it
+//! touches are started, then it is written to the schemas folder (so a restart serves the same), and
+//! last the new catalog is swapped in whole. Requests already running finish on the catalog they took;
+//! cached records decoded for another version or layout of a view are misses ([`crate::schema::View::shape`]).
+//!
+//! The schemas folder stays the source of truth, written as a person would: a registered document
+//! replaces its own text in the file it came from (the file's other documents and comments stay as they
+//! are), a new document gets a file of its own, and a deleted document leaves its file (or the file goes,
+//! when it held nothing else). Every version of a view or model that was registered or replaced is kept
+//! in `.versions/{kind}/{name}/{version}.yaml` under the schemas folder, which start-up does not read.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+use serde::Deserialize as _;
+use serde_json::json;
+
+use crate::error::ApiError;
+use crate::gateway::{Catalog, Gateway};
+use crate::infer::Engine;
+use crate::proposal::{self, Abandoned, Edit};
+use crate::schema::{Kind, Registry, SchemaErrors};
+
+/// What a request asks the registry to do.
+pub enum Action {
+    /// `PUT /v1/schemas/{kind}/{name}`: one document, of that kind and name.
+    Put {
+        kind: Kind,
+        name: String,
+        body: String,
+    },
+    /// `POST /v1/schemas`: one or more documents, registered together.
+    Post { body: String },
+    /// `DELETE /v1/schemas/{kind}/{name}`.
+    Delete { kind: Kind, name: String },
+    /// `POST /v1/schemas/{kind}/{name}/rollback`: a kept version registered again.
+    Rollback {
+        kind: Kind,
+        name: String,
+        version: u32,
+    },
+}
+
+/// The folder under the schemas folder that keeps every version.
+pub const VERSIONS_DIR: &str = ".versions";
+
+/// The path's kind segment (`entities`, `views`, `models`).
+pub fn kind_of_segment(segment: &str) -> Result<Kind, ApiError> {
+    match segment {
+        "entities" => Ok(Kind::Entity),
+        "views" => Ok(Kind::View),
+        "models" => Ok(Kind::Model),
+        other => Err(ApiError::NotFound {
+            code: "unknown_schema_kind",
+            message: format!(
+                "`/v1/schemas/{other}/...`: expected /v1/schemas/entities/NAME, /v1/schemas/views/NAME or /v1/schemas/models/NAME"
+            ),
+        }),
+    }
+}
+
+/// Registers `action` on the gateway: checked, the touched models started, written, swapped in. One
+/// registration or check runs at a time.
+pub async fn register(gw: &Arc<Gateway>, action: Action) -> Result<serde_json::Value, ApiError> {
+    if !gw.config.registry.writes {
+        return Err(ApiError::Forbidden {
+            code: "schema_writes_disabled",
+            message: "registering over HTTP is off (registry.writes = false): set registry.writes = true, or change the files in registry.schemas and restart".to_owned(),
+        });
+    }
+    let env = crate::infer::runtime(&gw.config.onnxruntime_library())
+        .map_err(|e| ApiError::Internal(format!("cannot load models to register them: {e}")))?;
+    let turn = proposal::CHECKS
+        .acquire()
+        .await
+        .map_err(|e| ApiError::Internal(format!("schema registration stopped: {e}")))?;
+    let gone = Arc::new(AtomicBool::new(false));
+    let _abandoned = Abandoned(gone.clone());
+    let gw = gw.clone();
+    tokio::task::spawn_blocking(move || {
+        let _turn = turn;
+        apply(&gw, action, env, &gone)
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("the schema registration failed: {e}")))?
+}
+
+fn apply(
+    gw: &Gateway,
+    action: Action,
+    env: &ort::environment::Environment,
+    gone: &AtomicBool,
+) -> Result<serde_json::Value, ApiError> {
+    let running = gw.registry();
+    let schemas_dir = gw.config.registry.schemas.as_path();
+    let models_dir = gw.config.registry.models.as_path();
+    let (body, removed, rollback, expect) = match action {
+        Action::Put { kind, name, body } => (Some(body), Vec::new(), false, Some((kind, name))),
+        Action::Post { body } => (Some(body), Vec::new(), false, None),
+        Action::Delete { kind, name } => {
+            if running.document(kind, &name).is_none() {
+                return Err(not_registered(&running, kind, &name));
+            }
+            (None, vec![(kind, name)], false, None)
+        }
+        Action::Rollback {
+            kind,
+            name,
+            version,
+        } => {
+            let text = read_version(schemas_dir, &running, kind, &name, version)?;
+            (Some(text), Vec::new(), true, Some((kind, name)))
+        }
+    };
+    let edit = Edit {
+        body: body.as_deref(),
+        removed: &removed,
+        rollback,
+    };
+    let proposal =
+        proposal::propose(&running, &edit, models_dir).map_err(ApiError::InvalidSchema)?;
+    if let Some((kind, name)) = &expect
+        && (proposal.submitted.len() != 1 || proposal.submitted[0] != (*kind, name.clone()))
+    {
+        let sent: Vec<String> = proposal
+            .submitted
+            .iter()
+            .map(|(k, n)| format!("{} `{n}`", k.as_str()))
+            .collect();
+        return Err(ApiError::Invalid {
+            code: "schema_mismatch",
+            message: format!(
+                "PUT /v1/schemas/{}/{name} takes one document, the {} `{name}`; the body holds {}: send several documents together to POST /v1/schemas",
+                plural(*kind),
+                kind.as_str(),
+                if sent.is_empty() {
+                    "none with a kind and a name".to_owned()
+                } else {
+                    sent.join(", ")
+                }
+            ),
+            field: Some(
+                if proposal.submitted.first().is_some_and(|(k, _)| k != kind) {
+                    "kind".to_owned()
+                } else {
+                    "name".to_owned()
+                },
+            ),
+        });
+    }
+
+    let plan = plan_files(
+        &running,
+        schemas_dir,
+        body.as_deref(),
+        &proposal.submitted,
+        &removed,
+    )?;
+    let registry = Registry::compile(&plan.sources, models_dir).map_err(|e| {
+        ApiError::Internal(format!(
+            "the change checked, but not once placed in its files: {e}"
+        ))
+    })?;
+
+    // Start the touched models before anything is written: a model that cannot start leaves all as it was.
+    let catalog = gw.catalog.load_full();
+    let mut engines = HashMap::with_capacity(registry.models.len());
+    let mut errors = Vec::new();
+    let mut names: Vec<&String> = registry.models.keys().collect();
+    names.sort();
+    for name in names {
+        if !proposal.touched.contains(name)
+            && let Some(engine) = catalog.engines.get(name)
+        {
+            engines.insert(name.clone(), engine.clone());
+            continue;
+        }
+        if gone.load(Relaxed) {
+            return Err(ApiError::Timeout(
+                "the registration's request ended before its models were started: nothing was registered".to_owned(),
+            ));
+        }
+        let model = registry.models[name].clone();
+        match Engine::start(env, model, &gw.config.inference, gw.telemetry.model(name)) {
+            Ok(engine) => {
+                engines.insert(name.clone(), Arc::new(engine));
+            }
+            Err(e) => errors.push(proposal::load_error(
+                e,
+                proposal.registry.document(Kind::Model, name),
+            )),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(ApiError::InvalidSchema(SchemaErrors(errors)));
+    }
+
+    write_files(&plan.writes)?;
+    let files: Vec<String> = plan
+        .writes
+        .iter()
+        .filter(|w| !w.history)
+        .map(|w| w.path.display().to_string())
+        .collect();
+    gw.catalog
+        .store(Arc::new(Catalog::new(Arc::new(registry), engines)));
+    for c in &proposal.changes {
+        tracing::info!(kind = c.kind.as_str(), name = %c.name, change = ?c.change, version = ?c.version, "schema registered");
+    }
+    for (kind, name) in &removed {
+        tracing::info!(kind = kind.as_str(), name = %name, "schema deleted");
+    }
+    let deleted: Vec<_> = removed
+        .iter()
+        .map(|(k, n)| json!({"kind": k, "name": n}))
+        .collect();
+    let mut answer = json!({"registered": true, "documents": proposal.changes, "files": files});
+    if !deleted.is_empty() {
+        answer["deleted"] = json!(deleted);
+    }
+    Ok(answer)
+}
+
+fn plural(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Entity => "entities",
+        Kind::View => "views",
+        Kind::Model => "models",
+    }
+}
+
+fn not_registered(registry: &Registry, kind: Kind, name: &str) -> ApiError {
+    let known = crate::schema::known_names(
+        registry
+            .documents
+            .iter()
+            .filter(|d| d.kind == kind)
+            .map(|d| d.name.as_str()),
+    );
+    ApiError::NotFound {
+        code: match kind {
+            Kind::Entity => "unknown_entity",
+            Kind::View => "unknown_view",
+            Kind::Model => "unknown_model",
+        },
+        message: format!(
+            "no {} `{name}` is registered (registered: {known})",
+            kind.as_str()
+        ),
+    }
+}
+
+/// One file to write (or remove, with `text: None`).
+struct Write {
+    path: PathBuf,
+    text: Option<String>,
+    /// A kept version under [`VERSIONS_DIR`], written before the schema files.
+    history: bool,
+}
+
+/// Where a change goes: the files to write, and every schema file's text afterwards (to compile).
+struct FilePlan {
+    writes: Vec<Write>,
+    sources: Vec<(PathBuf, String)>,
+}
+
+/// A schema file as it is on disk, cut into its documents' texts.
+struct FileText {
+    /// Each piece holds one document (or, only the first, none: comments before a `---`); every piece
+    /// but the first begins with its `---` line.
+    pieces: Vec<String>,
+    /// For each piece, the index of its document in the file, if it holds one.
+    docs: Vec<Option<usize>>,
+}
+
+/// Cuts `text` at its `---` lines, and checks that the pieces hold the file's documents one each, in
+/// order. `None` when they do not (a `...` end marker, a `---` the cut misreads): the text is then not
+/// edited piece by piece.
+fn cut(text: &str) -> Option<FileText> {
+    let whole = parse_all(text)?;
+    let mut pieces = Vec::new();
+    let (mut start, mut pos) = (0, 0);
+    for line in text.split_inclusive('\n') {
+        if pos > 0 && is_marker(line) {
+            pieces.push(text[start..pos].to_owned());
+            start = pos;
+        }
+        pos += line.len();
+    }
+    pieces.push(text[start..].to_owned());
+    let mut docs = Vec::with_capacity(pieces.len());
+    let mut next = 0;
+    for (i, piece) in pieces.iter().enumerate() {
+        // Comments before a leading `---` are no document of their own.
+        let comments = piece
+            .lines()
+            .all(|l| l.trim().is_empty() || l.trim_start().starts_with('#'));
+        if i == 0 && comments {
+            docs.push(None);
+            continue;
+        }
+        match parse_all(piece)?.as_slice() {
+            [] => docs.push(None),
+            [one] if whole.get(next) == Some(one) => {
+                docs.push(Some(next));
+                next += 1;
+            }
+            _ => return None,
+        }
+    }
+    (next == whole.len()).then_some(FileText { pieces, docs })
+}
+
+fn is_marker(line: &str) -> bool {
+    let line = line.trim_end_matches(['\n', '\r']);
+    line == "---" || line.starts_with("--- ") || line.starts_with("---\t")
+}
+
+fn parse_all(text: &str) -> Option<Vec<serde_yaml::Value>> {
+    serde_yaml::Deserializer::from_str(text)
+        .map(serde_yaml::Value::deserialize)
+        .collect::<Result<Vec<_>, _>>()
+        .ok()
+}
+
+/// A document's text for a file of its own or a piece of one: without a leading `---` line, ending in
+/// a newline.
+fn bare(piece: &str) -> String {
+    let mut text = match piece.split_once('\n') {
+        Some((first, rest)) if is_marker(first) => rest.to_owned(),
+        _ if is_marker(piece) => String::new(),
+        _ => piece.to_owned(),
+    };
+    if !text.ends_with('\n') {
+        text.push('\n');
+    }
+    text
+}
+
+/// Each submitted document's text, as sent (comments kept) when the body cuts cleanly, else as the
+/// parser read it.
+fn submitted_texts(body: &str) -> Result<HashMap<(Kind, String), String>, ApiError> {
+    let mut out = HashMap::new();
+    let values = parse_all(body).unwrap_or_default();
+    let cut = cut(body);
+    for (i, value) in values.iter().enumerate() {
+        let kind = value
+            .get("kind")
+            .and_then(|k| k.as_str())
+            .and_then(Kind::parse);
+        let name = value.get("name").and_then(|n| n.as_str());
+        let (Some(kind), Some(name)) = (kind, name) else {
+            continue;
+        };
+        let text = match cut.as_ref().and_then(|c| {
+            c.docs
+                .iter()
+                .position(|d| *d == Some(i))
+                .map(|p| &c.pieces[p])
+        }) {
+            Some(piece) => bare(piece),
+            None => serde_yaml::to_string(value).map_err(|e| {
+                ApiError::Internal(format!("cannot write {} `{name}`: {e}", kind.as_str()))
+            })?,
+        };
+        out.insert((kind, name.to_owned()), text);
+    }
+    Ok(out)
+}
+
+/// Works out every file the change writes, and what each schema file holds afterwards.
+fn plan_files(
+    running: &Registry,
+    schemas_dir: &Path,
+    body: Option<&str>,
+    submitted: &[(Kind, String)],
+    removed: &[(Kind, String)],
+) -> Result<FilePlan, ApiError> {
+    let texts = match body {
+        Some(body) => submitted_texts(body)?,
+        None => HashMap::new(),
+    };
+    // The registered files, in order, each with its text on disk, which must still hold what was loaded.
+    let mut files: Vec<(PathBuf, FileText, bool)> = Vec::new();
+    for doc in &running.documents {
+        if files.iter().any(|(f, _, _)| *f == doc.file) {
+            continue;
+        }
+        let on_disk = std::fs::read_to_string(&doc.file).map_err(|e| {
+            ApiError::RegistryUnwritable(format!("cannot read {}: {e}", doc.file.display()))
+        })?;
+        let loaded = running.documents.iter().filter(|d| d.file == doc.file);
+        let cut = cut(&on_disk).filter(|c| {
+            let values = c
+                .docs
+                .iter()
+                .zip(&c.pieces)
+                .filter_map(|(d, p)| d.map(|d| (d, p)))
+                .collect::<Vec<_>>();
+            loaded.clone().all(|d| {
+                values
+                    .iter()
+                    .find(|(i, _)| *i == d.index)
+                    .and_then(|(_, p)| parse_all(p))
+                    .is_some_and(|v| v.first() == Some(&d.body))
+            })
+        });
+        let Some(cut) = cut else {
+            return Err(ApiError::Conflict {
+                code: "schema_file_changed",
+                message: format!(
+                    "{} no longer holds what was loaded from it (edited since start-up?), or its documents cannot be told apart at their `---` lines: restart to load it, then register",
+                    doc.file.display()
+                ),
+            });
+        };
+        files.push((doc.file.clone(), cut, false));
+    }
+    let mut writes = Vec::new();
+    let versions_of = |kind: Kind, name: &str, version: u32| {
+        schemas_dir
+            .join(VERSIONS_DIR)
+            .join(kind.as_str())
+            .join(name)
+            .join(format!("{version}.yaml"))
+    };
+    let version_of = |value: &serde_yaml::Value| {
+        value
+            .get("version")
+            .and_then(|v| v.as_u64())
+            .and_then(|v| u32::try_from(v).ok())
+    };
+    // The running documents that the change replaces or removes are kept first, unless kept already.
+    for (kind, name) in submitted.iter().chain(removed) {
+        let Some(doc) = running.document(*kind, name) else {
+            continue;
+        };
+        if *kind == Kind::Entity {
+            continue;
+        }
+        let Some(version) = version_of(&doc.body) else {
+            continue;
+        };
+        let path = versions_of(*kind, name, version);
+        if path.exists() {
+            continue;
+        }
+        let text = files
+            .iter()
+            .find(|(f, _, _)| *f == doc.file)
+            .and_then(|(_, c, _)| {
+                let p = c.docs.iter().position(|d| *d == Some(doc.index))?;
+                Some(bare(&c.pieces[p]))
+            });
+        if let Some(text) = text {
+            writes.push(Write {
+                path,
+                text: Some(text),
+                history: true,
+            });
+        }
+    }
+    let mut new_files: Vec<(PathBuf, String)> = Vec::new();
+    for (kind, name) in submitted {
+        let Some(text) = texts.get(&(*kind, name.clone())) else {
+            continue;
+        };
+        if *kind != Kind::Entity
+            && let Some(version) = parse_all(text)
+                .as_ref()
+                .and_then(|v| v.first())
+                .and_then(version_of)
+        {
+            writes.push(Write {
+                path: versions_of(*kind, name, version),
+                text: Some(text.clone()),
+                history: true,
+            });
+        }
+        match running.document(*kind, name) {
+            Some(doc) => {
+                let Some((_, cut, changed)) = files.iter_mut().find(|(f, _, _)| *f == doc.file)
+                else {
+                    continue;
+                };
+                if let Some(p) = cut.docs.iter().position(|d| *d == Some(doc.index)) {
+                    let marker = match cut.pieces[p].split_once('\n') {
+                        Some((first, _)) if is_marker(first) => format!("{first}\n"),
+                        _ => String::new(),
+                    };
+                    cut.pieces[p] = format!("{marker}{text}");
+                    *changed = true;
+                }
+            }
+            None => {
+                let taken = |p: &Path| {
+                    p.exists()
+                        || files.iter().any(|(f, _, _)| f == p)
+                        || new_files.iter().any(|(f, _)| f == p)
+                };
+                let plain = schemas_dir.join(format!("{name}.yaml"));
+                let kinded = schemas_dir.join(format!("{name}.{}.yaml", kind.as_str()));
+                let path = if !taken(&plain) {
+                    plain
+                } else if !taken(&kinded) {
+                    kinded
+                } else {
+                    return Err(ApiError::Conflict {
+                        code: "schema_file_taken",
+                        message: format!(
+                            "both {} and {} exist: a new {} `{name}` needs a file of its own; move one of them",
+                            plain.display(),
+                            kinded.display(),
+                            kind.as_str()
+                        ),
+                    });
+                };
+                new_files.push((path, text.clone()));
+            }
+        }
+    }
+    for (kind, name) in removed {
+        let Some(doc) = running.document(*kind, name) else {
+            continue;
+        };
+        if let Some((_, cut, changed)) = files.iter_mut().find(|(f, _, _)| *f == doc.file)
+            && let Some(p) = cut.docs.iter().position(|d| *d == Some(doc.index))
+        {
+            cut.pieces.remove(p);
+            cut.docs.remove(p);
+            *changed = true;
+        }
+    }
+    let mut sources = Vec::with_capacity(files.len() + new_files.len());
+    for (path, cut, changed) in files {
+        let text: String = cut.pieces.concat();
+        let empty = cut.docs.iter().all(Option::is_none);
+        if changed {
+            writes.push(Write {
+                path: path.clone(),
+                text: (!empty).then(|| text.clone()),
+                history: false,
+            });
+        }
+        if !empty {
+            sources.push((path, text));
+        }
+    }
+    for (path, text) in new_files {
+        writes.push(Write {
+            path: path.clone(),
+            text: Some(text.clone()),
+            history: false,
+        });
+        sources.push((path, text));
+    }
+    sources.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(FilePlan { writes, sources })
+}
+
+/// Writes every file: each to a temporary name beside it first, then renamed into place, so a reader
+/// (or a crash) sees a file whole, before or after. Kept versions go first; a failure before the
+/// schema files are renamed leaves the schema files as they were.
+fn write_files(writes: &[Write]) -> Result<(), ApiError> {
+    let unwritable = |path: &Path, e: std::io::Error| {
+        ApiError::RegistryUnwritable(format!(
+            "cannot write {}: {e} (registering needs a writable registry.schemas folder)",
+            path.display()
+        ))
+    };
+    let mut staged = Vec::new();
+    let result = (|| {
+        for w in writes {
+            let Some(text) = &w.text else { continue };
+            if let Some(dir) = w.path.parent() {
+                std::fs::create_dir_all(dir).map_err(|e| unwritable(dir, e))?;
+            }
+            let tmp = temporary(&w.path);
+            std::fs::write(&tmp, text).map_err(|e| unwritable(&tmp, e))?;
+            staged.push(tmp.clone());
+            std::fs::File::open(&tmp)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| unwritable(&tmp, e))?;
+        }
+        Ok(())
+    })();
+    if let Err(e) = result {
+        for tmp in staged {
+            let _ = std::fs::remove_file(tmp);
+        }
+        return Err(e);
+    }
+    for w in writes {
+        match &w.text {
+            Some(_) => {
+                std::fs::rename(temporary(&w.path), &w.path).map_err(|e| unwritable(&w.path, e))?
+            }
+            None => std::fs::remove_file(&w.path).map_err(|e| unwritable(&w.path, e))?,
+        }
+    }
+    let mut dirs: Vec<&Path> = writes.iter().filter_map(|w| w.path.parent()).collect();
+    dirs.dedup();
+    for dir in dirs {
+        let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
+    }
+    Ok(())
+}
+
+/// The temporary name a file is written under: hidden, and not `*.yaml`, so start-up never reads one.
+fn temporary(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!(".{name}.hydrant-tmp"))
+}
+
+/// The kept text of `version` of a view or model.
+fn read_version(
+    schemas_dir: &Path,
+    running: &Registry,
+    kind: Kind,
+    name: &str,
+    version: u32,
+) -> Result<String, ApiError> {
+    if kind == Kind::Entity {
+        return Err(not_versioned());
+    }
+    let path = schemas_dir
+        .join(VERSIONS_DIR)
+        .join(kind.as_str())
+        .join(name)
+        .join(format!("{version}.yaml"));
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Ok(text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let kept = versions(schemas_dir, kind, name);
+            if kept.is_empty() && running.document(kind, name).is_none() {
+                return Err(not_registered(running, kind, name));
+            }
+            Err(ApiError::NotFound {
+                code: "unknown_version",
+                message: format!(
+                    "version {version} of {} `{name}` is not kept (kept: {})",
+                    kind.as_str(),
+                    if kept.is_empty() {
+                        "none: versions are kept from the first change registered over HTTP"
+                            .to_owned()
+                    } else {
+                        kept.iter()
+                            .map(u32::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    }
+                ),
+            })
+        }
+        Err(e) => Err(ApiError::RegistryUnwritable(format!(
+            "cannot read {}: {e}",
+            path.display()
+        ))),
+    }
+}
+
+fn not_versioned() -> ApiError {
+    ApiError::NotFound {
+        code: "not_versioned",
+        message: "entities have no versions: only views and models are versioned".to_owned(),
+    }
+}
+
+/// The kept versions of a view or model, ascending.
+fn versions(schemas_dir: &Path, kind: Kind, name: &str) -> Vec<u32> {
+    let dir = schemas_dir
+        .join(VERSIONS_DIR)
+        .join(kind.as_str())
+        .join(name);
+    let mut out: Vec<u32> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .filter_map(|e| e.file_name().to_str()?.strip_suffix(".yaml")?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort_unstable();
+    out
+}
+
+/// `GET /v1/schemas/{kind}/{name}/versions`: the kept versions and the running one.
+pub fn list_versions(gw: &Gateway, kind: Kind, name: &str) -> Result<serde_json::Value, ApiError> {
+    if kind == Kind::Entity {
+        return Err(not_versioned());
+    }
+    let registry = gw.registry();
+    let running = registry.document(kind, name).and_then(|d| {
+        d.body
+            .get("version")
+            .and_then(|v| v.as_u64())
+            .and_then(|v| u32::try_from(v).ok())
+    });
+    let mut kept = versions(&gw.config.registry.schemas, kind, name);
+    if kept.is_empty() && running.is_none() {
+        return Err(not_registered(&registry, kind, name));
+    }
+    if let Some(v) = running
+        && !kept.contains(&v)
+    {
+        kept.push(v);
+        kept.sort_unstable();
+    }
+    Ok(json!({
+        "kind": kind,
+        "name": name,
+        "running_version": running,
+        "versions": kept.iter().map(|v| json!({"version": v, "running": Some(*v) == running})).collect::<Vec<_>>(),
+    }))
+}
+
+/// `GET /v1/schemas/{kind}/{name}/versions/{version}`: a kept version as JSON (the running version
+/// answers from the registry when it was never changed over HTTP).
+pub fn show_version(
+    gw: &Gateway,
+    kind: Kind,
+    name: &str,
+    version: &str,
+) -> Result<serde_json::Value, ApiError> {
+    let Ok(version) = version.parse::<u32>() else {
+        return Err(ApiError::NotFound {
+            code: "unknown_version",
+            message: format!(
+                "`{version}` is not a version: expected a whole number, as in versions/2"
+            ),
+        });
+    };
+    let registry = gw.registry();
+    let running = registry.document(kind, name);
+    let from_registry = running
+        .filter(|d| d.body.get("version").and_then(|v| v.as_u64()) == Some(u64::from(version)));
+    let (document, file) =
+        match read_version(&gw.config.registry.schemas, &registry, kind, name, version) {
+            Ok(text) => {
+                let value: serde_yaml::Value = serde_yaml::from_str(&text).map_err(|e| {
+                    ApiError::Internal(format!(
+                        "kept version {version} of `{name}` is not readable: {e}"
+                    ))
+                })?;
+                let file = gw
+                    .config
+                    .registry
+                    .schemas
+                    .join(VERSIONS_DIR)
+                    .join(kind.as_str())
+                    .join(name)
+                    .join(format!("{version}.yaml"));
+                (value, file)
+            }
+            Err(e) => match from_registry {
+                Some(doc) => (doc.body.clone(), doc.file.clone()),
+                None => return Err(e),
+            },
+        };
+    let document = serde_json::to_value(&document)
+        .map_err(|e| ApiError::Internal(format!("cannot show `{name}` as JSON: {e}")))?;
+    Ok(json!({
+        "kind": kind,
+        "name": name,
+        "version": version,
+        "running": from_registry.is_some(),
+        "file": file.display().to_string(),
+        "document": document,
+    }))
+}
+
+/// The request body as UTF-8 schema text (a byte order mark dropped), for the registering routes.
+pub fn body_text(body: &[u8]) -> Result<String, ApiError> {
+    let body = body.strip_prefix(b"\xef\xbb\xbf").unwrap_or(body);
+    std::str::from_utf8(body)
+        .map(str::to_owned)
+        .map_err(|e| ApiError::Malformed {
+            code: "invalid_body",
+            message: format!(
+                "the schema is not UTF-8 text: {e}; send YAML documents, as in schemas/*.yaml"
+            ),
+            field: None,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_is_cut_into_its_documents_and_put_back_together() {
+        let text = "# entities\nkind: entity\nname: a\n---\n# b\nkind: entity\nname: b\n--- # c\nkind: entity\nname: c\n";
+        let c = cut(text).expect("cuts");
+        assert_eq!(c.pieces.len(), 3);
+        assert_eq!(c.docs, vec![Some(0), Some(1), Some(2)]);
+        assert_eq!(c.pieces.concat(), text);
+        assert_eq!(bare(&c.pieces[1]), "# b\nkind: entity\nname: b\n");
+        let lead = cut("# only a comment\n---\nkind: entity\nname: a\n").expect("cuts");
+        assert_eq!(
+            lead.docs,
+            vec![None, Some(0)],
+            "comments before a leading `---` are no document"
+        );
+        let texts = submitted_texts("# a\nkind: entity\nname: a\n---\nkind: view\nname: b\n")
+            .unwrap_or_default();
+        assert_eq!(
+            texts
+                .get(&(Kind::Entity, "a".to_owned()))
+                .map(String::as_str),
+            Some("# a\nkind: entity\nname: a\n")
+        );
+        assert_eq!(
+            texts.get(&(Kind::View, "b".to_owned())).map(String::as_str),
+            Some("kind: view\nname: b\n")
+        );
+        assert!(cut("a: |\n  ---\n  b\n").is_some_and(|c| c.pieces.len() == 1));
+    }
+}

@@ -1,0 +1,358 @@
+//! Registering schema changes while serving: `PUT`/`DELETE /v1/schemas/{kind}/{name}`, `POST
+//! /v1/schemas`, kept versions and rollback. Each test runs a gateway over its own copy of the repo's
+//! schemas, edited as a data team would edit them, and checks what is served, what is on disk, and what
+//! a restart serves.
+
+mod common;
+
+use common::{Reply, TestApp, demo_rows, root};
+use serde_json::{Value as Json, json};
+
+fn schema_file(file: &str) -> String {
+    std::fs::read_to_string(root().join("schemas").join(file)).expect("schema file")
+}
+
+fn edit(text: &str, from: &str, to: &str) -> String {
+    assert!(text.contains(from), "the schema holds {from:?}");
+    text.replacen(from, to, 1)
+}
+
+/// A gateway over a copy of the repo's schemas (in `dir`) with registering on.
+async fn spawn(dir: &tempfile::TempDir, writes: bool) -> TestApp {
+    let mut c = common::test_config();
+    c.registry.schemas = dir.path().to_owned();
+    c.registry.writes = writes;
+    let (store, store_dir) = common::demo_store().await;
+    TestApp::spawn_with(c, store, Some(store_dir)).await
+}
+
+fn copy_of_schemas() -> tempfile::TempDir {
+    common::schemas_with_ctr_edit("version: 1", "version: 1")
+}
+
+async fn send(app: &TestApp, method: reqwest::Method, path: &str, body: Option<&str>) -> Reply {
+    let mut req = app.client.request(method, format!("{}{path}", app.addr));
+    if let Some(body) = body {
+        req = req
+            .header("content-type", "application/yaml")
+            .body(body.to_owned());
+    }
+    let resp = req.send().await.expect("request sent");
+    Reply {
+        status: resp.status().as_u16(),
+        headers: resp.headers().clone(),
+        body: resp.bytes().await.expect("body").to_vec(),
+    }
+}
+
+async fn put(app: &TestApp, path: &str, body: &str) -> Reply {
+    send(app, reqwest::Method::PUT, path, Some(body)).await
+}
+
+fn ok(r: &Reply) -> Json {
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    r.json()
+}
+
+/// `user_profile:age` of `user` as `/v1/features` serves it: (value, status).
+async fn age(app: &TestApp, user: &str) -> (Json, String) {
+    let body = json!({"entities": {"user_id": [user]}, "features": ["user_profile:age"]});
+    let j = ok(&app.post_json("/v1/features", &body).await);
+    let age = &j["features"]["user_profile:age"];
+    (
+        age["values"][0].clone(),
+        age["statuses"][0].as_str().unwrap_or_default().to_owned(),
+    )
+}
+
+#[tokio::test]
+async fn a_new_view_version_is_served_at_once_kept_and_rolled_back() {
+    let dir = copy_of_schemas();
+    let app = spawn(&dir, true).await;
+    let users = demo_rows("user_profile", "user_id");
+    // Served, and now cached, under version 1.
+    assert_eq!(
+        age(&app, "u_5").await,
+        (users["u_5"]["age"].clone(), "PRESENT".to_owned())
+    );
+
+    let v2 = edit(
+        &edit(
+            &schema_file("user_profile.yaml"),
+            "version: 1",
+            "version: 2",
+        ),
+        "  - {name: age, dtype: int64, default: 30}\n",
+        "  - {name: age, dtype: int64, default: 30}\n  - {name: tenure_days, dtype: int64, default: 0}\n",
+    );
+    let j = ok(&put(&app, "/v1/schemas/views/user_profile", &v2).await);
+    assert_eq!(j["registered"], true);
+    assert_eq!(
+        j["documents"],
+        json!([{"kind": "view", "name": "user_profile", "change": "changed", "version": 2, "running_version": 1,
+                "notes": ["features added: tenure_days", "records stored under version 1's features are served as DEFAULTED until their rows are written again"]}])
+    );
+
+    // The rows stored under version 1 are not served as version 2's, not even from the cache.
+    assert_eq!(age(&app, "u_5").await, (json!(30), "DEFAULTED".to_owned()));
+    let body = json!({"entities": {"user_id": ["u_5"]}, "features": ["user_profile:tenure_days"]});
+    let j = ok(&app.post_json("/v1/features", &body).await);
+    assert_eq!(
+        j["features"]["user_profile:tenure_days"]["values"],
+        json!([0])
+    );
+    // The model that reads the view was restarted on it and still scores.
+    let predict = json!({"entities": {"user_id": "u_5"}, "candidates": [{"item_id": "i_1"}]});
+    assert_eq!(app.predict("ctr", &predict).await.status, 200);
+    // A row written now, under version 2, is served.
+    let rows = json!({"rows": [{"user_id": "u_5", "age": 41, "tenure_days": 12}]});
+    ok(&app.post_json("/v1/views/user_profile/rows", &rows).await);
+    assert_eq!(age(&app, "u_5").await, (json!(41), "PRESENT".to_owned()));
+
+    // On disk: the file as sent (comments and all), and both versions kept.
+    let on_disk = std::fs::read_to_string(dir.path().join("user_profile.yaml")).expect("file");
+    assert_eq!(on_disk, v2);
+    let kept = dir.path().join(".versions/view/user_profile");
+    assert_eq!(
+        std::fs::read_to_string(kept.join("1.yaml")).expect("v1"),
+        schema_file("user_profile.yaml")
+    );
+    assert!(kept.join("2.yaml").exists());
+    let j = ok(&app.get("/v1/schemas/views/user_profile/versions").await);
+    assert_eq!(
+        j["versions"],
+        json!([{"version": 1, "running": false}, {"version": 2, "running": true}])
+    );
+    let j = ok(&app.get("/v1/schemas/views/user_profile/versions/1").await);
+    assert_eq!(j["document"]["version"], 1);
+    assert_eq!(j["running"], false);
+
+    // A restart serves what was registered.
+    app.stop().await;
+    let app = spawn(&dir, true).await;
+    let j = ok(&app.get("/v1/schemas/views/user_profile").await);
+    assert_eq!(j["version"], 2);
+
+    // Rollback: version 1 again, and the rows stored under it are served again.
+    let r = app
+        .post_json(
+            "/v1/schemas/views/user_profile/rollback",
+            &json!({"version": 1}),
+        )
+        .await;
+    let j = ok(&r);
+    assert_eq!(j["documents"][0]["version"], 1);
+    assert_eq!(j["documents"][0]["running_version"], 2);
+    assert_eq!(
+        age(&app, "u_6").await,
+        (users["u_6"]["age"].clone(), "PRESENT".to_owned())
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("user_profile.yaml")).expect("file"),
+        schema_file("user_profile.yaml")
+    );
+    let r = app
+        .post_json(
+            "/v1/schemas/views/user_profile/rollback",
+            &json!({"version": 7}),
+        )
+        .await;
+    assert_eq!(r.status, 404);
+    assert_eq!(r.code(), "unknown_version");
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("kept: 1, 2")
+    );
+    let r = app
+        .post_json(
+            "/v1/schemas/views/user_profile/rollback",
+            &json!({"versoin": 1}),
+        )
+        .await;
+    assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
+}
+
+#[tokio::test]
+async fn refused_changes_leave_the_gateway_and_the_files_as_they_were() {
+    let dir = copy_of_schemas();
+    let off = spawn(&dir, false).await;
+    let r = put(
+        &off,
+        "/v1/schemas/views/user_profile",
+        &schema_file("user_profile.yaml"),
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.code().as_str()),
+        (403, "schema_writes_disabled")
+    );
+    off.stop().await;
+
+    let app = spawn(&dir, true).await;
+    let before: Vec<(String, String)> = files(dir.path());
+
+    // The body must be the document the path names.
+    let r = put(
+        &app,
+        "/v1/schemas/views/item_stats",
+        &schema_file("user_profile.yaml"),
+    )
+    .await;
+    assert_eq!((r.status, r.code().as_str()), (400, "schema_mismatch"));
+    assert_eq!(r.json()["error"]["field"], "name");
+    // A dtype change under a running model that is not re-bound.
+    let retyped = edit(
+        &edit(
+            &schema_file("user_profile.yaml"),
+            "version: 1",
+            "version: 2",
+        ),
+        "{name: age, dtype: int64, default: 30}",
+        "{name: age, dtype: float32, default: 30}",
+    );
+    let r = put(&app, "/v1/schemas/views/user_profile", &retyped).await;
+    assert_eq!((r.status, r.code().as_str()), (422, "invalid_schema"));
+    // A view a model reads cannot go; the problem is named where it is.
+    let r = send(
+        &app,
+        reqwest::Method::DELETE,
+        "/v1/schemas/views/user_profile",
+        None,
+    )
+    .await;
+    assert_eq!((r.status, r.code().as_str()), (422, "invalid_schema"));
+    assert!(
+        r.json()["error"]["problems"][0]["file"]
+            .as_str()
+            .unwrap_or_default()
+            .ends_with("ctr.yaml"),
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    // A model file outside the models folder.
+    let outside = edit(
+        &schema_file("ctr.yaml"),
+        "file: ctr.onnx",
+        "file: ../models/ctr.onnx",
+    );
+    let outside = edit(&outside, "version: 1", "version: 2");
+    let r = put(&app, "/v1/schemas/models/ctr", &outside).await;
+    assert_eq!(r.status, 422, "{}", String::from_utf8_lossy(&r.body));
+    // Unknown names and kinds.
+    let r = send(
+        &app,
+        reqwest::Method::DELETE,
+        "/v1/schemas/models/nope",
+        None,
+    )
+    .await;
+    assert_eq!((r.status, r.code().as_str()), (404, "unknown_model"));
+    let r = put(&app, "/v1/schemas/widgets/x", "kind: view\n").await;
+    assert_eq!((r.status, r.code().as_str()), (404, "unknown_schema_kind"));
+    // A method the route does not take says which it does.
+    let r = send(
+        &app,
+        reqwest::Method::PATCH,
+        "/v1/schemas/views/user_profile",
+        None,
+    )
+    .await;
+    assert_eq!(r.status, 405);
+    assert_eq!(r.headers["allow"], "GET, PUT, DELETE");
+
+    assert_eq!(files(dir.path()), before, "nothing was written");
+    let predict = json!({"entities": {"user_id": "u_5"}, "candidates": [{"item_id": "i_1"}]});
+    assert_eq!(app.predict("ctr", &predict).await.status, 200);
+}
+
+#[tokio::test]
+async fn models_are_added_deleted_and_restored_and_shared_files_keep_their_other_documents() {
+    let dir = copy_of_schemas();
+    let app = spawn(&dir, true).await;
+    let predict = json!({"entities": {"user_id": "u_5"}, "candidates": [{"item_id": "i_1"}, {"item_id": "i_2"}]});
+    let scores = ok(&app.predict("ctr", &predict).await)["outputs"].clone();
+
+    // A second model on the same file, registered with POST: it scores as ctr does.
+    let twin = edit(&schema_file("ctr.yaml"), "name: ctr", "name: ctr_twin");
+    let j = ok(&app
+        .post("/v1/schemas", "application/yaml", twin.clone().into_bytes())
+        .await);
+    assert_eq!(j["documents"][0]["change"], "added");
+    assert_eq!(
+        ok(&app.predict("ctr_twin", &predict).await)["outputs"],
+        scores
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("ctr_twin.yaml")).expect("file"),
+        twin
+    );
+    let metrics = String::from_utf8_lossy(&app.get("/metrics").await.body).into_owned();
+    assert!(
+        metrics.contains("route=\"/v1/models/{model}/predict\",model=\"ctr_twin\""),
+        "a registered model is its own metrics label"
+    );
+
+    // Deleted: no longer served, its file gone, its version kept.
+    let r = send(
+        &app,
+        reqwest::Method::DELETE,
+        "/v1/schemas/models/ctr_twin",
+        None,
+    )
+    .await;
+    assert_eq!(
+        ok(&r)["deleted"],
+        json!([{"kind": "model", "name": "ctr_twin"}])
+    );
+    let r = app.predict("ctr_twin", &predict).await;
+    assert_eq!((r.status, r.code().as_str()), (404, "unknown_model"));
+    assert!(!dir.path().join("ctr_twin.yaml").exists());
+    let j = ok(&app.get("/v1/schemas/models/ctr_twin/versions").await);
+    assert_eq!(j["running_version"], Json::Null);
+    // Rolled back into service.
+    let r = app
+        .post_json(
+            "/v1/schemas/models/ctr_twin/rollback",
+            &json!({"version": 1}),
+        )
+        .await;
+    assert_eq!(ok(&r)["documents"][0]["change"], "added");
+    assert_eq!(
+        ok(&app.predict("ctr_twin", &predict).await)["outputs"],
+        scores
+    );
+
+    // An entity in a file of two: the other document and the file's comments stay as written.
+    let entities = schema_file("entities.yaml");
+    let item = "kind: entity\nname: item_id\ndtype: string\ndescription: Anything we recommend.\n";
+    ok(&put(&app, "/v1/schemas/entities/item_id", item).await);
+    let on_disk = std::fs::read_to_string(dir.path().join("entities.yaml")).expect("file");
+    let (head, _) = entities.split_once("---\n").expect("two documents");
+    assert_eq!(on_disk, format!("{head}---\n{item}"));
+    let j = ok(&app.get("/v1/schemas/entities/item_id").await);
+    assert_eq!(j["document"]["description"], "Anything we recommend.");
+    assert_eq!(app.predict("ctr", &predict).await.status, 200);
+}
+
+/// Every file under `dir` (kept versions included) with its text, sorted.
+fn files(dir: &std::path::Path) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read_dir") {
+            let p = e.expect("entry").path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push((
+                    p.display().to_string(),
+                    std::fs::read_to_string(&p).unwrap_or_default(),
+                ));
+            }
+        }
+    }
+    out.sort();
+    out
+}
