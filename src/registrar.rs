@@ -632,6 +632,7 @@ fn read_version(
     if kind == Kind::Entity {
         return Err(not_versioned());
     }
+    plain_name(kind, name)?;
     let path = schemas_dir
         .join(VERSIONS_DIR)
         .join(kind.as_str())
@@ -668,6 +669,31 @@ fn read_version(
     }
 }
 
+/// Refuses a name from a request path that no document could have: names are lowercase identifiers, and
+/// one that is not would otherwise be a path under the schemas folder (`..%2F..`).
+fn plain_name(kind: Kind, name: &str) -> Result<(), ApiError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if ok {
+        return Ok(());
+    }
+    Err(ApiError::NotFound {
+        code: match kind {
+            Kind::Entity => "unknown_entity",
+            Kind::View => "unknown_view",
+            Kind::Model => "unknown_model",
+        },
+        message: format!(
+            "no {} `{name}` can be registered: names are lowercase letters, digits and `_`, starting with a letter",
+            kind.as_str()
+        ),
+    })
+}
+
 fn not_versioned() -> ApiError {
     ApiError::NotFound {
         code: "not_versioned",
@@ -698,6 +724,7 @@ pub fn list_versions(gw: &Gateway, kind: Kind, name: &str) -> Result<serde_json:
     if kind == Kind::Entity {
         return Err(not_versioned());
     }
+    plain_name(kind, name)?;
     let registry = gw.registry();
     let running = registry.document(kind, name).and_then(|d| {
         d.body

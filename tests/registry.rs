@@ -251,6 +251,28 @@ async fn refused_changes_leave_the_gateway_and_the_files_as_they_were() {
     assert_eq!((r.status, r.code().as_str()), (404, "unknown_model"));
     let r = put(&app, "/v1/schemas/widgets/x", "kind: view\n").await;
     assert_eq!((r.status, r.code().as_str()), (404, "unknown_schema_kind"));
+    // A name from the path that no document could have is not a path under the schemas folder.
+    std::fs::create_dir_all(dir.path().join("outside")).expect("dir");
+    std::fs::write(dir.path().join("outside/1.yaml"), schema_file("ctr.yaml")).expect("file");
+    for path in [
+        "/v1/schemas/views/..%2F..%2Foutside/versions",
+        "/v1/schemas/views/..%2F..%2Foutside/versions/1",
+    ] {
+        let r = app.get(path).await;
+        assert_eq!(
+            (r.status, r.code().as_str()),
+            (404, "unknown_view"),
+            "{path}"
+        );
+    }
+    let r = app
+        .post_json(
+            "/v1/schemas/models/..%2F..%2Foutside/rollback",
+            &json!({"version": 1}),
+        )
+        .await;
+    assert_eq!((r.status, r.code().as_str()), (404, "unknown_model"));
+    std::fs::remove_dir_all(dir.path().join("outside")).expect("cleanup");
     // A method the route does not take says which it does.
     let r = send(
         &app,
