@@ -21,6 +21,7 @@ use crate::error::{ApiError, Shape};
 use crate::gateway::Gateway;
 use crate::middleware::{BodyRead, RequestLayer};
 use crate::registrar::Action;
+use crate::schema::Kind;
 use crate::serve::{ResponseFuture, Routes, Shortcut};
 
 /// The routes callers send on every request, as the router and the request layer name them.
@@ -269,11 +270,16 @@ async fn schemas(State(gw): State<Arc<Gateway>>) -> Json<serde_json::Value> {
 /// `GET /v1/schemas/{kind}/{name}`: one registered document as written, with where it came from.
 async fn schema_document(
     State(gw): State<Arc<Gateway>>,
-    req: Request,
+    uri: Uri,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let kind = path_segment(req.uri(), 3);
-    let name = path_segment(req.uri(), 4);
-    crate::proposal::document(&gw.registry(), &kind, &name).map(Json)
+    let (kind, name) = schema_path(&uri)?;
+    crate::proposal::document(&gw.registry(), kind, &name).map(Json)
+}
+
+/// The `{kind}` and `{name}` of a `/v1/schemas/{kind}/{name}...` path (404 for another kind).
+fn schema_path(uri: &Uri) -> Result<(Kind, String), ApiError> {
+    let kind = crate::registrar::kind_of_segment(&path_segment(uri, 3))?;
+    Ok((kind, path_segment(uri, 4).into_owned()))
 }
 
 /// `POST /v1/schemas:validate`: one or more YAML documents checked against the running registry, and
@@ -317,8 +323,7 @@ async fn put_schema(
     req: Request,
     body_read: Option<BodyRead>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let kind = crate::registrar::kind_of_segment(&path_segment(req.uri(), 3))?;
-    let name = path_segment(req.uri(), 4).into_owned();
+    let (kind, name) = schema_path(req.uri())?;
     let body = schema_body(req, body_read, &gw).await?;
     crate::registrar::register(&gw, Action::Put { kind, name, body })
         .await
@@ -330,8 +335,7 @@ async fn delete_schema(
     State(gw): State<Arc<Gateway>>,
     uri: Uri,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let kind = crate::registrar::kind_of_segment(&path_segment(&uri, 3))?;
-    let name = path_segment(&uri, 4).into_owned();
+    let (kind, name) = schema_path(&uri)?;
     crate::registrar::register(&gw, Action::Delete { kind, name })
         .await
         .map(Json)
@@ -354,8 +358,7 @@ async fn rollback_schema(
     req: Request,
     body_read: Option<BodyRead>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let kind = crate::registrar::kind_of_segment(&path_segment(req.uri(), 3))?;
-    let name = path_segment(req.uri(), 4).into_owned();
+    let (kind, name) = schema_path(req.uri())?;
     let r = split(req, body_read, &gw).await?;
     let RollbackBody { version } = crate::decode::parse_body(r.format, &r.body)?;
     crate::registrar::register(
@@ -375,8 +378,8 @@ async fn schema_versions(
     State(gw): State<Arc<Gateway>>,
     uri: Uri,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let kind = crate::registrar::kind_of_segment(&path_segment(&uri, 3))?;
-    crate::registrar::list_versions(&gw, kind, &path_segment(&uri, 4)).map(Json)
+    let (kind, name) = schema_path(&uri)?;
+    crate::registrar::list_versions(&gw, kind, &name).map(Json)
 }
 
 /// `GET /v1/schemas/{kind}/{name}/versions/{version}`.
@@ -384,9 +387,8 @@ async fn schema_version(
     State(gw): State<Arc<Gateway>>,
     uri: Uri,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let kind = crate::registrar::kind_of_segment(&path_segment(&uri, 3))?;
-    crate::registrar::show_version(&gw, kind, &path_segment(&uri, 4), &path_segment(&uri, 6))
-        .map(Json)
+    let (kind, name) = schema_path(&uri)?;
+    crate::registrar::show_version(&gw, kind, &name, &path_segment(&uri, 6)).map(Json)
 }
 
 /// The schema route's `Content-Type`: YAML, or JSON or text read as YAML, or none; the answer is JSON.

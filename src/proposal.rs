@@ -506,18 +506,16 @@ fn retyped_under_models(running: &Registry, proposed: &Registry, view: &View) ->
 /// Features added, removed and retyped between two versions of a view.
 fn feature_notes(old: &crate::schema::View, new: &crate::schema::View) -> Vec<String> {
     let mut notes = Vec::new();
-    let added: Vec<&str> = new
-        .features
-        .iter()
-        .filter(|f| old.feature_index(&f.name).is_none())
-        .map(|f| f.name.as_str())
-        .collect();
-    let removed: Vec<&str> = old
-        .features
-        .iter()
-        .filter(|f| new.feature_index(&f.name).is_none())
-        .map(|f| f.name.as_str())
-        .collect();
+    /// The names of `a`'s features that `b` does not have.
+    fn missing<'a>(a: &'a View, b: &View) -> Vec<&'a str> {
+        a.features
+            .iter()
+            .filter(|f| b.feature_index(&f.name).is_none())
+            .map(|f| f.name.as_str())
+            .collect()
+    }
+    let added = missing(new, old);
+    let removed = missing(old, new);
     let retyped: Vec<String> = old
         .features
         .iter()
@@ -592,11 +590,11 @@ pub(crate) fn load_error(e: InferError, doc: Option<&Document>) -> SchemaError {
     }
 }
 
-/// One check at a time loads models: each opens an ONNX Runtime session, which takes memory and a core.
-pub(crate) static CHECKS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+/// One check or registration at a time ([`exclusive`]).
+static CHECKS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
 
 /// Set when the request a check runs for is gone (answered by the timeout backstop, or the client left).
-pub(crate) struct Abandoned(pub(crate) Arc<AtomicBool>);
+struct Abandoned(Arc<AtomicBool>);
 
 impl Drop for Abandoned {
     fn drop(&mut self) {
@@ -604,39 +602,54 @@ impl Drop for Abandoned {
     }
 }
 
-/// [`check`] for the gateway's running registry, with the models loaded through its ONNX Runtime, on the
-/// blocking pool. A schema that fails is a 422 listing every problem.
+/// Runs `job` on the blocking pool with ONNX Runtime at hand, one job at a time: a check or a
+/// registration (`what`, for messages) opens ONNX Runtime sessions, which take memory and a core.
 ///
 /// The turn is held by the blocking job, not by the request, so a request dropped by its deadline does
-/// not let the next check start beside the one still running; and a job whose request is gone stops
-/// before its next step rather than loading models for nobody.
-pub async fn check_for(gw: &Gateway, body: String) -> Result<Vec<Change>, ApiError> {
-    let env = crate::infer::runtime(&gw.config.onnxruntime_library())
-        .map_err(|e| ApiError::Internal(format!("cannot load models to check them: {e}")))?;
+/// not let the next job start beside the one still running. `job` gets the flag that says the request
+/// is gone, to stop before its next model rather than load models for nobody.
+pub(crate) async fn exclusive<R: Send + 'static>(
+    gw: &Gateway,
+    what: &str,
+    job: impl FnOnce(&'static Environment, &AtomicBool) -> Result<R, ApiError> + Send + 'static,
+) -> Result<R, ApiError> {
+    let env = crate::infer::runtime(&gw.config.onnxruntime_library()).map_err(|e| {
+        ApiError::Internal(format!("cannot load models for the schema {what}: {e}"))
+    })?;
     let turn = CHECKS
         .acquire()
         .await
-        .map_err(|e| ApiError::Internal(format!("schema checks stopped: {e}")))?;
+        .map_err(|e| ApiError::Internal(format!("schema {what}s stopped: {e}")))?;
     let gone = Arc::new(AtomicBool::new(false));
     let _abandoned = Abandoned(gone.clone());
-    let running = gw.registry();
-    let models_dir = gw.config.registry.models.clone();
-    let inference = gw.config.inference.clone();
     tokio::task::spawn_blocking(move || {
         let _turn = turn;
         if gone.load(Relaxed) {
-            return Ok(Vec::new());
+            return Err(ApiError::Timeout(
+                "the request ended before its turn".to_owned(),
+            ));
         }
+        job(env, &gone)
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("the schema {what} failed: {e}")))?
+}
+
+/// [`check`] for the gateway's running registry, with the models loaded through its ONNX Runtime (see
+/// [`exclusive`]). A schema that fails is a 422 listing every problem.
+pub async fn check_for(gw: &Gateway, body: String) -> Result<Vec<Change>, ApiError> {
+    let running = gw.registry();
+    let models_dir = gw.config.registry.models.clone();
+    let inference = gw.config.inference.clone();
+    exclusive(gw, "check", move |env, gone| {
         let load = Load {
             env,
             cfg: &inference,
-            gone: &gone,
+            gone,
         };
-        check(&running, &body, &models_dir, load)
+        check(&running, &body, &models_dir, load).map_err(ApiError::InvalidSchema)
     })
     .await
-    .map_err(|e| ApiError::Internal(format!("the schema check failed: {e}")))?
-    .map_err(ApiError::InvalidSchema)
 }
 
 /// `GET /v1/schemas`: each kind's registered names, sorted, with their versions and files.
@@ -675,41 +688,14 @@ pub fn listing(registry: &Registry) -> serde_json::Value {
     })
 }
 
-/// `GET /v1/schemas/{kind}/{name}`: the registered document, as JSON, with its file. `kind` is the
-/// path's plural: `entities`, `views` or `models`.
+/// `GET /v1/schemas/{kind}/{name}`: the registered document, as JSON, with its file.
 pub fn document(
     registry: &Registry,
-    kind: &str,
+    kind: Kind,
     name: &str,
 ) -> Result<serde_json::Value, ApiError> {
-    let (kind, code) = match kind {
-        "entities" => (Kind::Entity, "unknown_entity"),
-        "views" => (Kind::View, "unknown_view"),
-        "models" => (Kind::Model, "unknown_model"),
-        other => {
-            return Err(ApiError::NotFound {
-                code: "unknown_schema_kind",
-                message: format!(
-                    "`/v1/schemas/{other}/...`: expected /v1/schemas/entities/NAME, /v1/schemas/views/NAME or /v1/schemas/models/NAME"
-                ),
-            });
-        }
-    };
     let Some(doc) = registry.document(kind, name) else {
-        let known = crate::schema::known_names(
-            registry
-                .documents
-                .iter()
-                .filter(|d| d.kind == kind)
-                .map(|d| d.name.as_str()),
-        );
-        return Err(ApiError::NotFound {
-            code,
-            message: format!(
-                "no {} `{name}` is registered (registered: {known})",
-                kind.as_str()
-            ),
-        });
+        return Err(crate::registrar::not_registered(registry, kind, name));
     };
     let body = serde_json::to_value(&doc.body).map_err(|e| {
         ApiError::Internal(format!(

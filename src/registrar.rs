@@ -24,7 +24,7 @@ use serde_json::json;
 use crate::error::ApiError;
 use crate::gateway::{Catalog, Gateway};
 use crate::infer::Engine;
-use crate::proposal::{self, Abandoned, Edit};
+use crate::proposal::{self, Edit};
 use crate::schema::{Kind, Registry, SchemaErrors};
 
 /// What a request asks the registry to do.
@@ -52,17 +52,15 @@ pub const VERSIONS_DIR: &str = ".versions";
 
 /// The path's kind segment (`entities`, `views`, `models`).
 pub fn kind_of_segment(segment: &str) -> Result<Kind, ApiError> {
-    match segment {
-        "entities" => Ok(Kind::Entity),
-        "views" => Ok(Kind::View),
-        "models" => Ok(Kind::Model),
-        other => Err(ApiError::NotFound {
+    [Kind::Entity, Kind::View, Kind::Model]
+        .into_iter()
+        .find(|k| k.plural() == segment)
+        .ok_or_else(|| ApiError::NotFound {
             code: "unknown_schema_kind",
             message: format!(
-                "`/v1/schemas/{other}/...`: expected /v1/schemas/entities/NAME, /v1/schemas/views/NAME or /v1/schemas/models/NAME"
+                "`/v1/schemas/{segment}/...`: expected /v1/schemas/entities/NAME, /v1/schemas/views/NAME or /v1/schemas/models/NAME"
             ),
-        }),
-    }
+        })
 }
 
 /// Registers `action` on the gateway: checked, the touched models started, written, swapped in. One
@@ -74,21 +72,11 @@ pub async fn register(gw: &Arc<Gateway>, action: Action) -> Result<serde_json::V
             message: "registering over HTTP is off (registry.writes = false): set registry.writes = true, or change the files in registry.schemas and restart".to_owned(),
         });
     }
-    let env = crate::infer::runtime(&gw.config.onnxruntime_library())
-        .map_err(|e| ApiError::Internal(format!("cannot load models to register them: {e}")))?;
-    let turn = proposal::CHECKS
-        .acquire()
-        .await
-        .map_err(|e| ApiError::Internal(format!("schema registration stopped: {e}")))?;
-    let gone = Arc::new(AtomicBool::new(false));
-    let _abandoned = Abandoned(gone.clone());
     let gw = gw.clone();
-    tokio::task::spawn_blocking(move || {
-        let _turn = turn;
-        apply(&gw, action, env, &gone)
+    proposal::exclusive(&gw.clone(), "registration", move |env, gone| {
+        apply(&gw, action, env, gone)
     })
     .await
-    .map_err(|e| ApiError::Internal(format!("the schema registration failed: {e}")))?
 }
 
 fn apply(
@@ -137,7 +125,7 @@ fn apply(
             code: "schema_mismatch",
             message: format!(
                 "PUT /v1/schemas/{}/{name} takes one document, the {} `{name}`; the body holds {}: send several documents together to POST /v1/schemas",
-                plural(*kind),
+                kind.plural(),
                 kind.as_str(),
                 if sent.is_empty() {
                     "none with a kind and a name".to_owned()
@@ -227,15 +215,8 @@ fn apply(
     Ok(answer)
 }
 
-fn plural(kind: Kind) -> &'static str {
-    match kind {
-        Kind::Entity => "entities",
-        Kind::View => "views",
-        Kind::Model => "models",
-    }
-}
-
-fn not_registered(registry: &Registry, kind: Kind, name: &str) -> ApiError {
+/// The 404 of a name of `kind` that is not registered, listing the registered ones.
+pub(crate) fn not_registered(registry: &Registry, kind: Kind, name: &str) -> ApiError {
     let known = crate::schema::known_names(
         registry
             .documents
@@ -244,11 +225,7 @@ fn not_registered(registry: &Registry, kind: Kind, name: &str) -> ApiError {
             .map(|d| d.name.as_str()),
     );
     ApiError::NotFound {
-        code: match kind {
-            Kind::Entity => "unknown_entity",
-            Kind::View => "unknown_view",
-            Kind::Model => "unknown_model",
-        },
+        code: kind.unknown_code(),
         message: format!(
             "no {} `{name}` is registered (registered: {known})",
             kind.as_str()
@@ -277,6 +254,15 @@ struct FileText {
     pieces: Vec<String>,
     /// For each piece, the index of its document in the file, if it holds one.
     docs: Vec<Option<usize>>,
+    /// The file's documents as the parser reads them.
+    values: Vec<serde_yaml::Value>,
+}
+
+impl FileText {
+    /// The piece that holds document `index`.
+    fn piece_of(&self, index: usize) -> Option<usize> {
+        self.docs.iter().position(|d| *d == Some(index))
+    }
 }
 
 /// Cuts `text` at its `---` lines, and checks that the pieces hold the file's documents one each, in
@@ -314,7 +300,11 @@ fn cut(text: &str) -> Option<FileText> {
             _ => return None,
         }
     }
-    (next == whole.len()).then_some(FileText { pieces, docs })
+    (next == whole.len()).then_some(FileText {
+        pieces,
+        docs,
+        values: whole,
+    })
 }
 
 fn is_marker(line: &str) -> bool {
@@ -343,12 +333,25 @@ fn bare(piece: &str) -> String {
     text
 }
 
+/// A submitted document as it is written to its files.
+struct Submitted {
+    text: String,
+    version: Option<u32>,
+}
+
 /// Each submitted document's text, as sent (comments kept) when the body cuts cleanly, else as the
 /// parser read it.
-fn submitted_texts(body: &str) -> Result<HashMap<(Kind, String), String>, ApiError> {
+fn submitted_texts(body: &str) -> Result<HashMap<(Kind, String), Submitted>, ApiError> {
     let mut out = HashMap::new();
-    let values = parse_all(body).unwrap_or_default();
     let cut = cut(body);
+    let parsed;
+    let values = match &cut {
+        Some(c) => &c.values,
+        None => {
+            parsed = parse_all(body).unwrap_or_default();
+            &parsed
+        }
+    };
     for (i, value) in values.iter().enumerate() {
         let kind = value
             .get("kind")
@@ -358,20 +361,39 @@ fn submitted_texts(body: &str) -> Result<HashMap<(Kind, String), String>, ApiErr
         let (Some(kind), Some(name)) = (kind, name) else {
             continue;
         };
-        let text = match cut.as_ref().and_then(|c| {
-            c.docs
-                .iter()
-                .position(|d| *d == Some(i))
-                .map(|p| &c.pieces[p])
-        }) {
+        let text = match cut
+            .as_ref()
+            .and_then(|c| c.piece_of(i).map(|p| &c.pieces[p]))
+        {
             Some(piece) => bare(piece),
             None => serde_yaml::to_string(value).map_err(|e| {
                 ApiError::Internal(format!("cannot write {} `{name}`: {e}", kind.as_str()))
             })?,
         };
-        out.insert((kind, name.to_owned()), text);
+        let version = document_version(value);
+        out.insert((kind, name.to_owned()), Submitted { text, version });
     }
     Ok(out)
+}
+
+/// A document's `version`, when it has one.
+fn document_version(value: &serde_yaml::Value) -> Option<u32> {
+    value
+        .get("version")
+        .and_then(|v| v.as_u64())
+        .and_then(|v| u32::try_from(v).ok())
+}
+
+/// Where version `version` of a view or model is kept.
+fn kept_file(schemas_dir: &Path, kind: Kind, name: &str, version: u32) -> PathBuf {
+    kept_dir(schemas_dir, kind, name).join(format!("{version}.yaml"))
+}
+
+fn kept_dir(schemas_dir: &Path, kind: Kind, name: &str) -> PathBuf {
+    schemas_dir
+        .join(VERSIONS_DIR)
+        .join(kind.as_str())
+        .join(name)
 }
 
 /// Works out every file the change writes, and what each schema file holds afterwards.
@@ -395,21 +417,12 @@ fn plan_files(
         let on_disk = std::fs::read_to_string(&doc.file).map_err(|e| {
             ApiError::RegistryUnwritable(format!("cannot read {}: {e}", doc.file.display()))
         })?;
-        let loaded = running.documents.iter().filter(|d| d.file == doc.file);
         let cut = cut(&on_disk).filter(|c| {
-            let values = c
-                .docs
+            running
+                .documents
                 .iter()
-                .zip(&c.pieces)
-                .filter_map(|(d, p)| d.map(|d| (d, p)))
-                .collect::<Vec<_>>();
-            loaded.clone().all(|d| {
-                values
-                    .iter()
-                    .find(|(i, _)| *i == d.index)
-                    .and_then(|(_, p)| parse_all(p))
-                    .is_some_and(|v| v.first() == Some(&d.body))
-            })
+                .filter(|d| d.file == doc.file)
+                .all(|d| c.values.get(d.index) == Some(&d.body))
         });
         let Some(cut) = cut else {
             return Err(ApiError::Conflict {
@@ -423,19 +436,6 @@ fn plan_files(
         files.push((doc.file.clone(), cut, false));
     }
     let mut writes = Vec::new();
-    let versions_of = |kind: Kind, name: &str, version: u32| {
-        schemas_dir
-            .join(VERSIONS_DIR)
-            .join(kind.as_str())
-            .join(name)
-            .join(format!("{version}.yaml"))
-    };
-    let version_of = |value: &serde_yaml::Value| {
-        value
-            .get("version")
-            .and_then(|v| v.as_u64())
-            .and_then(|v| u32::try_from(v).ok())
-    };
     // The running documents that the change replaces or removes are kept first, unless kept already.
     for (kind, name) in submitted.iter().chain(removed) {
         let Some(doc) = running.document(*kind, name) else {
@@ -444,20 +444,17 @@ fn plan_files(
         if *kind == Kind::Entity {
             continue;
         }
-        let Some(version) = version_of(&doc.body) else {
+        let Some(version) = document_version(&doc.body) else {
             continue;
         };
-        let path = versions_of(*kind, name, version);
+        let path = kept_file(schemas_dir, *kind, name, version);
         if path.exists() {
             continue;
         }
         let text = files
             .iter()
             .find(|(f, _, _)| *f == doc.file)
-            .and_then(|(_, c, _)| {
-                let p = c.docs.iter().position(|d| *d == Some(doc.index))?;
-                Some(bare(&c.pieces[p]))
-            });
+            .and_then(|(_, c, _)| Some(bare(&c.pieces[c.piece_of(doc.index)?])));
         if let Some(text) = text {
             writes.push(Write {
                 path,
@@ -468,17 +465,14 @@ fn plan_files(
     }
     let mut new_files: Vec<(PathBuf, String)> = Vec::new();
     for (kind, name) in submitted {
-        let Some(text) = texts.get(&(*kind, name.clone())) else {
+        let Some(Submitted { text, version }) = texts.get(&(*kind, name.clone())) else {
             continue;
         };
         if *kind != Kind::Entity
-            && let Some(version) = parse_all(text)
-                .as_ref()
-                .and_then(|v| v.first())
-                .and_then(version_of)
+            && let Some(version) = *version
         {
             writes.push(Write {
-                path: versions_of(*kind, name, version),
+                path: kept_file(schemas_dir, *kind, name, version),
                 text: Some(text.clone()),
                 history: true,
             });
@@ -489,7 +483,7 @@ fn plan_files(
                 else {
                     continue;
                 };
-                if let Some(p) = cut.docs.iter().position(|d| *d == Some(doc.index)) {
+                if let Some(p) = cut.piece_of(doc.index) {
                     let marker = match cut.pieces[p].split_once('\n') {
                         Some((first, _)) if is_marker(first) => format!("{first}\n"),
                         _ => String::new(),
@@ -530,7 +524,7 @@ fn plan_files(
             continue;
         };
         if let Some((_, cut, changed)) = files.iter_mut().find(|(f, _, _)| *f == doc.file)
-            && let Some(p) = cut.docs.iter().position(|d| *d == Some(doc.index))
+            && let Some(p) = cut.piece_of(doc.index)
         {
             cut.pieces.remove(p);
             cut.docs.remove(p);
@@ -629,15 +623,8 @@ fn read_version(
     name: &str,
     version: u32,
 ) -> Result<String, ApiError> {
-    if kind == Kind::Entity {
-        return Err(not_versioned());
-    }
-    plain_name(kind, name)?;
-    let path = schemas_dir
-        .join(VERSIONS_DIR)
-        .join(kind.as_str())
-        .join(name)
-        .join(format!("{version}.yaml"));
+    versioned(kind, name)?;
+    let path = kept_file(schemas_dir, kind, name, version);
     match std::fs::read_to_string(&path) {
         Ok(text) => Ok(text),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -669,24 +656,21 @@ fn read_version(
     }
 }
 
-/// Refuses a name from a request path that no document could have: names are lowercase identifiers, and
-/// one that is not would otherwise be a path under the schemas folder (`..%2F..`).
-fn plain_name(kind: Kind, name: &str) -> Result<(), ApiError> {
-    let ok = !name.is_empty()
-        && name.len() <= 64
-        && name.starts_with(|c: char| c.is_ascii_lowercase())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-    if ok {
+/// Refuses a kind without versions (entities), and a name from a request path that no document could
+/// have: names are lowercase identifiers, and one that is not would otherwise be a path under the
+/// schemas folder (`..%2F..`).
+fn versioned(kind: Kind, name: &str) -> Result<(), ApiError> {
+    if kind == Kind::Entity {
+        return Err(ApiError::NotFound {
+            code: "not_versioned",
+            message: "entities have no versions: only views and models are versioned".to_owned(),
+        });
+    }
+    if crate::schema::is_valid_name(name) {
         return Ok(());
     }
     Err(ApiError::NotFound {
-        code: match kind {
-            Kind::Entity => "unknown_entity",
-            Kind::View => "unknown_view",
-            Kind::Model => "unknown_model",
-        },
+        code: kind.unknown_code(),
         message: format!(
             "no {} `{name}` can be registered: names are lowercase letters, digits and `_`, starting with a letter",
             kind.as_str()
@@ -694,20 +678,9 @@ fn plain_name(kind: Kind, name: &str) -> Result<(), ApiError> {
     })
 }
 
-fn not_versioned() -> ApiError {
-    ApiError::NotFound {
-        code: "not_versioned",
-        message: "entities have no versions: only views and models are versioned".to_owned(),
-    }
-}
-
 /// The kept versions of a view or model, ascending.
 fn versions(schemas_dir: &Path, kind: Kind, name: &str) -> Vec<u32> {
-    let dir = schemas_dir
-        .join(VERSIONS_DIR)
-        .join(kind.as_str())
-        .join(name);
-    let mut out: Vec<u32> = std::fs::read_dir(dir)
+    let mut out: Vec<u32> = std::fs::read_dir(kept_dir(schemas_dir, kind, name))
         .map(|entries| {
             entries
                 .filter_map(|e| e.ok())
@@ -721,17 +694,11 @@ fn versions(schemas_dir: &Path, kind: Kind, name: &str) -> Vec<u32> {
 
 /// `GET /v1/schemas/{kind}/{name}/versions`: the kept versions and the running one.
 pub fn list_versions(gw: &Gateway, kind: Kind, name: &str) -> Result<serde_json::Value, ApiError> {
-    if kind == Kind::Entity {
-        return Err(not_versioned());
-    }
-    plain_name(kind, name)?;
+    versioned(kind, name)?;
     let registry = gw.registry();
-    let running = registry.document(kind, name).and_then(|d| {
-        d.body
-            .get("version")
-            .and_then(|v| v.as_u64())
-            .and_then(|v| u32::try_from(v).ok())
-    });
+    let running = registry
+        .document(kind, name)
+        .and_then(|d| document_version(&d.body));
     let mut kept = versions(&gw.config.registry.schemas, kind, name);
     if kept.is_empty() && running.is_none() {
         return Err(not_registered(&registry, kind, name));
@@ -768,8 +735,7 @@ pub fn show_version(
     };
     let registry = gw.registry();
     let running = registry.document(kind, name);
-    let from_registry = running
-        .filter(|d| d.body.get("version").and_then(|v| v.as_u64()) == Some(u64::from(version)));
+    let from_registry = running.filter(|d| document_version(&d.body) == Some(version));
     let (document, file) =
         match read_version(&gw.config.registry.schemas, &registry, kind, name, version) {
             Ok(text) => {
@@ -778,14 +744,7 @@ pub fn show_version(
                         "kept version {version} of `{name}` is not readable: {e}"
                     ))
                 })?;
-                let file = gw
-                    .config
-                    .registry
-                    .schemas
-                    .join(VERSIONS_DIR)
-                    .join(kind.as_str())
-                    .join(name)
-                    .join(format!("{version}.yaml"));
+                let file = kept_file(&gw.config.registry.schemas, kind, name, version);
                 (value, file)
             }
             Err(e) => match from_registry {
@@ -842,11 +801,13 @@ mod tests {
         assert_eq!(
             texts
                 .get(&(Kind::Entity, "a".to_owned()))
-                .map(String::as_str),
+                .map(|s| s.text.as_str()),
             Some("# a\nkind: entity\nname: a\n")
         );
         assert_eq!(
-            texts.get(&(Kind::View, "b".to_owned())).map(String::as_str),
+            texts
+                .get(&(Kind::View, "b".to_owned()))
+                .map(|s| s.text.as_str()),
             Some("kind: view\nname: b\n")
         );
         assert!(cut("a: |\n  ---\n  b\n").is_some_and(|c| c.pieces.len() == 1));

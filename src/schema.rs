@@ -419,6 +419,24 @@ impl Kind {
         }
     }
 
+    /// The kind as `/v1/schemas/{kind}/...` writes it.
+    pub fn plural(self) -> &'static str {
+        match self {
+            Self::Entity => "entities",
+            Self::View => "views",
+            Self::Model => "models",
+        }
+    }
+
+    /// The error code of a name of this kind that is not registered.
+    pub fn unknown_code(self) -> &'static str {
+        match self {
+            Self::Entity => "unknown_entity",
+            Self::View => "unknown_view",
+            Self::Model => "unknown_model",
+        }
+    }
+
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "entity" => Some(Self::Entity),
@@ -769,13 +787,17 @@ fn parse_doc<T: serde::de::DeserializeOwned>(
 
 /// Names are lowercase identifiers so keys (`{prefix}:{view}:{key}`) and bindings (`view:feature`) stay
 /// unambiguous.
-fn check_name(errs: &mut Errs, file: &Path, path: &str, name: &str) -> bool {
-    let ok = !name.is_empty()
+pub fn is_valid_name(name: &str) -> bool {
+    !name.is_empty()
         && name.len() <= 64
         && name.starts_with(|c: char| c.is_ascii_lowercase())
         && name
             .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
+
+fn check_name(errs: &mut Errs, file: &Path, path: &str, name: &str) -> bool {
+    let ok = is_valid_name(name);
     if !ok {
         errs.push(
             file,

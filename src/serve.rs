@@ -797,13 +797,9 @@ mod tests {
         assert_eq!(get(&mut b).await, "HTTP/1.1 200 OK");
     }
 
-    #[tokio::test]
-    async fn a_refused_body_is_read_and_discarded_then_the_connection_closes() {
-        let (addr, _stop) = start(ConnLimits {
-            idle_timeout: Duration::from_secs(30),
-            max_connections: 1,
-        })
-        .await;
+    /// A connection that announced a 100 MB body and got its 413, still open to send the body, with a
+    /// 64 KiB buffer to send it from.
+    async fn refused_upload(addr: std::net::SocketAddr) -> (TcpStream, Vec<u8>) {
         let mut a = TcpStream::connect(addr).await.expect("connect");
         a.write_all(b"POST /refuse HTTP/1.1\r\nhost: x\r\ncontent-length: 100000000\r\n\r\n")
             .await
@@ -811,6 +807,17 @@ mod tests {
         let mut buf = vec![0u8; 64 * 1024];
         let n = a.read(&mut buf).await.expect("read");
         assert!(buf[..n].starts_with(b"HTTP/1.1 413 "));
+        (a, buf)
+    }
+
+    #[tokio::test]
+    async fn a_refused_body_is_read_and_discarded_then_the_connection_closes() {
+        let (addr, _stop) = start(ConnLimits {
+            idle_timeout: Duration::from_secs(30),
+            max_connections: 1,
+        })
+        .await;
+        let (mut a, mut buf) = refused_upload(addr).await;
         // The answer ends (the server's side of the stream is shut), but what the client still sends is
         // read, not answered with a reset: far more than the kernel's buffers would hold.
         for _ in 0..200 {
@@ -919,13 +926,7 @@ mod tests {
             stop: tx,
             task: server,
         } = spawn_server(ConnLimits::default()).await;
-        let mut a = TcpStream::connect(addr).await.expect("connect");
-        a.write_all(b"POST /refuse HTTP/1.1\r\nhost: x\r\ncontent-length: 100000000\r\n\r\n")
-            .await
-            .expect("write");
-        let mut buf = vec![0u8; 64 * 1024];
-        let n = a.read(&mut buf).await.expect("read");
-        assert!(buf[..n].starts_with(b"HTTP/1.1 413 "));
+        let (mut a, mut buf) = refused_upload(addr).await;
         let _ = tx.send(());
         // The client goes on sending its body for a while after the shutdown began.
         for _ in 0..6 {
