@@ -471,8 +471,12 @@ fn plan_files(
         if *kind != Kind::Entity
             && let Some(version) = *version
         {
+            // A document registered again at its running version (a changed description or cache
+            // policy) is kept as submitted: its version's file holds what is served under that number.
+            let path = kept_file(schemas_dir, *kind, name, version);
+            writes.retain(|w| w.path != path);
             writes.push(Write {
-                path: kept_file(schemas_dir, *kind, name, version),
+                path,
                 text: Some(text.clone()),
                 history: true,
             });
@@ -590,12 +594,19 @@ fn write_files(writes: &[Write]) -> Result<(), ApiError> {
         }
         return Err(e);
     }
-    for w in writes {
-        match &w.text {
-            Some(_) => {
-                std::fs::rename(temporary(&w.path), &w.path).map_err(|e| unwritable(&w.path, e))?
+    for (i, w) in writes.iter().enumerate() {
+        let done = match &w.text {
+            Some(_) => std::fs::rename(temporary(&w.path), &w.path),
+            None => std::fs::remove_file(&w.path),
+        };
+        if let Err(e) = done {
+            // The temporary files not yet renamed would otherwise stay behind.
+            for rest in &writes[i..] {
+                if rest.text.is_some() {
+                    let _ = std::fs::remove_file(temporary(&rest.path));
+                }
             }
-            None => std::fs::remove_file(&w.path).map_err(|e| unwritable(&w.path, e))?,
+            return Err(unwritable(&w.path, e));
         }
     }
     let mut dirs: Vec<&Path> = writes.iter().filter_map(|w| w.path.parent()).collect();

@@ -12,7 +12,10 @@ use std::panic::AssertUnwindSafe;
 use std::path::Path;
 use std::sync::Arc;
 
-use common::mutate::{REQUEST_NAMES, Rng, describe, env_number, mutated};
+use common::mutate::{
+    REQUEST_NAMES, Rng, SCHEMA_NAMES, describe, env_number, mutated, print_yaml_documents,
+    yaml_documents,
+};
 use futures::FutureExt as _;
 use hydrant::config::Config;
 use hydrant::schema::Registry;
@@ -21,69 +24,6 @@ use hydrant::value::{Record, Value};
 use serde_json::Value as Json;
 
 const SEED: u64 = 0x0066_696c_6573;
-
-/// Names found in schema files, so mutations rename and add keys that mean something.
-const SCHEMA_NAMES: &[&str] = &[
-    "kind",
-    "name",
-    "version",
-    "entity",
-    "entities",
-    "key",
-    "dtype",
-    "description",
-    "max_age",
-    "cache",
-    "ttl",
-    "refresh_after",
-    "negative_ttl",
-    "max_staleness",
-    "store",
-    "key_ttl",
-    "timeout",
-    "features",
-    "default",
-    "file",
-    "input",
-    "outputs",
-    "device",
-    "batching",
-    "max_batch_rows",
-    "max_delay_us",
-    "sessions",
-    "context",
-    "inputs",
-    "feature",
-    "transform",
-    "standardize",
-    "mean",
-    "std",
-    "log1p",
-    "one_hot",
-    "vocabulary",
-    "hash_bucket",
-    "buckets",
-    "fill_missing",
-    "value",
-    "clip",
-    "min",
-    "max",
-    "bucketize",
-    "boundaries",
-    "user_profile:age",
-    "item_stats:price",
-    "context:device",
-    "int64",
-    "float32",
-    "float32[4]",
-    "string",
-    "bool",
-    "view",
-    "model",
-    "entity",
-    "cuda",
-    "auto",
-];
 
 /// Keys of the config file.
 const CONFIG_NAMES: &[&str] = &[
@@ -131,29 +71,6 @@ const CONFIG_NAMES: &[&str] = &[
 /// Runs `f`, failing the test with `case` if it panics.
 fn no_panic<T>(case: &str, f: impl FnOnce() -> T) -> T {
     std::panic::catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| panic!("panicked on {case}"))
-}
-
-/// A YAML file's documents, as one list.
-fn yaml_documents(text: &str) -> Option<Json> {
-    use serde::Deserialize as _;
-    serde_yaml::Deserializer::from_str(text)
-        .map(Json::deserialize)
-        .collect::<Result<Vec<_>, _>>()
-        .ok()
-        .map(Json::Array)
-}
-
-/// A list back as YAML documents (anything else as one document).
-fn print_yaml_documents(v: &Json) -> Option<Vec<u8>> {
-    match v {
-        Json::Array(docs) => docs
-            .iter()
-            .map(serde_yaml::to_string)
-            .collect::<Result<Vec<_>, _>>()
-            .ok()
-            .map(|docs| docs.join("---\n").into_bytes()),
-        other => serde_yaml::to_string(other).ok().map(String::into_bytes),
-    }
 }
 
 /// The `name`s a schema file defines: its documents' and their features'.

@@ -174,6 +174,36 @@ async fn a_new_view_version_is_served_at_once_kept_and_rolled_back() {
     assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
 }
 
+/// A document registered again at its running version (only what may change without a new version
+/// changed) replaces that version's kept text, rather than failing on the kept file's two writes.
+#[tokio::test]
+async fn a_document_registered_again_at_its_version_is_kept_as_submitted() {
+    let dir = copy_of_schemas();
+    let app = spawn(&dir, true).await;
+    let edited = edit(
+        &schema_file("ctr.yaml"),
+        "max_batch_rows: 256",
+        "max_batch_rows: 128",
+    );
+    let j = ok(&put(&app, "/v1/schemas/models/ctr", &edited).await);
+    assert_eq!(j["documents"][0]["version"], 1);
+    assert_eq!(j["documents"][0]["running_version"], 1);
+    let kept = ok(&app.get("/v1/schemas/models/ctr/versions/1").await);
+    assert_eq!(kept["document"]["batching"]["max_batch_rows"], 128);
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("ctr.yaml")).expect("ctr.yaml"),
+        edited
+    );
+    // Nothing half-written is left beside the files.
+    let leftovers: Vec<_> = files(dir.path())
+        .into_iter()
+        .filter(|(p, _)| p.ends_with(".hydrant-tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    let predict = json!({"entities": {"user_id": "u_5"}, "candidates": [{"item_id": "i_1"}]});
+    assert_eq!(app.predict("ctr", &predict).await.status, 200);
+}
+
 #[tokio::test]
 async fn refused_changes_leave_the_gateway_and_the_files_as_they_were() {
     let dir = copy_of_schemas();
@@ -377,4 +407,115 @@ fn files(dir: &std::path::Path) -> Vec<(String, String)> {
     }
     out.sort();
     out
+}
+
+/// Mutated schema documents registered while serving, as `PUT /v1/schemas/{kind}/{name}` (one document)
+/// and `POST /v1/schemas` (a file's documents together). Each gets a 2xx or a 4xx with a code and a
+/// message. A refusal leaves every file as it was; an acceptance leaves a folder that loads into exactly
+/// what is served; and a gateway restarted over the folder serves what the first one served last.
+/// Seeded like `tests/mutated_requests.rs` (`HYDRANT_MUTATIONS`, `HYDRANT_MUTATION_SEED`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutated_registrations_get_a_named_4xx_or_leave_a_folder_that_loads_as_served() {
+    use common::mutate::{
+        Rng, SCHEMA_NAMES, describe, env_number, mutated, print_yaml_documents, yaml_documents,
+    };
+    use hydrant::schema::Registry;
+
+    let cases = env_number("HYDRANT_MUTATIONS", 300);
+    let mut rng = Rng(env_number("HYDRANT_MUTATION_SEED", 0x0072_6567_6973));
+    let dir = copy_of_schemas();
+    let app = spawn(&dir, true).await;
+    let models = root().join("models");
+    let originals: Vec<(&str, String)> = ["entities.yaml", "user_profile.yaml", "item_stats.yaml"]
+        .into_iter()
+        .chain(["ctr.yaml"])
+        .map(|f| (f, schema_file(f)))
+        .collect();
+    let mut statuses = std::collections::BTreeMap::<u16, u64>::new();
+    for i in 0..cases {
+        let (file, text) = rng.pick(&originals);
+        let case_seed = rng.next();
+        let mut r = Rng(case_seed);
+        let body = mutated(
+            &mut r,
+            SCHEMA_NAMES,
+            text.as_bytes(),
+            yaml_documents(text),
+            print_yaml_documents,
+        );
+        // A single-document file goes to its own path; entities.yaml (two documents) is posted.
+        let path = match *file {
+            "user_profile.yaml" => "/v1/schemas/views/user_profile",
+            "item_stats.yaml" => "/v1/schemas/views/item_stats",
+            "ctr.yaml" => "/v1/schemas/models/ctr",
+            _ => "/v1/schemas",
+        };
+        let (method, path) = if path != "/v1/schemas" && r.chance(30) {
+            (reqwest::Method::POST, "/v1/schemas")
+        } else if path == "/v1/schemas" {
+            (reqwest::Method::POST, path)
+        } else {
+            (reqwest::Method::PUT, path)
+        };
+        let case = format!(
+            "case {i} (seed {case_seed:#x}), {method} {path} with {file}: {}",
+            describe(&body)
+        );
+        let before = files(dir.path());
+        let resp = app
+            .client
+            .request(method, format!("{}{path}", app.addr))
+            .header("content-type", "application/yaml")
+            .body(body)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("no answer to {case}: {e:?}"));
+        let status = resp.status().as_u16();
+        let answer = resp
+            .bytes()
+            .await
+            .unwrap_or_else(|e| panic!("the answer to {case} broke off: {e:?}"));
+        *statuses.entry(status).or_default() += 1;
+        if (200..300).contains(&status) {
+            let loaded = Registry::load_dir(dir.path(), &models)
+                .unwrap_or_else(|e| panic!("{case} was registered, but the folder fails: {e}"));
+            let served = ok(&app.get("/v1/schemas").await);
+            assert_eq!(
+                hydrant::proposal::listing(&loaded),
+                served,
+                "{case}: the folder loads into something else than is served"
+            );
+        } else {
+            assert!(
+                (400..500).contains(&status),
+                "{case} answered {status}: {}",
+                String::from_utf8_lossy(&answer)
+            );
+            let err: Json = serde_json::from_slice(&answer)
+                .unwrap_or_else(|e| panic!("the {status} to {case} is not JSON ({e})"));
+            assert!(
+                err["error"]["code"].as_str().is_some_and(|c| !c.is_empty())
+                    && err["error"]["message"]
+                        .as_str()
+                        .is_some_and(|m| !m.is_empty()),
+                "the {status} to {case} has no code and message: {err}"
+            );
+            assert!(
+                files(dir.path()) == before,
+                "{case} was refused with {status}, but the files changed: {err}"
+            );
+        }
+    }
+    eprintln!("statuses over the run: {statuses:?}");
+    // The mutations must reach acceptance as well as several kinds of refusal.
+    assert!(statuses.range(200..300).count() > 0, "{statuses:?}");
+    assert!(
+        statuses.keys().filter(|s| (400..500).contains(*s)).count() >= 2,
+        "{statuses:?}"
+    );
+    let last = ok(&app.get("/v1/schemas").await);
+    app.stop().await;
+    let again = spawn(&dir, true).await;
+    assert_eq!(ok(&again.get("/v1/schemas").await), last);
+    again.stop().await;
 }

@@ -85,6 +85,92 @@ pub const REQUEST_NAMES: &[&str] = &[
     "",
 ];
 
+/// Names found in schema files, so mutations rename and add keys that mean something.
+pub const SCHEMA_NAMES: &[&str] = &[
+    "kind",
+    "name",
+    "version",
+    "entity",
+    "entities",
+    "key",
+    "dtype",
+    "description",
+    "max_age",
+    "cache",
+    "ttl",
+    "refresh_after",
+    "negative_ttl",
+    "max_staleness",
+    "store",
+    "key_ttl",
+    "timeout",
+    "features",
+    "default",
+    "file",
+    "input",
+    "outputs",
+    "device",
+    "batching",
+    "max_batch_rows",
+    "max_delay_us",
+    "sessions",
+    "context",
+    "inputs",
+    "feature",
+    "transform",
+    "standardize",
+    "mean",
+    "std",
+    "log1p",
+    "one_hot",
+    "vocabulary",
+    "hash_bucket",
+    "buckets",
+    "fill_missing",
+    "value",
+    "clip",
+    "min",
+    "max",
+    "bucketize",
+    "boundaries",
+    "user_profile:age",
+    "item_stats:price",
+    "context:device",
+    "int64",
+    "float32",
+    "float32[4]",
+    "string",
+    "bool",
+    "view",
+    "model",
+    "entity",
+    "cuda",
+    "auto",
+];
+
+/// A YAML file's documents, as one list.
+pub fn yaml_documents(text: &str) -> Option<Json> {
+    use serde::Deserialize as _;
+    serde_yaml::Deserializer::from_str(text)
+        .map(Json::deserialize)
+        .collect::<Result<Vec<_>, _>>()
+        .ok()
+        .map(Json::Array)
+}
+
+/// A list back as YAML documents (anything else as one document).
+pub fn print_yaml_documents(v: &Json) -> Option<Vec<u8>> {
+    match v {
+        Json::Array(docs) => docs
+            .iter()
+            .map(serde_yaml::to_string)
+            .collect::<Result<Vec<_>, _>>()
+            .ok()
+            .map(|docs| docs.join("---\n").into_bytes()),
+        other => serde_yaml::to_string(other).ok().map(String::into_bytes),
+    }
+}
+
 /// A value chosen to sit on an edge: extremes, wrong types, odd strings, nesting.
 pub fn wild(rng: &mut Rng, names: &[&str], depth: usize) -> Json {
     let choice = rng.below(if depth > 2 { 22 } else { 26 });
