@@ -151,3 +151,81 @@ async fn auto_runs_on_the_gpu_when_there_is_one() {
     let r = app.predict("ctr", &request(5)).await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
 }
+
+/// A registration moves the ctr model from the CPU to the GPU and back while serving (the device is
+/// not part of the binding, so the version stays): `/v2/models/ctr` reports each device, the scores
+/// stay the CPU's, and requests in flight across both swaps are all answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_moves_a_model_to_the_gpu_and_back_while_serving() {
+    if !has_cuda() {
+        return;
+    }
+    let schemas = schemas_on("cpu");
+    let mut c = test_config();
+    c.registry.schemas = schemas.path().to_owned();
+    c.registry.writes = true;
+    let (store, dir) = demo_store().await;
+    let app = Arc::new(TestApp::spawn_with(c, store, Some(dir)).await);
+    let want: Vec<Vec<f64>> = scores_of(&app, 16).await;
+
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients: Vec<_> = (0..4)
+        .map(|k| {
+            let (app, stop) = (app.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut answered = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let r = app.predict("ctr", &request(k)).await;
+                    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+                    answered += 1;
+                }
+                answered
+            })
+        })
+        .collect();
+    let text = std::fs::read_to_string(schemas.path().join("ctr.yaml")).expect("ctr.yaml");
+    for device in ["cuda", "cpu", "cuda"] {
+        let body = text.replacen("device: cpu", &format!("device: {device}"), 1);
+        let r = app
+            .client
+            .put(format!("{}/v1/schemas/models/ctr", app.addr))
+            .header("content-type", "application/yaml")
+            .body(body)
+            .send()
+            .await
+            .expect("registration sent");
+        let status = r.status().as_u16();
+        assert_eq!(status, 200, "{}", r.text().await.unwrap_or_default());
+        let meta = app.get("/v2/models/ctr").await.json();
+        assert_eq!(meta["parameters"]["device"], device, "{meta}");
+        let got = scores_of(&app, 16).await;
+        for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+            assert_eq!(w.len(), g.len());
+            for (a, b) in w.iter().zip(g) {
+                assert!(
+                    (a - b).abs() < TOLERANCE,
+                    "request {i} on {device}: cpu {a} vs {b}"
+                );
+            }
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut total = 0;
+    for c in clients {
+        total += c
+            .await
+            .expect("every request across the swaps was answered");
+    }
+    eprintln!("{total} requests answered across three registrations");
+}
+
+/// The scores of requests `0..n`, one at a time.
+async fn scores_of(app: &TestApp, n: usize) -> Vec<Vec<f64>> {
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let r = app.predict("ctr", &request(i)).await;
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        out.push(scores(&r.json()));
+    }
+    out
+}

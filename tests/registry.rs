@@ -204,6 +204,56 @@ async fn a_document_registered_again_at_its_version_is_kept_as_submitted() {
     assert_eq!(app.predict("ctr", &predict).await.status, 200);
 }
 
+/// Requests in flight while registrations restart the model they score with are all answered, with the
+/// scores of a model that did not change what it computes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_in_flight_during_registrations_are_all_answered() {
+    let dir = copy_of_schemas();
+    let app = std::sync::Arc::new(spawn(&dir, true).await);
+    let predict = json!({"entities": {"user_id": "u_5"}, "context": {"hour_of_day": 9, "device": "ios"},
+                         "candidates": [{"item_id": "i_1"}, {"item_id": "i_2"}]});
+    let first = app.predict("ctr", &predict).await;
+    assert_eq!(first.status, 200);
+    let want = common::scores(&first.json());
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let (app, stop) = (app.clone(), stop.clone());
+            let (predict, want) = (predict.clone(), want.clone());
+            tokio::spawn(async move {
+                let mut answered = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let r = app.predict("ctr", &predict).await;
+                    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+                    assert_eq!(common::scores(&r.json()), want);
+                    answered += 1;
+                }
+                answered
+            })
+        })
+        .collect();
+    let text = schema_file("ctr.yaml");
+    for i in 0..8 {
+        let rows = if i % 2 == 0 { "128" } else { "256" };
+        let edited = edit(
+            &text,
+            "max_batch_rows: 256",
+            &format!("max_batch_rows: {rows}"),
+        );
+        ok(&put(&app, "/v1/schemas/models/ctr", &edited).await);
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut total = 0;
+    for c in clients {
+        total += c.await.expect("a client's requests all succeeded");
+    }
+    assert!(
+        total >= 8,
+        "only {total} requests ran beside the registrations"
+    );
+}
+
 #[tokio::test]
 async fn refused_changes_leave_the_gateway_and_the_files_as_they_were() {
     let dir = copy_of_schemas();
