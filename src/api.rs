@@ -262,9 +262,11 @@ async fn online_features(
     gw.online_features(r.format, &r.headers, &r.body).await
 }
 
-/// `GET /v1/schemas`: what is registered, by kind and name.
+/// `GET /v1/schemas`: what is registered, by kind and name, and how the schemas folder is watched.
 async fn schemas(State(gw): State<Arc<Gateway>>) -> Json<serde_json::Value> {
-    Json(crate::proposal::listing(&gw.registry()))
+    let mut listing = crate::proposal::listing(&gw.registry());
+    listing["folder"] = gw.folder.describe(gw.config.registry.reload_interval);
+    Json(listing)
 }
 
 /// `GET /v1/schemas/{kind}/{name}`: one registered document as written, with where it came from.

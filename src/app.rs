@@ -202,6 +202,7 @@ impl Application {
             telemetry,
             ready: AtomicBool::new(false),
             prefetcher,
+            folder: Default::default(),
         });
         let routes = crate::api::routes(gateway.clone());
         // Warm start while already serving: `/v2/health/ready` answers 503 until the hottest keys are
@@ -257,6 +258,9 @@ impl Application {
             }
         });
         let _abort_upkeep = AbortOnDrop(upkeep);
+        let _abort_watch = AbortOnDrop(tokio::spawn(crate::registrar::watch_folder(
+            self.gateway.clone(),
+        )));
         let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
         let limits = crate::serve::ConnLimits::from(&self.gateway.config.server);
         let server = crate::serve::serve(self.listener, self.routes, limits, async move {

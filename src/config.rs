@@ -126,6 +126,11 @@ pub struct RegistryConfig {
     /// folder, which must then be writable). Off by default: any client of the port could change what
     /// is served.
     pub writes: bool,
+    /// How often the schemas folder is read for changes made beside this process (a person, a
+    /// deploy, another replica sharing the folder); a change is checked and swapped in as a
+    /// registration is. `0s`: never (a change on disk then waits for a restart).
+    #[serde(with = "duration")]
+    pub reload_interval: Duration,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -270,6 +275,7 @@ impl Default for RegistryConfig {
             schemas: PathBuf::from("schemas"),
             models: PathBuf::from("models"),
             writes: false,
+            reload_interval: Duration::ZERO,
         }
     }
 }
@@ -671,6 +677,11 @@ impl Config {
             ),
             ("prefetch.warm_timeout", prefetch.warm_timeout, ms(0)),
             (
+                "registry.reload_interval",
+                self.registry.reload_interval,
+                ms(0),
+            ),
+            (
                 "prefetch.hot_flush_interval",
                 prefetch.hot_flush_interval,
                 ms(10),
@@ -685,6 +696,16 @@ impl Config {
                     format!("{} is too long: must be at most 1d", duration::quoted(d)),
                 ));
             }
+        }
+        let reload = self.registry.reload_interval;
+        if !reload.is_zero() && reload < ms(100) {
+            return Err((
+                "registry.reload_interval",
+                format!(
+                    "{} reads the schemas folder too often: expected 0s (never) or at least 100ms",
+                    duration::quoted(reload)
+                ),
+            ));
         }
         for (key, path) in [
             ("store.embedded.path", &self.store.embedded.path),
@@ -1305,6 +1326,21 @@ mod tests {
     }
 
     #[test]
+    fn the_folder_is_read_never_or_at_most_ten_times_a_second() {
+        let e = load_err(&[("HYDRANT_REGISTRY__RELOAD_INTERVAL", "10ms")]);
+        assert!(
+            e.contains("HYDRANT_REGISTRY__RELOAD_INTERVAL")
+                && e.contains("expected 0s (never) or at least 100ms"),
+            "{e}"
+        );
+        for (value, want) in [("0s", 0), ("100ms", 100), ("2s", 2000)] {
+            let c = Config::load(None, env(&[("HYDRANT_REGISTRY__RELOAD_INTERVAL", value)]))
+                .expect("a valid interval");
+            assert_eq!(c.registry.reload_interval, Duration::from_millis(want));
+        }
+    }
+
+    #[test]
     fn absurd_durations_are_refused_without_panicking() {
         for var in [
             "HYDRANT_SERVER__SHUTDOWN_GRACE",
@@ -1315,6 +1351,7 @@ mod tests {
             "HYDRANT_STORE__REDIS__WRITE_TIMEOUT",
             "HYDRANT_PREFETCH__WARM_TIMEOUT",
             "HYDRANT_PREFETCH__HOT_FLUSH_INTERVAL",
+            "HYDRANT_REGISTRY__RELOAD_INTERVAL",
         ] {
             for value in ["500000000d", "25h", "18446744073709551615s"] {
                 let e = load_err(&[(var, value)]);

@@ -61,6 +61,8 @@ pub struct Gateway {
     pub ready: AtomicBool,
     /// Bounds the background prefetches (`POST /v1/prefetch`).
     pub prefetcher: crate::prefetch::Prefetcher,
+    /// What the schemas folder's watch last refused ([`crate::registrar::watch_folder`]).
+    pub folder: crate::registrar::FolderState,
 }
 
 impl Gateway {

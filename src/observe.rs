@@ -298,6 +298,22 @@ pub fn prometheus(gw: &Gateway) -> String {
     }
     header(
         &mut out,
+        "hydrant_schema_reloads_total",
+        "counter",
+        "Changes found in the schemas folder (registry.reload_interval), applied or refused.",
+    );
+    for (outcome, c) in [
+        ("applied", &t.reloads.applied),
+        ("refused", &t.reloads.refused),
+    ] {
+        let _ = writeln!(
+            out,
+            "hydrant_schema_reloads_total{{outcome=\"{outcome}\"}} {}",
+            c.load(Relaxed)
+        );
+    }
+    header(
+        &mut out,
         "hydrant_warm_start_incomplete_total",
         "counter",
         "Warm starts cut short by prefetch.warm_timeout or a store failure.",

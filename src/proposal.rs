@@ -143,6 +143,50 @@ pub fn propose(
     })
 }
 
+/// The schemas folder as it is now (`proposed`, compiled from its files) compared with `running`, by the
+/// rules a registration follows: each document added or changed on disk is a submitted one, and one
+/// gone from the folder is removed. Answers `None` when the folder holds what runs, where it runs from
+/// (same bodies, same files, same places in them).
+pub fn propose_folder(
+    running: &Registry,
+    proposed: Registry,
+) -> Result<Option<Proposal>, SchemaErrors> {
+    let placed = |r: &Registry| {
+        let mut v: Vec<_> = r
+            .documents
+            .iter()
+            .map(|d| (d.kind, d.name.clone(), d.file.clone(), d.index))
+            .collect();
+        v.sort();
+        v
+    };
+    let submitted: Vec<(Kind, String)> = proposed
+        .documents
+        .iter()
+        .filter(|d| {
+            running
+                .document(d.kind, &d.name)
+                .is_none_or(|r| r.body != d.body)
+        })
+        .map(|d| (d.kind, d.name.clone()))
+        .collect();
+    let removed = running
+        .documents
+        .iter()
+        .any(|d| proposed.document(d.kind, &d.name).is_none());
+    if submitted.is_empty() && !removed && placed(running) == placed(&proposed) {
+        return Ok(None);
+    }
+    let changes = compare(running, &proposed, &submitted, false)?;
+    let touched = touched_models(&proposed, &changes);
+    Ok(Some(Proposal {
+        registry: proposed,
+        changes,
+        touched,
+        submitted,
+    }))
+}
+
 /// Checks `body` (one or more YAML documents) against `running`: compiled with the registered documents,
 /// compared with them, and each model it touches loaded once on its device. Blocking (it opens ONNX
 /// Runtime sessions): call it off the async executor.
@@ -345,7 +389,7 @@ fn compare(
         let old = running.document(*kind, name);
         let mut refuse = |field: &str, message: String| {
             errors.push(SchemaError {
-                file: PathBuf::from(ORIGIN),
+                file: new.file.clone(),
                 path: at(new, field),
                 message,
             });

@@ -143,6 +143,9 @@ fn apply(
         });
     }
 
+    // Held while the files are read, checked and written, so that another replica sharing the folder
+    // neither writes at the same time nor reloads a change half written.
+    let _lock = lock_folder(schemas_dir, true);
     let plan = plan_files(
         &running,
         schemas_dir,
@@ -157,37 +160,9 @@ fn apply(
     })?;
 
     // Start the touched models before anything is written: a model that cannot start leaves all as it was.
-    let catalog = gw.catalog.load_full();
-    let mut engines = HashMap::with_capacity(registry.models.len());
-    let mut errors = Vec::new();
-    let mut names: Vec<&String> = registry.models.keys().collect();
-    names.sort();
-    for name in names {
-        if !proposal.touched.contains(name)
-            && let Some(engine) = catalog.engines.get(name)
-        {
-            engines.insert(name.clone(), engine.clone());
-            continue;
-        }
-        if gone.load(Relaxed) {
-            return Err(ApiError::Timeout(
-                "the registration's request ended before its models were started: nothing was registered".to_owned(),
-            ));
-        }
-        let model = registry.models[name].clone();
-        match Engine::start(env, model, &gw.config.inference, gw.telemetry.model(name)) {
-            Ok(engine) => {
-                engines.insert(name.clone(), Arc::new(engine));
-            }
-            Err(e) => errors.push(proposal::load_error(
-                e,
-                proposal.registry.document(Kind::Model, name),
-            )),
-        }
-    }
-    if !errors.is_empty() {
-        return Err(ApiError::InvalidSchema(SchemaErrors(errors)));
-    }
+    let engines = start_engines(gw, &registry, &proposal.touched, env, gone, |name| {
+        proposal.registry.document(Kind::Model, name)
+    })?;
 
     write_files(&plan.writes)?;
     let files: Vec<String> = plan
@@ -213,6 +188,223 @@ fn apply(
         answer["deleted"] = json!(deleted);
     }
     Ok(answer)
+}
+
+/// The engines of `registry`'s models: the running ones for models outside `touched`, new ones for the
+/// rest. A model that cannot start is a schema problem at its document (`doc_of`), and nothing starts
+/// being served.
+fn start_engines<'a>(
+    gw: &Gateway,
+    registry: &Registry,
+    touched: &std::collections::BTreeSet<String>,
+    env: &ort::environment::Environment,
+    gone: &AtomicBool,
+    doc_of: impl Fn(&str) -> Option<&'a crate::schema::Document>,
+) -> Result<HashMap<String, Arc<Engine>>, ApiError> {
+    let catalog = gw.catalog.load_full();
+    let mut engines = HashMap::with_capacity(registry.models.len());
+    let mut errors = Vec::new();
+    let mut names: Vec<&String> = registry.models.keys().collect();
+    names.sort();
+    for name in names {
+        if !touched.contains(name)
+            && let Some(engine) = catalog.engines.get(name)
+        {
+            engines.insert(name.clone(), engine.clone());
+            continue;
+        }
+        if gone.load(Relaxed) {
+            return Err(ApiError::Timeout(
+                "the registration's request ended before its models were started: nothing was registered".to_owned(),
+            ));
+        }
+        let model = registry.models[name].clone();
+        match Engine::start(env, model, &gw.config.inference, gw.telemetry.model(name)) {
+            Ok(engine) => {
+                engines.insert(name.clone(), Arc::new(engine));
+            }
+            Err(e) => errors.push(proposal::load_error(e, doc_of(name))),
+        }
+    }
+    if errors.is_empty() {
+        Ok(engines)
+    } else {
+        Err(ApiError::InvalidSchema(SchemaErrors(errors)))
+    }
+}
+
+/// The lock file in the schemas folder: hidden, and not `*.yaml`, so start-up never reads it.
+const LOCK_FILE: &str = ".hydrant.lock";
+
+/// Locks the schemas folder against other processes: exclusively to write it, shared to read it.
+/// Best effort: a folder where the lock file cannot be made (read-only, say: then nothing writes it
+/// either) or a file system without locks goes unlocked.
+fn lock_folder(dir: &Path, exclusive: bool) -> Option<std::fs::File> {
+    let path = dir.join(LOCK_FILE);
+    if exclusive {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .ok()?;
+        f.lock().ok()?;
+        Some(f)
+    } else {
+        let f = std::fs::File::open(&path).ok()?;
+        f.lock_shared().ok()?;
+        Some(f)
+    }
+}
+
+/// The last change found in the schemas folder that was refused, for `GET /v1/schemas`.
+#[derive(Debug, Default)]
+pub struct FolderState {
+    refused: parking_lot::Mutex<Option<serde_json::Value>>,
+}
+
+impl FolderState {
+    /// `{"reload_interval": ..., "refused": null | {"at": ..., "problems": [...]}}`.
+    pub fn describe(&self, interval: std::time::Duration) -> serde_json::Value {
+        json!({
+            "reload_interval": crate::config::duration::format(interval),
+            "refused": self.refused.lock().clone(),
+        })
+    }
+}
+
+/// Reads the schemas folder every `registry.reload_interval` and, when its files changed, checks the
+/// folder against what runs as a registration is checked and swaps it in. A folder that fails (a file
+/// half saved, a broken reference, a version that went down) is logged, counted and shown by `GET
+/// /v1/schemas`, and the running schemas stay until the files change again. Runs until aborted.
+pub async fn watch_folder(gw: Arc<Gateway>) {
+    let interval = gw.config.registry.reload_interval;
+    if interval.is_zero() {
+        return;
+    }
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    // What the folder held when last looked at; `None` compares the folder with what runs.
+    let mut seen: Option<u64> = None;
+    loop {
+        tick.tick().await;
+        let dir = gw.config.registry.schemas.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            let _lock = lock_folder(&dir, false);
+            Registry::read_dir(&dir)
+        })
+        .await;
+        let sources = match read {
+            Ok(Ok(sources)) => sources,
+            Ok(Err(errors)) => {
+                let print = errors.to_string();
+                let fingerprint = fingerprint(std::iter::once(("", print.as_str())));
+                if seen != Some(fingerprint) {
+                    seen = Some(fingerprint);
+                    refuse(&gw, &ApiError::InvalidSchema(errors));
+                }
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the schemas folder failed");
+                continue;
+            }
+        };
+        let now = fingerprint(
+            sources
+                .iter()
+                .map(|(f, t)| (f.to_str().unwrap_or_default(), t.as_str())),
+        );
+        if seen == Some(now) {
+            continue;
+        }
+        seen = Some(now);
+        let g = gw.clone();
+        match proposal::exclusive(&gw, "reload", move |env, gone| {
+            reload(&g, &sources, env, gone)
+        })
+        .await
+        {
+            Ok(Some(changes)) => {
+                gw.telemetry.reloads.applied.fetch_add(1, Relaxed);
+                *gw.folder.refused.lock() = None;
+                for c in changes {
+                    tracing::info!(kind = c.kind.as_str(), name = %c.name, change = ?c.change, version = ?c.version, "schema reloaded from the schemas folder");
+                }
+            }
+            Ok(None) => *gw.folder.refused.lock() = None,
+            Err(e) => refuse(&gw, &e),
+        }
+    }
+}
+
+/// A hash of the folder's files and texts.
+fn fingerprint<'a>(files: impl Iterator<Item = (&'a str, &'a str)>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for (file, text) in files {
+        file.hash(&mut h);
+        text.hash(&mut h);
+    }
+    h.finish()
+}
+
+/// A change in the folder that was refused: said once, counted, and kept for `GET /v1/schemas`.
+fn refuse(gw: &Gateway, e: &ApiError) {
+    gw.telemetry.reloads.refused.fetch_add(1, Relaxed);
+    let problems: Vec<String> = match e {
+        ApiError::InvalidSchema(errors) => errors.0.iter().map(ToString::to_string).collect(),
+        other => vec![other.to_string()],
+    };
+    tracing::warn!(
+        problems = %problems.join("; "),
+        "the schemas folder changed, but the change is refused: the running schemas stay until the files are fixed"
+    );
+    let at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    *gw.folder.refused.lock() = Some(json!({"at_unix_ms": at, "problems": problems}));
+}
+
+/// Compiles `sources` (the folder's files), compares them with what runs as a registration is
+/// compared, starts the models the change touches, and swaps the whole in. `None` when the folder holds
+/// what runs.
+fn reload(
+    gw: &Gateway,
+    sources: &[(PathBuf, String)],
+    env: &ort::environment::Environment,
+    gone: &AtomicBool,
+) -> Result<Option<Vec<proposal::Change>>, ApiError> {
+    let running = gw.registry();
+    let models_dir = gw.config.registry.models.as_path();
+    let compiled = Registry::compile(sources, models_dir).map_err(ApiError::InvalidSchema)?;
+    let Some(proposal) =
+        proposal::propose_folder(&running, compiled).map_err(ApiError::InvalidSchema)?
+    else {
+        return Ok(None);
+    };
+    let engines = start_engines(
+        gw,
+        &proposal.registry,
+        &proposal.touched,
+        env,
+        gone,
+        |name| proposal.registry.document(Kind::Model, name),
+    )?;
+    let changes: Vec<_> = proposal
+        .changes
+        .into_iter()
+        .filter(|c| c.change != proposal::Verdict::Unchanged)
+        .collect();
+    gw.catalog
+        .store(Arc::new(Catalog::new(Arc::new(proposal.registry), engines)));
+    for doc in &running.documents {
+        if gw.registry().document(doc.kind, &doc.name).is_none() {
+            tracing::info!(kind = doc.kind.as_str(), name = %doc.name, "schema removed from the schemas folder");
+        }
+    }
+    Ok(Some(changes))
 }
 
 /// The 404 of a name of `kind` that is not registered, listing the registered ones.

@@ -482,6 +482,12 @@ pub fn relative_hint(path: &Path) -> String {
 impl Registry {
     /// Reads every `*.yaml`/`*.yml` file of `dir` (sorted by name) and compiles them.
     pub fn load_dir(dir: &Path, models_dir: &Path) -> Result<Self, SchemaErrors> {
+        Self::compile(&Self::read_dir(dir)?, models_dir)
+    }
+
+    /// The `*.yaml` (and `*.yml`) files of the schemas folder `dir`, sorted, each with its text: what
+    /// [`Registry::load_dir`] compiles.
+    pub fn read_dir(dir: &Path) -> Result<Vec<(PathBuf, String)>, SchemaErrors> {
         let read_err = |message: String| {
             SchemaErrors(vec![SchemaError {
                 file: dir.to_owned(),
@@ -522,7 +528,7 @@ impl Registry {
         if !errors.is_empty() {
             return Err(SchemaErrors(errors));
         }
-        Self::compile(&sources, models_dir)
+        Ok(sources)
     }
 
     /// Compiles schema sources given as `(file name, YAML text)`.

@@ -552,6 +552,15 @@ pub struct InvalidationStats {
     pub flushes: AtomicU64,
 }
 
+/// Reloads of the schemas folder (`registry.reload_interval`): `hydrant_schema_reloads_total{outcome}`.
+#[derive(Debug, Default)]
+pub struct ReloadStats {
+    /// Changes found in the folder and swapped in.
+    pub applied: AtomicU64,
+    /// Changes found in the folder and refused (the running schemas stay).
+    pub refused: AtomicU64,
+}
+
 /// Request histograms of one (route, status), by model name.
 type ByModel = HashMap<String, Arc<Histogram>>;
 
@@ -567,6 +576,7 @@ pub struct Telemetry {
     stores: RwLock<HashMap<&'static str, Arc<StoreStats>>>,
     pub prefetch: PrefetchStats,
     pub invalidation: InvalidationStats,
+    pub reloads: ReloadStats,
 }
 
 /// When the telemetry (so the gateway) started.

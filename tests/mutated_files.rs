@@ -44,6 +44,8 @@ const CONFIG_NAMES: &[&str] = &[
     "registry",
     "schemas",
     "models",
+    "writes",
+    "reload_interval",
     "limits",
     "max_body_bytes",
     "max_candidates",

@@ -529,7 +529,8 @@ async fn mutated_registrations_get_a_named_4xx_or_leave_a_folder_that_loads_as_s
         if (200..300).contains(&status) {
             let loaded = Registry::load_dir(dir.path(), &models)
                 .unwrap_or_else(|e| panic!("{case} was registered, but the folder fails: {e}"));
-            let served = ok(&app.get("/v1/schemas").await);
+            let mut served = ok(&app.get("/v1/schemas").await);
+            served.as_object_mut().map(|o| o.remove("folder"));
             assert_eq!(
                 hydrant::proposal::listing(&loaded),
                 served,
@@ -568,4 +569,128 @@ async fn mutated_registrations_get_a_named_4xx_or_leave_a_folder_that_loads_as_s
     let again = spawn(&dir, true).await;
     assert_eq!(ok(&again.get("/v1/schemas").await), last);
     again.stop().await;
+}
+
+/// The value of the metric line that starts with `name` in `/metrics`.
+async fn metric(app: &TestApp, name: &str) -> f64 {
+    let text = String::from_utf8(app.get("/metrics").await.body).expect("metrics text");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /metrics"))
+}
+
+/// Polls `GET path` until `done` holds for its JSON (10 s at most).
+async fn wait_for(app: &TestApp, path: &str, what: &str, done: impl Fn(&Json) -> bool) -> Json {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let j = app.get(path).await.json();
+        if done(&j) {
+            return j;
+        }
+        assert!(std::time::Instant::now() < until, "{what}: still {j}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// With `registry.reload_interval`, a change made in the schemas folder (by a person, a deploy, or
+/// another replica sharing it) is checked as a registration is and swapped in; a folder that fails
+/// is refused, shown and counted while the running schemas keep serving; a removed file removes what
+/// it defined; and the gateway's own registrations are not taken for changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_made_in_the_folder_are_checked_and_swapped_in() {
+    let dir = copy_of_schemas();
+    let mut c = common::test_config();
+    c.registry.schemas = dir.path().to_owned();
+    c.registry.writes = true;
+    c.registry.reload_interval = std::time::Duration::from_millis(100);
+    let (store, store_dir) = common::demo_store().await;
+    let app = TestApp::spawn_with(c, store, Some(store_dir)).await;
+    let folder = ok(&app.get("/v1/schemas").await)["folder"].clone();
+    assert_eq!(folder, json!({"reload_interval": "100ms", "refused": null}));
+    let predict = json!({"entities": {"user_id": "u_5"}, "candidates": [{"item_id": "i_1"}]});
+    let applied = "hydrant_schema_reloads_total{outcome=\"applied\"}";
+    let refused = "hydrant_schema_reloads_total{outcome=\"refused\"}";
+    // The first look at the folder finds what runs: nothing applied.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(metric(&app, applied).await, 0.0);
+
+    // A new version of a view, written in place.
+    let profile = dir.path().join("user_profile.yaml");
+    let v1 = std::fs::read_to_string(&profile).expect("user_profile.yaml");
+    let v2 = edit(
+        &edit(&v1, "version: 1", "version: 2"),
+        "  - {name: age, dtype: int64, default: 30}\n",
+        "  - {name: age, dtype: int64, default: 30}\n  - {name: tenure_days, dtype: int64, default: 7}\n",
+    );
+    std::fs::write(&profile, &v2).expect("write");
+    wait_for(
+        &app,
+        "/v1/schemas/views/user_profile",
+        "version 2 served",
+        |j| j["document"]["version"] == 2,
+    )
+    .await;
+    let body = json!({"entities": {"user_id": ["u_5"]}, "features": ["user_profile:tenure_days"]});
+    let j = ok(&app.post_json("/v1/features", &body).await);
+    assert_eq!(
+        j["features"]["user_profile:tenure_days"]["values"],
+        json!([7])
+    );
+    assert_eq!(app.predict("ctr", &predict).await.status, 200);
+    assert!(metric(&app, applied).await >= 1.0);
+
+    // A version that goes down is refused, naming the file; version 2 keeps serving.
+    std::fs::write(&profile, &v1).expect("write");
+    let j = wait_for(&app, "/v1/schemas", "the refusal shown", |j| {
+        j["folder"]["refused"].is_object()
+    })
+    .await;
+    let problems = j["folder"]["refused"]["problems"].to_string();
+    assert!(
+        problems.contains("user_profile.yaml") && problems.contains("versions only go up"),
+        "{problems}"
+    );
+    assert_eq!(
+        ok(&app.get("/v1/schemas/views/user_profile").await)["document"]["version"],
+        2
+    );
+    assert!(metric(&app, refused).await >= 1.0);
+    assert_eq!(app.predict("ctr", &predict).await.status, 200);
+
+    // Fixed: version 3 is served and the refusal is cleared.
+    std::fs::write(&profile, v2.replacen("version: 2", "version: 3", 1)).expect("write");
+    wait_for(&app, "/v1/schemas", "version 3 served", |j| {
+        j["folder"]["refused"].is_null()
+            && j["views"].as_array().is_some_and(|v| {
+                v.iter()
+                    .any(|v| v["name"] == "user_profile" && v["version"] == 3)
+            })
+    })
+    .await;
+
+    // A file removed takes its model out of service; put back, the model serves again.
+    let ctr = dir.path().join("ctr.yaml");
+    let ctr_text = std::fs::read_to_string(&ctr).expect("ctr.yaml");
+    std::fs::remove_file(&ctr).expect("remove");
+    wait_for(&app, "/v1/schemas", "ctr removed", |j| {
+        j["models"].as_array().is_some_and(Vec::is_empty)
+    })
+    .await;
+    let r = app.predict("ctr", &predict).await;
+    assert_eq!((r.status, r.code().as_str()), (404, "unknown_model"));
+    std::fs::write(&ctr, &ctr_text).expect("write");
+    wait_for(&app, "/v1/schemas", "ctr back", |j| {
+        j["models"].as_array().is_some_and(|m| m.len() == 1)
+    })
+    .await;
+    assert_eq!(app.predict("ctr", &predict).await.status, 200);
+
+    // The gateway's own registration writes the folder, and is not reloaded as a change.
+    let before = metric(&app, applied).await;
+    let edited = edit(&ctr_text, "max_batch_rows: 256", "max_batch_rows: 64");
+    ok(&put(&app, "/v1/schemas/models/ctr", &edited).await);
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    assert_eq!(metric(&app, applied).await, before);
+    assert!(ok(&app.get("/v1/schemas").await)["folder"]["refused"].is_null());
+    app.stop().await;
 }
