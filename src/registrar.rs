@@ -289,43 +289,24 @@ pub async fn watch_folder(gw: Arc<Gateway>) {
     let mut seen: Option<u64> = None;
     loop {
         tick.tick().await;
-        let dir = gw.config.registry.schemas.clone();
-        let read = tokio::task::spawn_blocking(move || {
-            let _lock = lock_folder(&dir, false);
-            Registry::read_dir(&dir)
+        // Read in the registrations' turn, so what is read is never older than what runs.
+        let g = gw.clone();
+        let looked = proposal::exclusive(&gw, "reload", move |env, gone| {
+            Ok(look(&g, seen, env, gone))
         })
         .await;
-        let sources = match read {
-            Ok(Ok(sources)) => sources,
-            Ok(Err(errors)) => {
-                let print = errors.to_string();
-                let fingerprint = fingerprint(std::iter::once(("", print.as_str())));
-                if seen != Some(fingerprint) {
-                    seen = Some(fingerprint);
-                    refuse(&gw, &ApiError::InvalidSchema(errors));
-                }
-                continue;
-            }
+        let (now, outcome) = match looked {
+            Ok(looked) => looked,
             Err(e) => {
                 tracing::warn!(error = %e, "reading the schemas folder failed");
                 continue;
             }
         };
-        let now = fingerprint(
-            sources
-                .iter()
-                .map(|(f, t)| (f.to_str().unwrap_or_default(), t.as_str())),
-        );
         if seen == Some(now) {
             continue;
         }
         seen = Some(now);
-        let g = gw.clone();
-        match proposal::exclusive(&gw, "reload", move |env, gone| {
-            reload(&g, &sources, env, gone)
-        })
-        .await
-        {
+        match outcome {
             Ok(Some(changes)) => {
                 gw.telemetry.reloads.applied.fetch_add(1, Relaxed);
                 *gw.folder.refused.lock() = None;
@@ -337,6 +318,40 @@ pub async fn watch_folder(gw: Arc<Gateway>) {
             Err(e) => refuse(&gw, &e),
         }
     }
+}
+
+/// What a look at the folder found: its fingerprint, and what the reload did.
+type Looked = (u64, Result<Option<Vec<proposal::Change>>, ApiError>);
+
+/// Reads the folder and, when it holds something else than when `seen`, reloads it.
+fn look(
+    gw: &Gateway,
+    seen: Option<u64>,
+    env: &ort::environment::Environment,
+    gone: &AtomicBool,
+) -> Looked {
+    let dir = gw.config.registry.schemas.as_path();
+    let read = {
+        let _lock = lock_folder(dir, false);
+        Registry::read_dir(dir)
+    };
+    let sources = match read {
+        Ok(sources) => sources,
+        Err(errors) => {
+            let print = errors.to_string();
+            let now = fingerprint(std::iter::once(("", print.as_str())));
+            return (now, Err(ApiError::InvalidSchema(errors)));
+        }
+    };
+    let now = fingerprint(
+        sources
+            .iter()
+            .map(|(f, t)| (f.to_str().unwrap_or_default(), t.as_str())),
+    );
+    if seen == Some(now) {
+        return (now, Ok(None));
+    }
+    (now, reload(gw, &sources, env, gone))
 }
 
 /// A hash of the folder's files and texts.
