@@ -12,10 +12,8 @@ use std::panic::AssertUnwindSafe;
 use std::path::Path;
 use std::sync::Arc;
 
-use common::mutate::{
-    REQUEST_NAMES, Rng, SCHEMA_NAMES, describe, env_number, mutated, print_yaml_documents,
-    yaml_documents,
-};
+use common::mutate::{REQUEST_NAMES, Rng, SCHEMA_NAMES, describe, env_number, mutated};
+use common::{print_yaml_documents, yaml_documents};
 use futures::FutureExt as _;
 use hydrant::config::Config;
 use hydrant::schema::Registry;

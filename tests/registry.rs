@@ -466,9 +466,8 @@ fn files(dir: &std::path::Path) -> Vec<(String, String)> {
 /// Seeded like `tests/mutated_requests.rs` (`HYDRANT_MUTATIONS`, `HYDRANT_MUTATION_SEED`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutated_registrations_get_a_named_4xx_or_leave_a_folder_that_loads_as_served() {
-    use common::mutate::{
-        Rng, SCHEMA_NAMES, describe, env_number, mutated, print_yaml_documents, yaml_documents,
-    };
+    use common::mutate::{Rng, SCHEMA_NAMES, describe, env_number, mutated};
+    use common::{print_yaml_documents, yaml_documents};
     use hydrant::schema::Registry;
 
     let cases = env_number("HYDRANT_MUTATIONS", 300);

@@ -319,3 +319,26 @@ impl Drop for TestApp {
         }
     }
 }
+
+/// A YAML file's documents, as one list.
+pub fn yaml_documents(text: &str) -> Option<Json> {
+    use serde::Deserialize as _;
+    serde_yaml::Deserializer::from_str(text)
+        .map(Json::deserialize)
+        .collect::<Result<Vec<_>, _>>()
+        .ok()
+        .map(Json::Array)
+}
+
+/// A list back as YAML documents (anything else as one document).
+pub fn print_yaml_documents(v: &Json) -> Option<Vec<u8>> {
+    match v {
+        Json::Array(docs) => docs
+            .iter()
+            .map(serde_yaml::to_string)
+            .collect::<Result<Vec<_>, _>>()
+            .ok()
+            .map(|docs| docs.join("---\n").into_bytes()),
+        other => serde_yaml::to_string(other).ok().map(String::into_bytes),
+    }
+}

@@ -148,29 +148,6 @@ pub const SCHEMA_NAMES: &[&str] = &[
     "auto",
 ];
 
-/// A YAML file's documents, as one list.
-pub fn yaml_documents(text: &str) -> Option<Json> {
-    use serde::Deserialize as _;
-    serde_yaml::Deserializer::from_str(text)
-        .map(Json::deserialize)
-        .collect::<Result<Vec<_>, _>>()
-        .ok()
-        .map(Json::Array)
-}
-
-/// A list back as YAML documents (anything else as one document).
-pub fn print_yaml_documents(v: &Json) -> Option<Vec<u8>> {
-    match v {
-        Json::Array(docs) => docs
-            .iter()
-            .map(serde_yaml::to_string)
-            .collect::<Result<Vec<_>, _>>()
-            .ok()
-            .map(|docs| docs.join("---\n").into_bytes()),
-        other => serde_yaml::to_string(other).ok().map(String::into_bytes),
-    }
-}
-
 /// A value chosen to sit on an edge: extremes, wrong types, odd strings, nesting.
 pub fn wild(rng: &mut Rng, names: &[&str], depth: usize) -> Json {
     let choice = rng.below(if depth > 2 { 22 } else { 26 });
