@@ -146,12 +146,18 @@ fn apply(
     // Held while the files are read, checked and written, so that another replica sharing the folder
     // neither writes at the same time nor reloads a change half written.
     let _lock = lock_folder(schemas_dir, true);
+    let reload = if gw.config.registry.reload_interval.is_zero() {
+        "restart to load it, then register"
+    } else {
+        "the folder watch loads it within registry.reload_interval, or refuses it as GET /v1/schemas shows; then register"
+    };
     let plan = plan_files(
         &running,
         schemas_dir,
         body.as_deref(),
         &proposal.submitted,
         &removed,
+        reload,
     )?;
     let registry = Registry::compile(&plan.sources, models_dir).map_err(|e| {
         ApiError::Internal(format!(
@@ -610,6 +616,8 @@ fn plan_files(
     body: Option<&str>,
     submitted: &[(Kind, String)],
     removed: &[(Kind, String)],
+    // What the 409 of a file changed on disk tells the caller to do.
+    reload: &str,
 ) -> Result<FilePlan, ApiError> {
     let texts = match body {
         Some(body) => submitted_texts(body)?,
@@ -635,7 +643,7 @@ fn plan_files(
             return Err(ApiError::Conflict {
                 code: "schema_file_changed",
                 message: format!(
-                    "{} no longer holds what was loaded from it (edited since start-up?), or its documents cannot be told apart at their `---` lines: restart to load it, then register",
+                    "{} no longer holds what was loaded from it (edited since start-up?), or its documents cannot be told apart at their `---` lines: {reload}",
                     doc.file.display()
                 ),
             });

@@ -367,6 +367,26 @@ async fn refused_changes_leave_the_gateway_and_the_files_as_they_were() {
     assert_eq!(files(dir.path()), before, "nothing was written");
     let predict = json!({"entities": {"user_id": "u_5"}, "candidates": [{"item_id": "i_1"}]});
     assert_eq!(app.predict("ctr", &predict).await.status, 200);
+
+    // A file edited on disk since it was loaded (no folder watch here) is not overwritten.
+    let profile = dir.path().join("user_profile.yaml");
+    let by_hand = edit(
+        &schema_file("user_profile.yaml"),
+        "default: 30",
+        "default: 31",
+    );
+    std::fs::write(&profile, &by_hand).expect("edit");
+    let v2 = edit(&schema_file("user_profile.yaml"), "ttl: 10m", "ttl: 11m");
+    let r = put(&app, "/v1/schemas/views/user_profile", &v2).await;
+    assert_eq!((r.status, r.code().as_str()), (409, "schema_file_changed"));
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("user_profile.yaml") && m.contains("restart to load it")),
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    assert_eq!(std::fs::read_to_string(&profile).expect("read"), by_hand);
 }
 
 #[tokio::test]
@@ -691,5 +711,35 @@ async fn changes_made_in_the_folder_are_checked_and_swapped_in() {
     tokio::time::sleep(std::time::Duration::from_millis(400)).await;
     assert_eq!(metric(&app, applied).await, before);
     assert!(ok(&app.get("/v1/schemas").await)["folder"]["refused"].is_null());
+    app.stop().await;
+
+    // A hand edit the watch has not read yet: the registration's 409 points at the watch.
+    let dir = copy_of_schemas();
+    let mut c = common::test_config();
+    c.registry.schemas = dir.path().to_owned();
+    c.registry.writes = true;
+    c.registry.reload_interval = std::time::Duration::from_secs(3600);
+    let (store, store_dir) = common::demo_store().await;
+    let app = TestApp::spawn_with(c, store, Some(store_dir)).await;
+    let text = schema_file("user_profile.yaml");
+    std::fs::write(
+        dir.path().join("user_profile.yaml"),
+        edit(&text, "default: 30", "default: 31"),
+    )
+    .expect("edit");
+    let r = put(
+        &app,
+        "/v1/schemas/views/user_profile",
+        &edit(&text, "ttl: 10m", "ttl: 11m"),
+    )
+    .await;
+    assert_eq!((r.status, r.code().as_str()), (409, "schema_file_changed"));
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("the folder watch loads it")),
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
     app.stop().await;
 }
