@@ -627,7 +627,7 @@ pub(crate) fn load_error(e: InferError, doc: Option<&Document>) -> SchemaError {
             ),
         },
         other => SchemaError {
-            file: PathBuf::from(ORIGIN),
+            file: doc.map_or_else(|| PathBuf::from(ORIGIN), |d| d.file.clone()),
             path: String::new(),
             message: other.to_string(),
         },
@@ -681,11 +681,13 @@ pub(crate) async fn exclusive<R: Send + 'static>(
 
 /// [`check`] for the gateway's running registry, with the models loaded through its ONNX Runtime (see
 /// [`exclusive`]). A schema that fails is a 422 listing every problem.
-pub async fn check_for(gw: &Gateway, body: String) -> Result<Vec<Change>, ApiError> {
-    let running = gw.registry();
+pub async fn check_for(gw: &Arc<Gateway>, body: String) -> Result<Vec<Change>, ApiError> {
     let models_dir = gw.config.registry.models.clone();
     let inference = gw.config.inference.clone();
+    let g = gw.clone();
     exclusive(gw, "check", move |env, gone| {
+        // Taken in the turn, so a registration or reload just before is what the change is checked on.
+        let running = g.registry();
         let load = Load {
             env,
             cfg: &inference,

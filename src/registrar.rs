@@ -10,8 +10,12 @@
 //! The schemas folder stays the source of truth, written as a person would: a registered document
 //! replaces its own text in the file it came from (the file's other documents and comments stay as they
 //! are), a new document gets a file of its own, and a deleted document leaves its file (or the file goes,
-//! when it held nothing else). Every version of a view or model that was registered or replaced is kept
-//! in `.versions/{kind}/{name}/{version}.yaml` under the schemas folder, which start-up does not read.
+//! when it held nothing else). Every version of a view or model that a registration registered or
+//! replaced is kept in `.versions/{kind}/{name}/{version}.yaml` under the schemas folder, which
+//! start-up does not read.
+//!
+//! Changes made in the folder by others (a person, a deploy, another replica) are read every
+//! `registry.reload_interval` ([`watch_folder`]) and swapped in by the same rules.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -145,7 +149,7 @@ fn apply(
 
     // Held while the files are read, checked and written, so that another replica sharing the folder
     // neither writes at the same time nor reloads a change half written.
-    let _lock = lock_folder(schemas_dir, true);
+    let _lock = lock_folder(schemas_dir, true)?;
     let reload = if gw.config.registry.reload_interval.is_zero() {
         "restart to load it, then register"
     } else {
@@ -170,6 +174,12 @@ fn apply(
         proposal.registry.document(Kind::Model, name)
     })?;
 
+    if gone.load(Relaxed) {
+        return Err(ApiError::Timeout(
+            "the registration's request ended before its files were written: nothing was registered"
+                .to_owned(),
+        ));
+    }
     write_files(&plan.writes)?;
     let files: Vec<String> = plan
         .writes
@@ -221,7 +231,7 @@ fn start_engines<'a>(
         }
         if gone.load(Relaxed) {
             return Err(ApiError::Timeout(
-                "the registration's request ended before its models were started: nothing was registered".to_owned(),
+                "stopped before the change's models were started: nothing was changed".to_owned(),
             ));
         }
         let model = registry.models[name].clone();
@@ -242,24 +252,44 @@ fn start_engines<'a>(
 /// The lock file in the schemas folder: hidden, and not `*.yaml`, so start-up never reads it.
 const LOCK_FILE: &str = ".hydrant.lock";
 
+/// How long a registration or a read of the folder waits for another process's lock on it.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Locks the schemas folder against other processes: exclusively to write it, shared to read it.
-/// Best effort: a folder where the lock file cannot be made (read-only, say: then nothing writes it
-/// either) or a file system without locks goes unlocked.
-fn lock_folder(dir: &Path, exclusive: bool) -> Option<std::fs::File> {
+/// `Ok(None)` where the folder cannot be locked (a read-only folder, where nothing writes either, or a
+/// file system without locks): it goes unlocked. `Err` when another process held the lock for
+/// [`LOCK_WAIT`].
+fn lock_folder(dir: &Path, exclusive: bool) -> Result<Option<std::fs::File>, ApiError> {
     let path = dir.join(LOCK_FILE);
-    if exclusive {
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .ok()?;
-        f.lock().ok()?;
-        Some(f)
-    } else {
-        let f = std::fs::File::open(&path).ok()?;
-        f.lock_shared().ok()?;
-        Some(f)
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .or_else(|_| std::fs::File::open(&path));
+    let Ok(file) = file else {
+        return Ok(None);
+    };
+    let until = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        let tried = if exclusive {
+            file.try_lock()
+        } else {
+            file.try_lock_shared()
+        };
+        match tried {
+            Ok(()) => return Ok(Some(file)),
+            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < until => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(ApiError::RegistryUnwritable(format!(
+                    "{} stayed locked by another process for {LOCK_WAIT:?}: another replica is writing the schemas folder, or one died holding the lock",
+                    path.display()
+                )));
+            }
+            Err(std::fs::TryLockError::Error(_)) => return Ok(None),
+        }
     }
 }
 
@@ -279,10 +309,12 @@ impl FolderState {
     }
 }
 
-/// Reads the schemas folder every `registry.reload_interval` and, when its files changed, checks the
-/// folder against what runs as a registration is checked and swaps it in. A folder that fails (a file
-/// half saved, a broken reference, a version that went down) is logged, counted and shown by `GET
-/// /v1/schemas`, and the running schemas stay until the files change again. Runs until aborted.
+/// Reads the schemas folder every `registry.reload_interval` and, when its files changed and then held
+/// still for one more read (a file being saved is not taken half written), checks the folder against
+/// what runs as a registration is checked and swaps it in. A folder that fails (a broken reference, a
+/// version that went down) is logged, counted and shown by `GET /v1/schemas`, and the running schemas
+/// stay until the files change again; a model that failed to start (its ONNX file not there yet, say)
+/// is tried again every [`RETRY_EVERY`] reads. Runs until aborted.
 pub async fn watch_folder(gw: Arc<Gateway>) {
     let interval = gw.config.registry.reload_interval;
     if interval.is_zero() {
@@ -291,14 +323,14 @@ pub async fn watch_folder(gw: Arc<Gateway>) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
-    // What the folder held when last looked at; `None` compares the folder with what runs.
-    let mut seen: Option<u64> = None;
+    let mut watch = Watch::default();
     loop {
         tick.tick().await;
         // Read in the registrations' turn, so what is read is never older than what runs.
         let g = gw.clone();
+        let before = watch.clone();
         let looked = proposal::exclusive(&gw, "reload", move |env, gone| {
-            Ok(look(&g, seen, env, gone))
+            Ok(look(&g, &before, env, gone))
         })
         .await;
         let (now, outcome) = match looked {
@@ -308,56 +340,141 @@ pub async fn watch_folder(gw: Arc<Gateway>) {
                 continue;
             }
         };
-        if seen == Some(now) {
-            continue;
+        if watch.failing == Some(now) {
+            watch.retry_in = watch.retry_in.saturating_sub(1);
         }
-        seen = Some(now);
         match outcome {
-            Ok(Some(changes)) => {
-                gw.telemetry.reloads.applied.fetch_add(1, Relaxed);
+            Outcome::Same => {}
+            Outcome::Moving => watch.moving = Some(now),
+            Outcome::Reloaded(changes) => {
+                watch.settled(now);
                 *gw.folder.refused.lock() = None;
-                for c in changes {
-                    tracing::info!(kind = c.kind.as_str(), name = %c.name, change = ?c.change, version = ?c.version, "schema reloaded from the schemas folder");
+                if let Some(changes) = changes {
+                    gw.telemetry.reloads.applied.fetch_add(1, Relaxed);
+                    for c in changes {
+                        tracing::info!(kind = c.kind.as_str(), name = %c.name, change = ?c.change, version = ?c.version, "schema reloaded from the schemas folder");
+                    }
                 }
             }
-            Ok(None) => *gw.folder.refused.lock() = None,
-            Err(e) => refuse(&gw, &e),
+            Outcome::Refused(refused) => {
+                if refused.again {
+                    // Left unseen: read and tried again after RETRY_EVERY reads, said only once.
+                    watch.retry_in = RETRY_EVERY;
+                    watch.moving = None;
+                    if watch.failing != Some(now) {
+                        watch.failing = Some(now);
+                        refuse(&gw, &refused.error);
+                    }
+                } else {
+                    watch.settled(now);
+                    refuse(&gw, &refused.error);
+                }
+            }
         }
     }
 }
 
-/// What a look at the folder found: its fingerprint, and what the reload did.
-type Looked = (u64, Result<Option<Vec<proposal::Change>>, ApiError>);
+/// Reads between tries of a folder whose models failed to start.
+const RETRY_EVERY: u32 = 15;
 
-/// Reads the folder and, when it holds something else than when `seen`, reloads it.
+/// What the watch knows of the folder, by fingerprint.
+#[derive(Clone, Default)]
+struct Watch {
+    /// Last checked (applied, found unchanged, or refused for good); `None` compares the folder with
+    /// what runs.
+    seen: Option<u64>,
+    /// Read once and not yet checked: taken when the next read finds the same.
+    moving: Option<u64>,
+    /// Refused for a reason outside the schema files, and tried again in `retry_in` reads.
+    failing: Option<u64>,
+    retry_in: u32,
+}
+
+impl Watch {
+    fn settled(&mut self, now: u64) {
+        *self = Watch {
+            seen: Some(now),
+            ..Watch::default()
+        };
+    }
+}
+
+/// What one read of the folder found.
+enum Outcome {
+    /// What was checked last, or a failure whose retry is not due.
+    Same,
+    /// Changed since the last read: checked when the next read finds the same.
+    Moving,
+    /// Checked: swapped in (with what changed) or found to hold what runs (`None`).
+    Reloaded(Option<Vec<proposal::Change>>),
+    Refused(Refused),
+}
+
+/// A refused change, and whether the cause lies outside the schema files (worth trying again).
+struct Refused {
+    error: ApiError,
+    again: bool,
+}
+
+impl Refused {
+    fn again(error: ApiError) -> Self {
+        Self { error, again: true }
+    }
+}
+
+/// Reads the folder and decides, with `watch`, whether to reload it: the folder's fingerprint, and
+/// what came of it.
 fn look(
     gw: &Gateway,
-    seen: Option<u64>,
+    watch: &Watch,
     env: &ort::environment::Environment,
     gone: &AtomicBool,
-) -> Looked {
+) -> (u64, Outcome) {
     let dir = gw.config.registry.schemas.as_path();
     let read = {
-        let _lock = lock_folder(dir, false);
+        let _lock = match lock_folder(dir, false) {
+            Ok(lock) => lock,
+            Err(_) => return (watch.seen.unwrap_or_default(), Outcome::Same),
+        };
         Registry::read_dir(dir)
     };
-    let sources = match read {
-        Ok(sources) => sources,
+    let (now, sources) = match read {
+        Ok(sources) => {
+            let now = fingerprint(
+                sources
+                    .iter()
+                    .map(|(f, t)| (f.to_str().unwrap_or_default(), t.as_str())),
+            );
+            (now, Ok(sources))
+        }
         Err(errors) => {
             let print = errors.to_string();
-            let now = fingerprint(std::iter::once(("", print.as_str())));
-            return (now, Err(ApiError::InvalidSchema(errors)));
+            (
+                fingerprint(std::iter::once(("", print.as_str()))),
+                Err(errors),
+            )
         }
     };
-    let now = fingerprint(
-        sources
-            .iter()
-            .map(|(f, t)| (f.to_str().unwrap_or_default(), t.as_str())),
-    );
-    if seen == Some(now) {
-        return (now, Ok(None));
+    if watch.seen == Some(now) {
+        return (now, Outcome::Same);
     }
-    (now, reload(gw, &sources, env, gone))
+    if watch.failing == Some(now) && watch.retry_in > 1 {
+        return (now, Outcome::Same);
+    }
+    if watch.moving != Some(now) && watch.failing != Some(now) && watch.seen.is_some() {
+        return (now, Outcome::Moving);
+    }
+    let outcome = match sources {
+        Err(errors) => Outcome::Refused(Refused {
+            error: ApiError::InvalidSchema(errors),
+            again: false,
+        }),
+        Ok(sources) => match reload(gw, &sources, env, gone) {
+            Ok(changes) => Outcome::Reloaded(changes),
+            Err(refused) => Outcome::Refused(refused),
+        },
+    };
+    (now, outcome)
 }
 
 /// A hash of the folder's files and texts.
@@ -371,7 +488,7 @@ fn fingerprint<'a>(files: impl Iterator<Item = (&'a str, &'a str)>) -> u64 {
     h.finish()
 }
 
-/// A change in the folder that was refused: said once, counted, and kept for `GET /v1/schemas`.
+/// A change in the folder that was refused: said, counted, and kept for `GET /v1/schemas`.
 fn refuse(gw: &Gateway, e: &ApiError) {
     gw.telemetry.reloads.refused.fetch_add(1, Relaxed);
     let problems: Vec<String> = match e {
@@ -396,12 +513,17 @@ fn reload(
     sources: &[(PathBuf, String)],
     env: &ort::environment::Environment,
     gone: &AtomicBool,
-) -> Result<Option<Vec<proposal::Change>>, ApiError> {
+) -> Result<Option<Vec<proposal::Change>>, Refused> {
+    let refused = |error| Refused {
+        error,
+        again: false,
+    };
     let running = gw.registry();
     let models_dir = gw.config.registry.models.as_path();
-    let compiled = Registry::compile(sources, models_dir).map_err(ApiError::InvalidSchema)?;
-    let Some(proposal) =
-        proposal::propose_folder(&running, compiled).map_err(ApiError::InvalidSchema)?
+    let compiled =
+        Registry::compile(sources, models_dir).map_err(|e| refused(ApiError::InvalidSchema(e)))?;
+    let Some(proposal) = proposal::propose_folder(&running, compiled)
+        .map_err(|e| refused(ApiError::InvalidSchema(e)))?
     else {
         return Ok(None);
     };
@@ -412,7 +534,8 @@ fn reload(
         env,
         gone,
         |name| proposal.registry.document(Kind::Model, name),
-    )?;
+    )
+    .map_err(Refused::again)?;
     let changes: Vec<_> = proposal
         .changes
         .into_iter()
@@ -420,6 +543,16 @@ fn reload(
         .collect();
     gw.catalog
         .store(Arc::new(Catalog::new(Arc::new(proposal.registry), engines)));
+    // A version kept before and now changed in place on disk no longer holds what that version
+    // serves: dropped, so that the next registration over it keeps the text that ran.
+    let schemas_dir = gw.config.registry.schemas.as_path();
+    for c in &changes {
+        if let (Some(v), Some(r)) = (c.version, c.running_version)
+            && v == r
+        {
+            let _ = std::fs::remove_file(kept_file(schemas_dir, c.kind, &c.name, v));
+        }
+    }
     for doc in &running.documents {
         if gw.registry().document(doc.kind, &doc.name).is_none() {
             tracing::info!(kind = doc.kind.as_str(), name = %doc.name, "schema removed from the schemas folder");
@@ -619,6 +752,23 @@ fn plan_files(
     // What the 409 of a file changed on disk tells the caller to do.
     reload: &str,
 ) -> Result<FilePlan, ApiError> {
+    // A schema file that appeared since the folder was loaded could define what this change adds, or
+    // name what it removes: the folder would then no longer load.
+    let files = Registry::schema_files(schemas_dir).map_err(|e| {
+        ApiError::RegistryUnwritable(format!("cannot read {}: {e}", schemas_dir.display()))
+    })?;
+    if let Some(new) = files
+        .iter()
+        .find(|f| !running.documents.iter().any(|d| d.file == **f))
+    {
+        return Err(ApiError::Conflict {
+            code: "schema_file_changed",
+            message: format!(
+                "{} appeared since the folder was loaded: {reload}",
+                new.display()
+            ),
+        });
+    }
     let texts = match body {
         Some(body) => submitted_texts(body)?,
         None => HashMap::new(),
@@ -629,9 +779,24 @@ fn plan_files(
         if files.iter().any(|(f, _, _)| *f == doc.file) {
             continue;
         }
-        let on_disk = std::fs::read_to_string(&doc.file).map_err(|e| {
-            ApiError::RegistryUnwritable(format!("cannot read {}: {e}", doc.file.display()))
-        })?;
+        let on_disk = match std::fs::read_to_string(&doc.file) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(ApiError::Conflict {
+                    code: "schema_file_changed",
+                    message: format!(
+                        "{} was removed since it was loaded: {reload}",
+                        doc.file.display()
+                    ),
+                });
+            }
+            Err(e) => {
+                return Err(ApiError::RegistryUnwritable(format!(
+                    "cannot read {}: {e}",
+                    doc.file.display()
+                )));
+            }
+        };
         let cut = cut(&on_disk).filter(|c| {
             running
                 .documents

@@ -485,6 +485,20 @@ impl Registry {
         Self::compile(&Self::read_dir(dir)?, models_dir)
     }
 
+    /// The paths of the `*.yaml` (and `*.yml`) files of the schemas folder `dir`, sorted.
+    pub fn schema_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.extension().and_then(|e| e.to_str()).is_some_and(|e| {
+                    e.eq_ignore_ascii_case("yaml") || e.eq_ignore_ascii_case("yml")
+                })
+            })
+            .collect();
+        files.sort();
+        Ok(files)
+    }
+
     /// The `*.yaml` (and `*.yml`) files of the schemas folder `dir`, sorted, each with its text: what
     /// [`Registry::load_dir`] compiles.
     pub fn read_dir(dir: &Path) -> Result<Vec<(PathBuf, String)>, SchemaErrors> {
@@ -495,21 +509,12 @@ impl Registry {
                 message,
             }])
         };
-        let entries = std::fs::read_dir(dir).map_err(|e| {
+        let files = Self::schema_files(dir).map_err(|e| {
             read_err(format!(
                 "cannot read the schemas folder (registry.schemas{}): {e}",
                 relative_hint(dir)
             ))
         })?;
-        let mut files: Vec<PathBuf> = entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| {
-                p.extension().and_then(|e| e.to_str()).is_some_and(|e| {
-                    e.eq_ignore_ascii_case("yaml") || e.eq_ignore_ascii_case("yml")
-                })
-            })
-            .collect();
-        files.sort();
         if files.is_empty() {
             return Err(read_err("no *.yaml schema files found".to_owned()));
         }

@@ -387,6 +387,31 @@ async fn refused_changes_leave_the_gateway_and_the_files_as_they_were() {
         String::from_utf8_lossy(&r.body)
     );
     assert_eq!(std::fs::read_to_string(&profile).expect("read"), by_hand);
+    std::fs::write(&profile, schema_file("user_profile.yaml")).expect("restore");
+    // A schema file that appeared since the folder was loaded could define what a change adds.
+    let extra = dir.path().join("extra.yaml");
+    std::fs::write(&extra, "kind: entity\nname: shop_id\ndtype: string\n").expect("extra");
+    let r = put(&app, "/v1/schemas/views/user_profile", &v2).await;
+    assert_eq!((r.status, r.code().as_str()), (409, "schema_file_changed"));
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("extra.yaml") && m.contains("appeared"))
+    );
+    std::fs::remove_file(&extra).expect("remove");
+    // A loaded file that is gone.
+    let items = dir.path().join("item_stats.yaml");
+    std::fs::remove_file(&items).expect("remove");
+    let r = put(&app, "/v1/schemas/views/user_profile", &v2).await;
+    assert_eq!((r.status, r.code().as_str()), (409, "schema_file_changed"));
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("item_stats.yaml") && m.contains("removed"))
+    );
+    std::fs::write(&items, schema_file("item_stats.yaml")).expect("restore");
+    // Put back as loaded, the folder takes the change.
+    ok(&put(&app, "/v1/schemas/views/user_profile", &v2).await);
 }
 
 #[tokio::test]
@@ -622,6 +647,13 @@ async fn changes_made_in_the_folder_are_checked_and_swapped_in() {
     c.registry.schemas = dir.path().to_owned();
     c.registry.writes = true;
     c.registry.reload_interval = std::time::Duration::from_millis(100);
+    let models = tempfile::tempdir().expect("models dir");
+    std::fs::copy(
+        root().join("models/ctr.onnx"),
+        models.path().join("ctr.onnx"),
+    )
+    .expect("copy");
+    c.registry.models = models.path().to_owned();
     let (store, store_dir) = common::demo_store().await;
     let app = TestApp::spawn_with(c, store, Some(store_dir)).await;
     let folder = ok(&app.get("/v1/schemas").await)["folder"].clone();
@@ -703,6 +735,39 @@ async fn changes_made_in_the_folder_are_checked_and_swapped_in() {
     })
     .await;
     assert_eq!(app.predict("ctr", &predict).await.status, 200);
+
+    // A model whose ONNX file is not there yet is refused, and tried again until the file arrives.
+    std::fs::write(
+        dir.path().join("ctr2.yaml"),
+        ctr_text.replacen("name: ctr", "name: ctr2", 1).replacen(
+            "file: ctr.onnx",
+            "file: ctr2.onnx",
+            1,
+        ),
+    )
+    .expect("ctr2.yaml");
+    let j = wait_for(&app, "/v1/schemas", "ctr2 refused", |j| {
+        j["folder"]["refused"].is_object()
+    })
+    .await;
+    let problems = j["folder"]["refused"]["problems"].to_string();
+    assert!(
+        problems.contains("ctr2.yaml") && problems.contains("ctr2"),
+        "{problems}"
+    );
+    let refusals = metric(&app, refused).await;
+    std::fs::copy(
+        models.path().join("ctr.onnx"),
+        models.path().join("ctr2.onnx"),
+    )
+    .expect("copy");
+    wait_for(&app, "/v1/schemas", "ctr2 served", |j| {
+        j["folder"]["refused"].is_null() && j["models"].as_array().is_some_and(|m| m.len() == 2)
+    })
+    .await;
+    assert_eq!(app.predict("ctr2", &predict).await.status, 200);
+    // Tried again while the file was missing, but said once.
+    assert_eq!(metric(&app, refused).await, refusals);
 
     // The gateway's own registration writes the folder, and is not reloaded as a change.
     let before = metric(&app, applied).await;
