@@ -378,37 +378,20 @@ async fn refused_changes_leave_the_gateway_and_the_files_as_they_were() {
     std::fs::write(&profile, &by_hand).expect("edit");
     let v2 = edit(&schema_file("user_profile.yaml"), "ttl: 10m", "ttl: 11m");
     let r = put(&app, "/v1/schemas/views/user_profile", &v2).await;
-    assert_eq!((r.status, r.code().as_str()), (409, "schema_file_changed"));
-    assert!(
-        r.json()["error"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("user_profile.yaml") && m.contains("restart to load it")),
-        "{}",
-        String::from_utf8_lossy(&r.body)
-    );
+    assert_file_changed(&r, &["user_profile.yaml", "restart to load it"]);
     assert_eq!(std::fs::read_to_string(&profile).expect("read"), by_hand);
     std::fs::write(&profile, schema_file("user_profile.yaml")).expect("restore");
     // A schema file that appeared since the folder was loaded could define what a change adds.
     let extra = dir.path().join("extra.yaml");
     std::fs::write(&extra, "kind: entity\nname: shop_id\ndtype: string\n").expect("extra");
     let r = put(&app, "/v1/schemas/views/user_profile", &v2).await;
-    assert_eq!((r.status, r.code().as_str()), (409, "schema_file_changed"));
-    assert!(
-        r.json()["error"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("extra.yaml") && m.contains("appeared"))
-    );
+    assert_file_changed(&r, &["extra.yaml", "appeared"]);
     std::fs::remove_file(&extra).expect("remove");
     // A loaded file that is gone.
     let items = dir.path().join("item_stats.yaml");
     std::fs::remove_file(&items).expect("remove");
     let r = put(&app, "/v1/schemas/views/user_profile", &v2).await;
-    assert_eq!((r.status, r.code().as_str()), (409, "schema_file_changed"));
-    assert!(
-        r.json()["error"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("item_stats.yaml") && m.contains("removed"))
-    );
+    assert_file_changed(&r, &["item_stats.yaml", "removed"]);
     std::fs::write(&items, schema_file("item_stats.yaml")).expect("restore");
     // Put back as loaded, the folder takes the change.
     ok(&put(&app, "/v1/schemas/views/user_profile", &v2).await);
@@ -481,6 +464,14 @@ async fn models_are_added_deleted_and_restored_and_shared_files_keep_their_other
     let j = ok(&app.get("/v1/schemas/entities/item_id").await);
     assert_eq!(j["document"]["description"], "Anything we recommend.");
     assert_eq!(app.predict("ctr", &predict).await.status, 200);
+}
+
+/// A 409 `schema_file_changed` whose message holds each of `words`.
+fn assert_file_changed(r: &Reply, words: &[&str]) {
+    assert_eq!((r.status, r.code().as_str()), (409, "schema_file_changed"));
+    let j = r.json();
+    let message = j["error"]["message"].as_str().unwrap_or_default();
+    assert!(words.iter().all(|w| message.contains(w)), "{message}");
 }
 
 /// Every file under `dir` (kept versions included) with its text, sorted.
@@ -636,6 +627,15 @@ async fn wait_for(app: &TestApp, path: &str, what: &str, done: impl Fn(&Json) ->
     }
 }
 
+/// Waits until the folder watch shows a refusal, and answers its problems as one string.
+async fn refusal(app: &TestApp, what: &str) -> String {
+    let j = wait_for(app, "/v1/schemas", what, |j| {
+        j["folder"]["refused"].is_object()
+    })
+    .await;
+    j["folder"]["refused"]["problems"].to_string()
+}
+
 /// With `registry.reload_interval`, a change made in the schemas folder (by a person, a deploy, or
 /// another replica sharing it) is checked as a registration is and swapped in; a folder that fails
 /// is refused, shown and counted while the running schemas keep serving; a removed file removes what
@@ -692,11 +692,7 @@ async fn changes_made_in_the_folder_are_checked_and_swapped_in() {
 
     // A version that goes down is refused, naming the file; version 2 keeps serving.
     std::fs::write(&profile, &v1).expect("write");
-    let j = wait_for(&app, "/v1/schemas", "the refusal shown", |j| {
-        j["folder"]["refused"].is_object()
-    })
-    .await;
-    let problems = j["folder"]["refused"]["problems"].to_string();
+    let problems = refusal(&app, "the refusal shown").await;
     assert!(
         problems.contains("user_profile.yaml") && problems.contains("versions only go up"),
         "{problems}"
@@ -746,11 +742,7 @@ async fn changes_made_in_the_folder_are_checked_and_swapped_in() {
         ),
     )
     .expect("ctr2.yaml");
-    let j = wait_for(&app, "/v1/schemas", "ctr2 refused", |j| {
-        j["folder"]["refused"].is_object()
-    })
-    .await;
-    let problems = j["folder"]["refused"]["problems"].to_string();
+    let problems = refusal(&app, "ctr2 refused").await;
     assert!(
         problems.contains("ctr2.yaml") && problems.contains("ctr2"),
         "{problems}"
@@ -798,13 +790,6 @@ async fn changes_made_in_the_folder_are_checked_and_swapped_in() {
         &edit(&text, "ttl: 10m", "ttl: 11m"),
     )
     .await;
-    assert_eq!((r.status, r.code().as_str()), (409, "schema_file_changed"));
-    assert!(
-        r.json()["error"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("the folder watch loads it")),
-        "{}",
-        String::from_utf8_lossy(&r.body)
-    );
+    assert_file_changed(&r, &["the folder watch loads it"]);
     app.stop().await;
 }
