@@ -974,6 +974,16 @@ fn write_files(writes: &[Write]) -> Result<(), ApiError> {
         }
         return Err(e);
     }
+    // What each schema file held before (kept versions need none: an extra one is harmless), to put
+    // back if a later rename fails, so the folder never holds half a change for a reload to serve.
+    let before: Vec<Option<String>> = writes
+        .iter()
+        .map(|w| {
+            (!w.history)
+                .then(|| std::fs::read_to_string(&w.path).ok())
+                .flatten()
+        })
+        .collect();
     for (i, w) in writes.iter().enumerate() {
         let done = match &w.text {
             Some(_) => std::fs::rename(temporary(&w.path), &w.path),
@@ -985,6 +995,16 @@ fn write_files(writes: &[Write]) -> Result<(), ApiError> {
                 if rest.text.is_some() {
                     let _ = std::fs::remove_file(temporary(&rest.path));
                 }
+            }
+            for (done, old) in writes[..i].iter().zip(&before).rev() {
+                if done.history {
+                    continue;
+                }
+                let _ = match old {
+                    Some(text) => std::fs::write(temporary(&done.path), text)
+                        .and_then(|()| std::fs::rename(temporary(&done.path), &done.path)),
+                    None => std::fs::remove_file(&done.path),
+                };
             }
             return Err(unwritable(&w.path, e));
         }
@@ -1171,6 +1191,47 @@ pub fn body_text(body: &[u8]) -> Result<String, ApiError> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_rename_that_fails_puts_back_the_files_already_renamed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = dir.path().join("a.yaml");
+        std::fs::write(&a, "old").expect("a");
+        // A folder where a file should go: its rename fails after a.yaml's succeeded.
+        let b = dir.path().join("b.yaml");
+        std::fs::create_dir(&b).expect("b");
+        std::fs::write(b.join("inside"), "x").expect("inside");
+        let c = dir.path().join("c.yaml");
+        let writes = [
+            Write {
+                path: c.clone(),
+                text: Some("new c".to_owned()),
+                history: false,
+            },
+            Write {
+                path: a.clone(),
+                text: Some("new".to_owned()),
+                history: false,
+            },
+            Write {
+                path: b.clone(),
+                text: Some("new b".to_owned()),
+                history: false,
+            },
+        ];
+        let e = write_files(&writes).expect_err("b.yaml is a folder");
+        assert!(e.to_string().contains("b.yaml"), "{e}");
+        assert_eq!(std::fs::read_to_string(&a).expect("a"), "old");
+        assert!(!c.exists(), "c.yaml was new, so it is gone again");
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("dir")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            left.iter().all(|n| !n.ends_with(".hydrant-tmp")),
+            "{left:?}"
+        );
+    }
+
     use super::*;
 
     #[test]
