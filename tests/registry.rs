@@ -517,6 +517,7 @@ async fn mutated_registrations_get_a_named_4xx_or_leave_a_folder_that_loads_as_s
         .map(|f| (f, schema_file(f)))
         .collect();
     let mut statuses = std::collections::BTreeMap::<u16, u64>::new();
+    let mut rollbacks = statuses.clone();
     for i in 0..cases {
         let (file, text) = rng.pick(&originals);
         let case_seed = rng.next();
@@ -535,12 +536,27 @@ async fn mutated_registrations_get_a_named_4xx_or_leave_a_folder_that_loads_as_s
             "ctr.yaml" => "/v1/schemas/models/ctr",
             _ => "/v1/schemas",
         };
+        let rollback;
         let (method, path) = if path != "/v1/schemas" && r.chance(30) {
             (reqwest::Method::POST, "/v1/schemas")
         } else if path == "/v1/schemas" {
             (reqwest::Method::POST, path)
+        } else if r.chance(15) {
+            // A rollback to a kept version (there are some once a change was registered).
+            rollback = format!("{path}/rollback");
+            (reqwest::Method::POST, rollback.as_str())
         } else {
             (reqwest::Method::PUT, path)
+        };
+        let (body, content_type) = if path.ends_with("/rollback") {
+            let valid = serde_json::json!({"version": 1 + r.below(3)});
+            let text = serde_json::to_vec(&valid).unwrap_or_default();
+            let body = mutated(&mut r, SCHEMA_NAMES, &text, Some(valid), |t| {
+                serde_json::to_vec(t).ok()
+            });
+            (body, "application/json")
+        } else {
+            (body, "application/yaml")
         };
         let case = format!(
             "case {i} (seed {case_seed:#x}), {method} {path} with {file}: {}",
@@ -550,7 +566,7 @@ async fn mutated_registrations_get_a_named_4xx_or_leave_a_folder_that_loads_as_s
         let resp = app
             .client
             .request(method, format!("{}{path}", app.addr))
-            .header("content-type", "application/yaml")
+            .header("content-type", content_type)
             .body(body)
             .send()
             .await
@@ -561,6 +577,9 @@ async fn mutated_registrations_get_a_named_4xx_or_leave_a_folder_that_loads_as_s
             .await
             .unwrap_or_else(|e| panic!("the answer to {case} broke off: {e:?}"));
         *statuses.entry(status).or_default() += 1;
+        if path.ends_with("/rollback") {
+            *rollbacks.entry(status).or_default() += 1;
+        }
         if (200..300).contains(&status) {
             let loaded = Registry::load_dir(dir.path(), &models)
                 .unwrap_or_else(|e| panic!("{case} was registered, but the folder fails: {e}"));
@@ -592,7 +611,7 @@ async fn mutated_registrations_get_a_named_4xx_or_leave_a_folder_that_loads_as_s
             );
         }
     }
-    eprintln!("statuses over the run: {statuses:?}");
+    eprintln!("statuses over the run: {statuses:?}, of which rollbacks: {rollbacks:?}");
     // The mutations must reach acceptance as well as several kinds of refusal.
     assert!(statuses.range(200..300).count() > 0, "{statuses:?}");
     assert!(
