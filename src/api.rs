@@ -314,9 +314,7 @@ async fn post_schemas(
     body_read: Option<BodyRead>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let body = schema_body(req, body_read, &gw).await?;
-    crate::registrar::register(&gw, Action::Post { body })
-        .await
-        .map(Json)
+    registered(&gw, Action::Post { body }).await
 }
 
 /// `PUT /v1/schemas/{kind}/{name}`: one document registered, in place of the running one.
@@ -327,9 +325,7 @@ async fn put_schema(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let (kind, name) = schema_path(req.uri())?;
     let body = schema_body(req, body_read, &gw).await?;
-    crate::registrar::register(&gw, Action::Put { kind, name, body })
-        .await
-        .map(Json)
+    registered(&gw, Action::Put { kind, name, body }).await
 }
 
 /// `DELETE /v1/schemas/{kind}/{name}`: refused while anything registered still names it.
@@ -338,9 +334,15 @@ async fn delete_schema(
     uri: Uri,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let (kind, name) = schema_path(&uri)?;
-    crate::registrar::register(&gw, Action::Delete { kind, name })
-        .await
-        .map(Json)
+    registered(&gw, Action::Delete { kind, name }).await
+}
+
+/// `action` registered (see [`crate::registrar`]), answered as JSON.
+async fn registered(
+    gw: &Arc<Gateway>,
+    action: Action,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    crate::registrar::register(gw, action).await.map(Json)
 }
 
 /// The body of `POST /v1/schemas/{kind}/{name}/rollback`.
@@ -363,7 +365,7 @@ async fn rollback_schema(
     let (kind, name) = schema_path(req.uri())?;
     let r = split(req, body_read, &gw).await?;
     let RollbackBody { version } = crate::decode::parse_body(r.format, &r.body)?;
-    crate::registrar::register(
+    registered(
         &gw,
         Action::Rollback {
             kind,
@@ -372,7 +374,6 @@ async fn rollback_schema(
         },
     )
     .await
-    .map(Json)
 }
 
 /// `GET /v1/schemas/{kind}/{name}/versions`.

@@ -259,12 +259,7 @@ fn submitted(body: &str) -> Vec<(Kind, String)> {
         let Ok(value) = serde_yaml::Value::deserialize(doc) else {
             break;
         };
-        let kind = value
-            .get("kind")
-            .and_then(|k| k.as_str())
-            .and_then(Kind::parse);
-        let name = value.get("name").and_then(|n| n.as_str());
-        if let (Some(kind), Some(name)) = (kind, name)
+        if let Some((kind, name)) = Kind::of_document(&value)
             && !out.iter().any(|(k, n)| *k == kind && n == name)
         {
             out.push((kind, name.to_owned()));

@@ -76,9 +76,9 @@ pub async fn register(gw: &Arc<Gateway>, action: Action) -> Result<serde_json::V
             message: "registering over HTTP is off (registry.writes = false): set registry.writes = true, or change the files in registry.schemas and restart".to_owned(),
         });
     }
-    let gw = gw.clone();
-    proposal::exclusive(&gw.clone(), "registration", move |env, gone| {
-        apply(&gw, action, env, gone)
+    let g = gw.clone();
+    proposal::exclusive(gw, "registration", move |env, gone| {
+        apply(&g, action, env, gone)
     })
     .await
 }
@@ -170,9 +170,14 @@ fn apply(
     })?;
 
     // Start the touched models before anything is written: a model that cannot start leaves all as it was.
-    let engines = start_engines(gw, &registry, &proposal.touched, env, gone, |name| {
-        proposal.registry.document(Kind::Model, name)
-    })?;
+    let engines = start_engines(
+        gw,
+        &registry,
+        &proposal.touched,
+        &proposal.registry,
+        env,
+        gone,
+    )?;
 
     if gone.load(Relaxed) {
         return Err(ApiError::Timeout(
@@ -207,15 +212,15 @@ fn apply(
 }
 
 /// The engines of `registry`'s models: the running ones for models outside `touched`, new ones for the
-/// rest. A model that cannot start is a schema problem at its document (`doc_of`), and nothing starts
-/// being served.
-fn start_engines<'a>(
+/// rest. A model that cannot start is a schema problem at its document in `named` (the proposal, whose
+/// documents a request's body holds), and nothing starts being served.
+fn start_engines(
     gw: &Gateway,
     registry: &Registry,
     touched: &std::collections::BTreeSet<String>,
+    named: &Registry,
     env: &ort::environment::Environment,
     gone: &AtomicBool,
-    doc_of: impl Fn(&str) -> Option<&'a crate::schema::Document>,
 ) -> Result<HashMap<String, Arc<Engine>>, ApiError> {
     let catalog = gw.catalog.load_full();
     let mut engines = HashMap::with_capacity(registry.models.len());
@@ -239,7 +244,7 @@ fn start_engines<'a>(
             Ok(engine) => {
                 engines.insert(name.clone(), Arc::new(engine));
             }
-            Err(e) => errors.push(proposal::load_error(e, doc_of(name))),
+            Err(e) => errors.push(proposal::load_error(e, named.document(Kind::Model, name))),
         }
     }
     if errors.is_empty() {
@@ -531,9 +536,9 @@ fn reload(
         gw,
         &proposal.registry,
         &proposal.touched,
+        &proposal.registry,
         env,
         gone,
-        |name| proposal.registry.document(Kind::Model, name),
     )
     .map_err(Refused::again)?;
     let changes: Vec<_> = proposal
@@ -541,8 +546,9 @@ fn reload(
         .into_iter()
         .filter(|c| c.change != proposal::Verdict::Unchanged)
         .collect();
+    let registry = Arc::new(proposal.registry);
     gw.catalog
-        .store(Arc::new(Catalog::new(Arc::new(proposal.registry), engines)));
+        .store(Arc::new(Catalog::new(registry.clone(), engines)));
     // A version kept before and now changed in place on disk no longer holds what that version
     // serves: dropped, so that the next registration over it keeps the text that ran.
     let schemas_dir = gw.config.registry.schemas.as_path();
@@ -554,7 +560,7 @@ fn reload(
         }
     }
     for doc in &running.documents {
-        if gw.registry().document(doc.kind, &doc.name).is_none() {
+        if registry.document(doc.kind, &doc.name).is_none() {
             tracing::info!(kind = doc.kind.as_str(), name = %doc.name, "schema removed from the schemas folder");
         }
     }
@@ -699,12 +705,7 @@ fn submitted_texts(body: &str) -> Result<HashMap<(Kind, String), Submitted>, Api
         }
     };
     for (i, value) in values.iter().enumerate() {
-        let kind = value
-            .get("kind")
-            .and_then(|k| k.as_str())
-            .and_then(Kind::parse);
-        let name = value.get("name").and_then(|n| n.as_str());
-        let (Some(kind), Some(name)) = (kind, name) else {
+        let Some((kind, name)) = Kind::of_document(value) else {
             continue;
         };
         let text = match cut

@@ -445,6 +445,12 @@ impl Kind {
             _ => None,
         }
     }
+
+    /// The kind and name a parsed document declares, when it declares both and the kind is known.
+    pub fn of_document(value: &serde_yaml::Value) -> Option<(Self, &str)> {
+        let kind = value.get("kind")?.as_str().and_then(Self::parse)?;
+        Some((kind, value.get("name")?.as_str()?))
+    }
 }
 
 /// One schema document as written.
@@ -584,10 +590,7 @@ impl Registry {
                     broken.unread(file);
                     continue;
                 };
-                if let (Some(kind), Some(name)) = (
-                    Kind::parse(&kind),
-                    value.get("name").and_then(|n| n.as_str()),
-                ) {
+                if let Some((kind, name)) = Kind::of_document(&value) {
                     written.push(Document {
                         kind,
                         name: name.to_owned(),

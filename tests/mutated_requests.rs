@@ -76,37 +76,6 @@ fn crafted() -> Vec<(&'static str, Vec<u8>)> {
     ]
 }
 
-/// What every answer must be: a success, or a 4xx whose body says what was wrong.
-fn check(path: &str, case: &str, status: u16, body: &[u8]) {
-    assert!(
-        (200..300).contains(&status) || (400..500).contains(&status),
-        "{path} answered {status} to {case}: {}",
-        String::from_utf8_lossy(body)
-    );
-    if status >= 400 {
-        let err: Json = serde_json::from_slice(body).unwrap_or_else(|e| {
-            panic!(
-                "{path}: the {status} to {case} is not JSON ({e}): {}",
-                String::from_utf8_lossy(body)
-            )
-        });
-        if path.starts_with("/v2") {
-            assert!(
-                err["error"].as_str().is_some_and(|m| !m.is_empty()),
-                "{path}: the {status} to {case} has no error message: {err}"
-            );
-        } else {
-            assert!(
-                err["error"]["code"].as_str().is_some_and(|c| !c.is_empty())
-                    && err["error"]["message"]
-                        .as_str()
-                        .is_some_and(|m| !m.is_empty()),
-                "{path}: the {status} to {case} has no code and message: {err}"
-            );
-        }
-    }
-}
-
 /// Sends one body; a dropped connection or a hang fails the test.
 async fn send(
     client: &reqwest::Client,
@@ -245,7 +214,7 @@ async fn mutated_requests_get_2xx_or_a_named_4xx_and_change_nothing() {
                     );
                     let (status, answer) =
                         send(&client, &app.addr, path, format, body, &case).await;
-                    check(path, &case, status, &answer);
+                    common::check_answer(path, &case, status, &answer);
                     *statuses.entry(status).or_default() += 1;
                 }
             }
@@ -254,7 +223,7 @@ async fn mutated_requests_get_2xx_or_a_named_4xx_and_change_nothing() {
                     let case = format!("a crafted body ({format}): {}", describe(&body));
                     let (status, answer) =
                         send(&client, &app.addr, path, format, body, &case).await;
-                    check(path, &case, status, &answer);
+                    common::check_answer(path, &case, status, &answer);
                     *statuses.entry(status).or_default() += 1;
                 }
             }

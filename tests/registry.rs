@@ -49,6 +49,10 @@ async fn put(app: &TestApp, path: &str, body: &str) -> Reply {
     send(app, reqwest::Method::PUT, path, Some(body)).await
 }
 
+async fn delete(app: &TestApp, path: &str) -> Reply {
+    send(app, reqwest::Method::DELETE, path, None).await
+}
+
 fn ok(r: &Reply) -> Json {
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     r.json()
@@ -295,13 +299,7 @@ async fn refused_changes_leave_the_gateway_and_the_files_as_they_were() {
     let r = put(&app, "/v1/schemas/views/user_profile", &retyped).await;
     assert_eq!((r.status, r.code().as_str()), (422, "invalid_schema"));
     // A view a model reads cannot go; the problem is named where it is.
-    let r = send(
-        &app,
-        reqwest::Method::DELETE,
-        "/v1/schemas/views/user_profile",
-        None,
-    )
-    .await;
+    let r = delete(&app, "/v1/schemas/views/user_profile").await;
     assert_eq!((r.status, r.code().as_str()), (422, "invalid_schema"));
     assert!(
         r.json()["error"]["problems"][0]["file"]
@@ -321,13 +319,7 @@ async fn refused_changes_leave_the_gateway_and_the_files_as_they_were() {
     let r = put(&app, "/v1/schemas/models/ctr", &outside).await;
     assert_eq!(r.status, 422, "{}", String::from_utf8_lossy(&r.body));
     // Unknown names and kinds.
-    let r = send(
-        &app,
-        reqwest::Method::DELETE,
-        "/v1/schemas/models/nope",
-        None,
-    )
-    .await;
+    let r = delete(&app, "/v1/schemas/models/nope").await;
     assert_eq!((r.status, r.code().as_str()), (404, "unknown_model"));
     let r = put(&app, "/v1/schemas/widgets/x", "kind: view\n").await;
     assert_eq!((r.status, r.code().as_str()), (404, "unknown_schema_kind"));
@@ -425,13 +417,7 @@ async fn models_are_added_deleted_and_restored_and_shared_files_keep_their_other
     );
 
     // Deleted: no longer served, its file gone, its version kept.
-    let r = send(
-        &app,
-        reqwest::Method::DELETE,
-        "/v1/schemas/models/ctr_twin",
-        None,
-    )
-    .await;
+    let r = delete(&app, "/v1/schemas/models/ctr_twin").await;
     assert_eq!(
         ok(&r)["deleted"],
         json!([{"kind": "model", "name": "ctr_twin"}])
@@ -580,6 +566,7 @@ async fn mutated_registrations_get_a_named_4xx_or_leave_a_folder_that_loads_as_s
         if path.ends_with("/rollback") {
             *rollbacks.entry(status).or_default() += 1;
         }
+        common::check_answer(path, &case, status, &answer);
         if (200..300).contains(&status) {
             let loaded = Registry::load_dir(dir.path(), &models)
                 .unwrap_or_else(|e| panic!("{case} was registered, but the folder fails: {e}"));
@@ -592,22 +579,9 @@ async fn mutated_registrations_get_a_named_4xx_or_leave_a_folder_that_loads_as_s
             );
         } else {
             assert!(
-                (400..500).contains(&status),
-                "{case} answered {status}: {}",
-                String::from_utf8_lossy(&answer)
-            );
-            let err: Json = serde_json::from_slice(&answer)
-                .unwrap_or_else(|e| panic!("the {status} to {case} is not JSON ({e})"));
-            assert!(
-                err["error"]["code"].as_str().is_some_and(|c| !c.is_empty())
-                    && err["error"]["message"]
-                        .as_str()
-                        .is_some_and(|m| !m.is_empty()),
-                "the {status} to {case} has no code and message: {err}"
-            );
-            assert!(
                 files(dir.path()) == before,
-                "{case} was refused with {status}, but the files changed: {err}"
+                "{case} was refused with {status}, but the files changed: {}",
+                String::from_utf8_lossy(&answer)
             );
         }
     }

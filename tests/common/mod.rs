@@ -342,3 +342,34 @@ pub fn print_yaml_documents(v: &Json) -> Option<Vec<u8>> {
         other => serde_yaml::to_string(other).ok().map(String::into_bytes),
     }
 }
+
+/// What every answer must be: a success, or a 4xx whose body says what was wrong.
+pub fn check_answer(path: &str, case: &str, status: u16, body: &[u8]) {
+    assert!(
+        (200..300).contains(&status) || (400..500).contains(&status),
+        "{path} answered {status} to {case}: {}",
+        String::from_utf8_lossy(body)
+    );
+    if status >= 400 {
+        let err: Json = serde_json::from_slice(body).unwrap_or_else(|e| {
+            panic!(
+                "{path}: the {status} to {case} is not JSON ({e}): {}",
+                String::from_utf8_lossy(body)
+            )
+        });
+        if path.starts_with("/v2") {
+            assert!(
+                err["error"].as_str().is_some_and(|m| !m.is_empty()),
+                "{path}: the {status} to {case} has no error message: {err}"
+            );
+        } else {
+            assert!(
+                err["error"]["code"].as_str().is_some_and(|c| !c.is_empty())
+                    && err["error"]["message"]
+                        .as_str()
+                        .is_some_and(|m| !m.is_empty()),
+                "{path}: the {status} to {case} has no code and message: {err}"
+            );
+        }
+    }
+}
