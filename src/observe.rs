@@ -388,6 +388,7 @@ fn ratio(a: u64, b: u64) -> f64 {
 /// The `/v1/stats` document.
 pub fn stats(gw: &Gateway) -> Json {
     let t = &gw.telemetry;
+    let catalog = gw.catalog.load();
     let mut models = Map::new();
     for (name, m) in t.models() {
         let p = m.window.stage_percentiles();
@@ -417,7 +418,7 @@ pub fn stats(gw: &Gateway) -> Json {
                 "rows": m.rows.load(Relaxed),
                 "rps": recent as f64 / span,
                 "error_rate": ratio(errors, requests + errors + rejected),
-                "queue_depth": gw.engine(&name).map_or(0, |e| e.queue_depth()),
+                "queue_depth": catalog.engines.get(&name).map_or(0, |e| e.queue_depth()),
                 "shed": {
                     "queue_full": m.shed_queue_full.load(Relaxed),
                     "queue_timeout": m.shed_queue_timeout.load(Relaxed),
