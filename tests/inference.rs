@@ -95,6 +95,13 @@ async fn a_full_queue_sheds_with_503_and_retry_after() {
     c.inference.batching = false;
     // Only the queue may refuse requests here, however slow the machine is.
     c.limits.request_timeout = std::time::Duration::from_secs(120);
+    // The benchmark's wide model (tens of milliseconds for 1,000 rows), so the one session is still busy
+    // when the next requests arrive: with the demo model, a session could finish each request before
+    // the test's one thread had decoded the next, and nothing was shed.
+    let wide = common::root().join("loadtest/bench/ctr_wide.onnx");
+    let schemas =
+        common::schemas_with_ctr_edit("file: ctr.onnx", &format!("file: {}", wide.display()));
+    c.registry.schemas = schemas.path().to_owned();
     let (store, dir) = demo_store().await;
     let app = Arc::new(TestApp::spawn_with(c, store, Some(dir)).await);
     let mut tasks = Vec::new();
