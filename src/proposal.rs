@@ -129,7 +129,7 @@ pub fn propose(
     let mut replaced = submitted.clone();
     replaced.extend(edit.removed.iter().cloned());
     let proposed = Registry::compile(&sources(running, &replaced, edit.body)?, models_dir)?;
-    let changes = compare(running, &proposed, &submitted, edit.rollback)?;
+    let changes = compare(running, &proposed, &submitted, &|_, _| edit.rollback)?;
     let touched = touched_models(&proposed, &changes);
     let errors = outside_models_folder(&proposed, &touched);
     if !errors.is_empty() {
@@ -147,9 +147,13 @@ pub fn propose(
 /// rules a registration follows: each document added or changed on disk is a submitted one, and one
 /// gone from the folder is removed. Answers `None` when the folder holds what runs, where it runs from
 /// (same bodies, same files, same places in them).
+///
+/// A document whose version goes down is a rollback when `kept` says that version's kept text is the
+/// document (another replica sharing the folder rolled it back); otherwise it is refused.
 pub fn propose_folder(
     running: &Registry,
     proposed: Registry,
+    kept: &dyn Fn(Kind, &str, &serde_yaml::Value) -> bool,
 ) -> Result<Option<Proposal>, SchemaErrors> {
     let placed = |r: &Registry| {
         let mut v: Vec<_> = r
@@ -177,7 +181,12 @@ pub fn propose_folder(
     if submitted.is_empty() && !removed && placed(running) == placed(&proposed) {
         return Ok(None);
     }
-    let changes = compare(running, &proposed, &submitted, false)?;
+    let rolled_back = |kind: Kind, name: &str| {
+        proposed
+            .document(kind, name)
+            .is_some_and(|d| kept(kind, name, &d.body))
+    };
+    let changes = compare(running, &proposed, &submitted, &rolled_back)?;
     let touched = touched_models(&proposed, &changes);
     Ok(Some(Proposal {
         registry: proposed,
@@ -372,7 +381,8 @@ fn compare(
     running: &Registry,
     proposed: &Registry,
     submitted: &[(Kind, String)],
-    rollback: bool,
+    // Whether the document may go down in version (a rollback).
+    rollback: &dyn Fn(Kind, &str) -> bool,
 ) -> Result<Vec<Change>, SchemaErrors> {
     let mut errors = Vec::new();
     let mut changes = Vec::with_capacity(submitted.len());
@@ -462,7 +472,7 @@ fn compare(
             }
         };
         if let (Some(n), Some(o)) = (version, running_version) {
-            if n < o && !rollback {
+            if n < o && !rollback(*kind, name) {
                 refuse(
                     "version",
                     format!("{n} is lower than the running version {o}: versions only go up"),

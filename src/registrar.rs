@@ -147,9 +147,6 @@ fn apply(
         });
     }
 
-    // Held while the files are read, checked and written, so that another replica sharing the folder
-    // neither writes at the same time nor reloads a change half written.
-    let _lock = lock_folder(schemas_dir, true)?;
     let reload = if gw.config.registry.reload_interval.is_zero() {
         "restart to load it, then register"
     } else {
@@ -185,6 +182,12 @@ fn apply(
                 .to_owned(),
         ));
     }
+    // The lock is held only to check and write, not while models start (which can take longer than
+    // another replica waits for it): so that another replica sharing the folder neither writes at the
+    // same time nor reloads a change half written. What the plan was made from is read again under it:
+    // an edit made meanwhile is not written over.
+    let _lock = lock_folder(schemas_dir, true)?;
+    unchanged_since_planned(&plan, schemas_dir, reload)?;
     write_files(&plan.writes)?;
     let files: Vec<String> = plan
         .writes
@@ -439,7 +442,10 @@ fn look(
     let read = {
         let _lock = match lock_folder(dir, false) {
             Ok(lock) => lock,
-            Err(_) => return (watch.seen.unwrap_or_default(), Outcome::Same),
+            Err(e) => {
+                tracing::warn!(error = %e, "the schemas folder was not read: its lock stayed taken");
+                return (watch.seen.unwrap_or_default(), Outcome::Same);
+            }
         };
         Registry::read_dir(dir)
     };
@@ -527,7 +533,10 @@ fn reload(
     let models_dir = gw.config.registry.models.as_path();
     let compiled =
         Registry::compile(sources, models_dir).map_err(|e| refused(ApiError::InvalidSchema(e)))?;
-    let Some(proposal) = proposal::propose_folder(&running, compiled)
+    let schemas_dir = gw.config.registry.schemas.as_path();
+    let kept =
+        |kind, name: &str, body: &serde_yaml::Value| kept_holds(schemas_dir, kind, name, body);
+    let Some(proposal) = proposal::propose_folder(&running, compiled, &kept)
         .map_err(|e| refused(ApiError::InvalidSchema(e)))?
     else {
         return Ok(None);
@@ -551,10 +560,13 @@ fn reload(
         .store(Arc::new(Catalog::new(registry.clone(), engines)));
     // A version kept before and now changed in place on disk no longer holds what that version
     // serves: dropped, so that the next registration over it keeps the text that ran.
-    let schemas_dir = gw.config.registry.schemas.as_path();
+    // One that holds the new text (written by another replica's registration of it) stays.
     for c in &changes {
         if let (Some(v), Some(r)) = (c.version, c.running_version)
             && v == r
+            && !registry
+                .document(c.kind, &c.name)
+                .is_some_and(|d| kept_holds(schemas_dir, c.kind, &c.name, &d.body))
         {
             let _ = std::fs::remove_file(kept_file(schemas_dir, c.kind, &c.name, v));
         }
@@ -597,6 +609,52 @@ struct Write {
 struct FilePlan {
     writes: Vec<Write>,
     sources: Vec<(PathBuf, String)>,
+    /// The schema files listed when the plan was made.
+    listed: Vec<PathBuf>,
+    /// What each file the plan read or claims held then (`None`: absent).
+    read: Vec<(PathBuf, Option<String>)>,
+}
+
+/// Refuses with 409 when the folder no longer holds what `plan` was made from: a schema file appeared,
+/// vanished or changed since (a person, a deploy or another replica wrote it).
+fn unchanged_since_planned(
+    plan: &FilePlan,
+    schemas_dir: &Path,
+    reload: &str,
+) -> Result<(), ApiError> {
+    let changed = |path: &Path| ApiError::Conflict {
+        code: "schema_file_changed",
+        message: format!(
+            "{} changed while this registration ran (a person, a deploy or another replica wrote it); nothing was registered: {reload}",
+            path.display()
+        ),
+    };
+    let listed = Registry::schema_files(schemas_dir).map_err(|e| {
+        ApiError::RegistryUnwritable(format!("cannot read {}: {e}", schemas_dir.display()))
+    })?;
+    let moved = listed
+        .iter()
+        .find(|f| !plan.listed.contains(f))
+        .or_else(|| plan.listed.iter().find(|f| !listed.contains(f)));
+    if let Some(path) = moved {
+        return Err(changed(path));
+    }
+    for (path, then) in &plan.read {
+        let now = match std::fs::read_to_string(path) {
+            Ok(text) => Some(text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => {
+                return Err(ApiError::RegistryUnwritable(format!(
+                    "cannot read {}: {e}",
+                    path.display()
+                )));
+            }
+        };
+        if now != *then {
+            return Err(changed(path));
+        }
+    }
+    Ok(())
 }
 
 /// A schema file as it is on disk, cut into its documents' texts.
@@ -732,6 +790,17 @@ fn document_version(value: &serde_yaml::Value) -> Option<u32> {
 }
 
 /// Where version `version` of a view or model is kept.
+/// Whether the kept file of `body`'s version holds `body`: what a registration keeps, and a rollback
+/// writes back.
+fn kept_holds(schemas_dir: &Path, kind: Kind, name: &str, body: &serde_yaml::Value) -> bool {
+    document_version(body).is_some_and(|v| {
+        std::fs::read_to_string(kept_file(schemas_dir, kind, name, v))
+            .ok()
+            .and_then(|text| serde_yaml::from_str::<serde_yaml::Value>(&text).ok())
+            .is_some_and(|kept| kept == *body)
+    })
+}
+
 fn kept_file(schemas_dir: &Path, kind: Kind, name: &str, version: u32) -> PathBuf {
     kept_dir(schemas_dir, kind, name).join(format!("{version}.yaml"))
 }
@@ -758,6 +827,8 @@ fn plan_files(
     let files = Registry::schema_files(schemas_dir).map_err(|e| {
         ApiError::RegistryUnwritable(format!("cannot read {}: {e}", schemas_dir.display()))
     })?;
+    let listed = files.clone();
+    let mut read: Vec<(PathBuf, Option<String>)> = Vec::new();
     if let Some(new) = files
         .iter()
         .find(|f| !running.documents.iter().any(|d| d.file == **f))
@@ -815,6 +886,7 @@ fn plan_files(
             });
         };
         files.push((doc.file.clone(), cut, false));
+        read.push((doc.file.clone(), Some(on_disk)));
     }
     let mut writes = Vec::new();
     // The running documents that the change replaces or removes are kept first, unless kept already.
@@ -900,6 +972,7 @@ fn plan_files(
                         ),
                     });
                 };
+                read.push((path.clone(), None));
                 new_files.push((path, text.clone()));
             }
         }
@@ -940,7 +1013,12 @@ fn plan_files(
         sources.push((path, text));
     }
     sources.sort_by(|a, b| a.0.cmp(&b.0));
-    Ok(FilePlan { writes, sources })
+    Ok(FilePlan {
+        writes,
+        sources,
+        listed,
+        read,
+    })
 }
 
 /// Writes every file: each to a temporary name beside it first, then renamed into place, so a reader
@@ -961,8 +1039,9 @@ fn write_files(writes: &[Write]) -> Result<(), ApiError> {
                 std::fs::create_dir_all(dir).map_err(|e| unwritable(dir, e))?;
             }
             let tmp = temporary(&w.path);
-            std::fs::write(&tmp, text).map_err(|e| unwritable(&tmp, e))?;
+            // Staged before it is written: a write that fails part-way leaves a file to remove.
             staged.push(tmp.clone());
+            std::fs::write(&tmp, text).map_err(|e| unwritable(&tmp, e))?;
             std::fs::File::open(&tmp)
                 .and_then(|f| f.sync_all())
                 .map_err(|e| unwritable(&tmp, e))?;
@@ -977,14 +1056,33 @@ fn write_files(writes: &[Write]) -> Result<(), ApiError> {
     }
     // What each schema file held before (kept versions need none: an extra one is harmless), to put
     // back if a later rename fails, so the folder never holds half a change for a reload to serve.
-    let before: Vec<Option<String>> = writes
+    // A file that cannot be read is not taken for absent (its put-back would remove it): nothing is
+    // renamed then.
+    let before: Result<Vec<Option<String>>, ApiError> = writes
         .iter()
         .map(|w| {
-            (!w.history)
-                .then(|| std::fs::read_to_string(&w.path).ok())
-                .flatten()
+            if w.history {
+                return Ok(None);
+            }
+            match std::fs::read_to_string(&w.path) {
+                Ok(text) => Ok(Some(text)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(ApiError::RegistryUnwritable(format!(
+                    "cannot read {}: {e}",
+                    w.path.display()
+                ))),
+            }
         })
         .collect();
+    let before = match before {
+        Ok(before) => before,
+        Err(e) => {
+            for tmp in staged {
+                let _ = std::fs::remove_file(tmp);
+            }
+            return Err(e);
+        }
+    };
     for (i, w) in writes.iter().enumerate() {
         let done = match &w.text {
             Some(_) => std::fs::rename(temporary(&w.path), &w.path),
@@ -1001,11 +1099,14 @@ fn write_files(writes: &[Write]) -> Result<(), ApiError> {
                 if done.history {
                     continue;
                 }
-                let _ = match old {
+                let put_back = match old {
                     Some(text) => std::fs::write(temporary(&done.path), text)
                         .and_then(|()| std::fs::rename(temporary(&done.path), &done.path)),
                     None => std::fs::remove_file(&done.path),
                 };
+                if put_back.is_err() {
+                    let _ = std::fs::remove_file(temporary(&done.path));
+                }
             }
             return Err(unwritable(&w.path, e));
         }
@@ -1234,6 +1335,49 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn a_folder_written_after_the_plan_was_made_refuses_the_registration() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = dir.path().join("a.yaml");
+        std::fs::write(&a, "kind: entity\nname: a\n").expect("a");
+        let plan = || FilePlan {
+            writes: Vec::new(),
+            sources: Vec::new(),
+            listed: vec![a.clone()],
+            read: vec![
+                (a.clone(), Some("kind: entity\nname: a\n".to_owned())),
+                (dir.path().join("b.yaml"), None),
+            ],
+        };
+        let check = |plan: &FilePlan| unchanged_since_planned(plan, dir.path(), "then register");
+        assert!(check(&plan()).is_ok());
+        let refused = |e: ApiError, file: &str| {
+            let message = e.to_string();
+            assert!(
+                matches!(
+                    e,
+                    ApiError::Conflict {
+                        code: "schema_file_changed",
+                        ..
+                    }
+                ) && message.contains(file)
+                    && message.contains("nothing was registered"),
+                "{message}"
+            );
+        };
+        // A comment added to a file the plan read.
+        std::fs::write(&a, "# edited\nkind: entity\nname: a\n").expect("a");
+        refused(check(&plan()).expect_err("a.yaml changed"), "a.yaml");
+        std::fs::write(&a, "kind: entity\nname: a\n").expect("a");
+        // A file created where the plan puts a new document.
+        std::fs::write(dir.path().join("b.yaml"), "kind: entity\nname: b\n").expect("b");
+        refused(check(&plan()).expect_err("b.yaml appeared"), "b.yaml");
+        std::fs::remove_file(dir.path().join("b.yaml")).expect("b");
+        // A file the plan read, gone.
+        std::fs::remove_file(&a).expect("a");
+        refused(check(&plan()).expect_err("a.yaml vanished"), "a.yaml");
+    }
 
     #[test]
     fn a_file_is_cut_into_its_documents_and_put_back_together() {

@@ -786,3 +786,65 @@ async fn changes_made_in_the_folder_are_checked_and_swapped_in() {
     assert_file_changed(&r, &["the folder watch loads it"]);
     app.stop().await;
 }
+
+/// Replicas that share a schemas folder take each other's registrations through the folder watch,
+/// rollbacks included: a rollback writes a lower version, which the watch takes because that version's
+/// kept text is what the file now holds. Afterwards either replica registers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_sharing_a_folder_take_each_others_registrations_and_rollbacks() {
+    let dir = copy_of_schemas();
+    let replica = || async {
+        let mut c = common::test_config();
+        c.registry.schemas = dir.path().to_owned();
+        c.registry.writes = true;
+        c.registry.reload_interval = std::time::Duration::from_millis(100);
+        let (store, store_dir) = common::demo_store().await;
+        TestApp::spawn_with(c, store, Some(store_dir)).await
+    };
+    let a = replica().await;
+    let b = replica().await;
+    let v1 = schema_file("user_profile.yaml");
+    let v2 = edit(
+        &edit(&v1, "version: 1", "version: 2"),
+        "  - {name: age, dtype: int64, default: 30}\n",
+        "  - {name: age, dtype: int64, default: 30}\n  - {name: tenure_days, dtype: int64, default: 7}\n",
+    );
+    ok(&put(&a, "/v1/schemas/views/user_profile", &v2).await);
+    version_on(&b, 2).await;
+
+    let r = a
+        .post_json(
+            "/v1/schemas/views/user_profile/rollback",
+            &json!({"version": 1}),
+        )
+        .await;
+    ok(&r);
+    version_on(&b, 1).await;
+    let j = ok(&b.get("/v1/schemas").await);
+    assert!(j["folder"]["refused"].is_null(), "{j}");
+
+    // The other replica registers next, over the rolled-back folder.
+    let v3 = v2.replacen("version: 2", "version: 3", 1);
+    ok(&put(&b, "/v1/schemas/views/user_profile", &v3).await);
+    version_on(&a, 3).await;
+    let j = ok(&a.get("/v1/schemas").await);
+    assert!(j["folder"]["refused"].is_null(), "{j}");
+    // Each version's kept text survived the other replica's reloads.
+    for v in [1, 2] {
+        let j = ok(&b
+            .get(&format!("/v1/schemas/views/user_profile/versions/{v}"))
+            .await);
+        assert_eq!(j["document"]["version"], v);
+    }
+    a.stop().await;
+    b.stop().await;
+}
+
+/// Waits until `app` serves `version` of the view `user_profile`.
+async fn version_on(app: &TestApp, version: u64) {
+    let what = format!("user_profile version {version} served");
+    wait_for(app, "/v1/schemas/views/user_profile", &what, |j| {
+        j["document"]["version"] == version
+    })
+    .await;
+}
