@@ -840,6 +840,84 @@ async fn replicas_sharing_a_folder_take_each_others_registrations_and_rollbacks(
     b.stop().await;
 }
 
+/// A deploy that writes several schema files holds the folder's lock while it writes, as the README
+/// shows with `flock(1)`: the watch reads none of the files until it lets go, then takes them in one
+/// step. Here the model is written first and names a feature that only the view written second has,
+/// so a read in between would find an invalid folder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_written_under_the_folder_lock_are_taken_in_one_step_when_it_is_released() {
+    use std::io::{BufRead as _, BufReader};
+    let dir = copy_of_schemas();
+    let mut c = common::test_config();
+    c.registry.schemas = dir.path().to_owned();
+    c.registry.writes = true;
+    c.registry.reload_interval = std::time::Duration::from_millis(100);
+    let (store, store_dir) = common::demo_store().await;
+    let app = TestApp::spawn_with(c, store, Some(store_dir)).await;
+    let applied = "hydrant_schema_reloads_total{outcome=\"applied\"}";
+    let refused = "hydrant_schema_reloads_total{outcome=\"refused\"}";
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let before = metric(&app, applied).await;
+
+    // `flock` holds the lock until its `cat` ends, which is when the test closes the pipe.
+    let mut deploy = std::process::Command::new("flock")
+        .arg(dir.path().join(".hydrant.lock"))
+        .args(["sh", "-c", "echo locked; cat"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("flock(1) (util-linux) runs");
+    let mut line = String::new();
+    BufReader::new(deploy.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("flock's first line");
+    assert_eq!(line, "locked\n");
+
+    let read = |dir: &tempfile::TempDir, file: &str| {
+        std::fs::read_to_string(dir.path().join(file)).expect("schema file")
+    };
+    let ctr = edit(
+        &edit(&read(&dir, "ctr.yaml"), "version: 1", "version: 2"),
+        "feature: user_profile:age",
+        "feature: user_profile:tenure_days",
+    );
+    std::fs::write(dir.path().join("ctr.yaml"), ctr).expect("write ctr.yaml");
+    // Five intervals with half of the change in the folder: nothing is read, so nothing is refused.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let profile = edit(
+        &edit(&read(&dir, "user_profile.yaml"), "version: 1", "version: 2"),
+        "  - {name: age, dtype: int64, default: 30}\n",
+        "  - {name: age, dtype: int64, default: 30}\n  - {name: tenure_days, dtype: int64, default: 7}\n",
+    );
+    std::fs::write(dir.path().join("user_profile.yaml"), profile).expect("write user_profile.yaml");
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let j = ok(&app.get("/v1/schemas").await);
+    assert!(j["folder"]["refused"].is_null(), "{j}");
+    assert_eq!(
+        ok(&app.get("/v1/schemas/models/ctr").await)["document"]["version"],
+        1
+    );
+
+    drop(deploy.stdin.take());
+    assert!(deploy.wait().expect("flock ends").success());
+    wait_for(
+        &app,
+        "/v1/schemas/models/ctr",
+        "ctr version 2 served",
+        |j| j["document"]["version"] == 2,
+    )
+    .await;
+    assert_eq!(
+        ok(&app.get("/v1/schemas/views/user_profile").await)["document"]["version"],
+        2
+    );
+    assert_eq!(metric(&app, applied).await, before + 1.0);
+    assert_eq!(metric(&app, refused).await, 0.0);
+    let predict = json!({"entities": {"user_id": "u_5"}, "candidates": [{"item_id": "i_1"}]});
+    assert_eq!(app.predict("ctr", &predict).await.status, 200);
+    app.stop().await;
+}
+
 /// Waits until `app` serves `version` of the view `user_profile`.
 async fn version_on(app: &TestApp, version: u64) {
     let what = format!("user_profile version {version} served");
