@@ -388,8 +388,8 @@ const RETRY_EVERY: u32 = 15;
 /// What the watch knows of the folder, by fingerprint.
 #[derive(Clone, Default)]
 struct Watch {
-    /// Last checked (applied, found unchanged, or refused for good); `None` compares the folder with
-    /// what runs.
+    /// Last checked (applied, found unchanged, or refused for good); `None` until the first check,
+    /// which compares the folder with what runs.
     seen: Option<u64>,
     /// Read once and not yet checked: taken when the next read finds the same.
     moving: Option<u64>,
@@ -472,7 +472,8 @@ fn look(
     if watch.failing == Some(now) && watch.retry_in > 1 {
         return (now, Outcome::Same);
     }
-    if watch.moving != Some(now) && watch.failing != Some(now) && watch.seen.is_some() {
+    // The first read too: a file being written as the gateway starts is not taken half written.
+    if watch.moving != Some(now) && watch.failing != Some(now) {
         return (now, Outcome::Moving);
     }
     let outcome = match sources {
