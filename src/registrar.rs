@@ -188,7 +188,7 @@ fn apply(
     // an edit made meanwhile is not written over.
     let _lock = lock_folder(schemas_dir, true)?;
     unchanged_since_planned(&plan, schemas_dir, reload)?;
-    write_files(&plan.writes)?;
+    write_files(&plan.writes, &plan.read)?;
     let files: Vec<String> = plan
         .writes
         .iter()
@@ -616,6 +616,11 @@ struct FilePlan {
     read: Vec<(PathBuf, Option<String>)>,
 }
 
+/// The error of a schemas-folder file or listing that cannot be read.
+fn cannot_read(path: &Path, e: std::io::Error) -> ApiError {
+    ApiError::RegistryUnwritable(format!("cannot read {}: {e}", path.display()))
+}
+
 /// Refuses with 409 when the folder no longer holds what `plan` was made from: a schema file appeared,
 /// vanished or changed since (a person, a deploy or another replica wrote it).
 fn unchanged_since_planned(
@@ -630,9 +635,7 @@ fn unchanged_since_planned(
             path.display()
         ),
     };
-    let listed = Registry::schema_files(schemas_dir).map_err(|e| {
-        ApiError::RegistryUnwritable(format!("cannot read {}: {e}", schemas_dir.display()))
-    })?;
+    let listed = Registry::schema_files(schemas_dir).map_err(|e| cannot_read(schemas_dir, e))?;
     let moved = listed
         .iter()
         .find(|f| !plan.listed.contains(f))
@@ -644,12 +647,7 @@ fn unchanged_since_planned(
         let now = match std::fs::read_to_string(path) {
             Ok(text) => Some(text),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => {
-                return Err(ApiError::RegistryUnwritable(format!(
-                    "cannot read {}: {e}",
-                    path.display()
-                )));
-            }
+            Err(e) => return Err(cannot_read(path, e)),
         };
         if now != *then {
             return Err(changed(path));
@@ -825,9 +823,7 @@ fn plan_files(
 ) -> Result<FilePlan, ApiError> {
     // A schema file that appeared since the folder was loaded could define what this change adds, or
     // name what it removes: the folder would then no longer load.
-    let files = Registry::schema_files(schemas_dir).map_err(|e| {
-        ApiError::RegistryUnwritable(format!("cannot read {}: {e}", schemas_dir.display()))
-    })?;
+    let files = Registry::schema_files(schemas_dir).map_err(|e| cannot_read(schemas_dir, e))?;
     let listed = files.clone();
     let mut read: Vec<(PathBuf, Option<String>)> = Vec::new();
     if let Some(new) = files
@@ -863,12 +859,7 @@ fn plan_files(
                     ),
                 });
             }
-            Err(e) => {
-                return Err(ApiError::RegistryUnwritable(format!(
-                    "cannot read {}: {e}",
-                    doc.file.display()
-                )));
-            }
+            Err(e) => return Err(cannot_read(&doc.file, e)),
         };
         let cut = cut(&on_disk).filter(|c| {
             running
@@ -1024,8 +1015,10 @@ fn plan_files(
 
 /// Writes every file: each to a temporary name beside it first, then renamed into place, so a reader
 /// (or a crash) sees a file whole, before or after. Kept versions go first; a failure before the
-/// schema files are renamed leaves the schema files as they were.
-fn write_files(writes: &[Write]) -> Result<(), ApiError> {
+/// schema files are renamed leaves the schema files as they were, and a rename that fails puts back
+/// the schema files already renamed, from `before` (what each held: [`FilePlan::read`], checked
+/// under the lock just before), so the folder never holds half a change for a reload to serve.
+fn write_files(writes: &[Write], before: &[(PathBuf, Option<String>)]) -> Result<(), ApiError> {
     let unwritable = |path: &Path, e: std::io::Error| {
         ApiError::RegistryUnwritable(format!(
             "cannot write {}: {e} (registering needs a writable registry.schemas folder)",
@@ -1055,35 +1048,6 @@ fn write_files(writes: &[Write]) -> Result<(), ApiError> {
         }
         return Err(e);
     }
-    // What each schema file held before (kept versions need none: an extra one is harmless), to put
-    // back if a later rename fails, so the folder never holds half a change for a reload to serve.
-    // A file that cannot be read is not taken for absent (its put-back would remove it): nothing is
-    // renamed then.
-    let before: Result<Vec<Option<String>>, ApiError> = writes
-        .iter()
-        .map(|w| {
-            if w.history {
-                return Ok(None);
-            }
-            match std::fs::read_to_string(&w.path) {
-                Ok(text) => Ok(Some(text)),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-                Err(e) => Err(ApiError::RegistryUnwritable(format!(
-                    "cannot read {}: {e}",
-                    w.path.display()
-                ))),
-            }
-        })
-        .collect();
-    let before = match before {
-        Ok(before) => before,
-        Err(e) => {
-            for tmp in staged {
-                let _ = std::fs::remove_file(tmp);
-            }
-            return Err(e);
-        }
-    };
     for (i, w) in writes.iter().enumerate() {
         let done = match &w.text {
             Some(_) => std::fs::rename(temporary(&w.path), &w.path),
@@ -1096,10 +1060,11 @@ fn write_files(writes: &[Write]) -> Result<(), ApiError> {
                     let _ = std::fs::remove_file(temporary(&rest.path));
                 }
             }
-            for (done, old) in writes[..i].iter().zip(&before).rev() {
-                if done.history {
+            // Kept versions are left: an extra one is harmless.
+            for done in writes[..i].iter().rev().filter(|w| !w.history) {
+                let Some((_, old)) = before.iter().find(|(p, _)| *p == done.path) else {
                     continue;
-                }
+                };
                 let put_back = match old {
                     Some(text) => std::fs::write(temporary(&done.path), text)
                         .and_then(|()| std::fs::rename(temporary(&done.path), &done.path)),
@@ -1163,10 +1128,7 @@ fn read_version(
                 ),
             })
         }
-        Err(e) => Err(ApiError::RegistryUnwritable(format!(
-            "cannot read {}: {e}",
-            path.display()
-        ))),
+        Err(e) => Err(cannot_read(&path, e)),
     }
 }
 
@@ -1321,7 +1283,8 @@ mod tests {
                 history: false,
             },
         ];
-        let e = write_files(&writes).expect_err("b.yaml is a folder");
+        let before = [(c.clone(), None), (a.clone(), Some("old".to_owned()))];
+        let e = write_files(&writes, &before).expect_err("b.yaml is a folder");
         assert!(e.to_string().contains("b.yaml"), "{e}");
         assert_eq!(std::fs::read_to_string(&a).expect("a"), "old");
         assert!(!c.exists(), "c.yaml was new, so it is gone again");

@@ -19,9 +19,26 @@ fn edit(text: &str, from: &str, to: &str) -> String {
 
 /// A gateway over a copy of the repo's schemas (in `dir`) with registering on.
 async fn spawn(dir: &tempfile::TempDir, writes: bool) -> TestApp {
+    spawn_configured(dir, |c| c.registry.writes = writes).await
+}
+
+/// A gateway over `dir` with registering on that reads the folder every `interval`.
+async fn watching(dir: &tempfile::TempDir, interval: std::time::Duration) -> TestApp {
+    spawn_configured(dir, |c| {
+        c.registry.writes = true;
+        c.registry.reload_interval = interval;
+    })
+    .await
+}
+
+/// A gateway over the schemas in `dir`, configured further by `set`.
+async fn spawn_configured(
+    dir: &tempfile::TempDir,
+    set: impl FnOnce(&mut hydrant::config::Config),
+) -> TestApp {
     let mut c = common::test_config();
     c.registry.schemas = dir.path().to_owned();
-    c.registry.writes = writes;
+    set(&mut c);
     let (store, store_dir) = common::demo_store().await;
     TestApp::spawn_with(c, store, Some(store_dir)).await
 }
@@ -636,19 +653,18 @@ async fn refusal(app: &TestApp, what: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changes_made_in_the_folder_are_checked_and_swapped_in() {
     let dir = copy_of_schemas();
-    let mut c = common::test_config();
-    c.registry.schemas = dir.path().to_owned();
-    c.registry.writes = true;
-    c.registry.reload_interval = std::time::Duration::from_millis(100);
     let models = tempfile::tempdir().expect("models dir");
     std::fs::copy(
         root().join("models/ctr.onnx"),
         models.path().join("ctr.onnx"),
     )
     .expect("copy");
-    c.registry.models = models.path().to_owned();
-    let (store, store_dir) = common::demo_store().await;
-    let app = TestApp::spawn_with(c, store, Some(store_dir)).await;
+    let app = spawn_configured(&dir, |c| {
+        c.registry.writes = true;
+        c.registry.reload_interval = std::time::Duration::from_millis(100);
+        c.registry.models = models.path().to_owned();
+    })
+    .await;
     let folder = ok(&app.get("/v1/schemas").await)["folder"].clone();
     assert_eq!(folder, json!({"reload_interval": "100ms", "refused": null}));
     let predict = json!({"entities": {"user_id": "u_5"}, "candidates": [{"item_id": "i_1"}]});
@@ -765,12 +781,7 @@ async fn changes_made_in_the_folder_are_checked_and_swapped_in() {
 
     // A hand edit the watch has not read yet: the registration's 409 points at the watch.
     let dir = copy_of_schemas();
-    let mut c = common::test_config();
-    c.registry.schemas = dir.path().to_owned();
-    c.registry.writes = true;
-    c.registry.reload_interval = std::time::Duration::from_secs(3600);
-    let (store, store_dir) = common::demo_store().await;
-    let app = TestApp::spawn_with(c, store, Some(store_dir)).await;
+    let app = watching(&dir, std::time::Duration::from_secs(3600)).await;
     let text = schema_file("user_profile.yaml");
     std::fs::write(
         dir.path().join("user_profile.yaml"),
@@ -793,16 +804,8 @@ async fn changes_made_in_the_folder_are_checked_and_swapped_in() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_sharing_a_folder_take_each_others_registrations_and_rollbacks() {
     let dir = copy_of_schemas();
-    let replica = || async {
-        let mut c = common::test_config();
-        c.registry.schemas = dir.path().to_owned();
-        c.registry.writes = true;
-        c.registry.reload_interval = std::time::Duration::from_millis(100);
-        let (store, store_dir) = common::demo_store().await;
-        TestApp::spawn_with(c, store, Some(store_dir)).await
-    };
-    let a = replica().await;
-    let b = replica().await;
+    let a = watching(&dir, std::time::Duration::from_millis(100)).await;
+    let b = watching(&dir, std::time::Duration::from_millis(100)).await;
     let v1 = schema_file("user_profile.yaml");
     let v2 = edit(
         &edit(&v1, "version: 1", "version: 2"),
@@ -848,12 +851,7 @@ async fn replicas_sharing_a_folder_take_each_others_registrations_and_rollbacks(
 async fn files_written_under_the_folder_lock_are_taken_in_one_step_when_it_is_released() {
     use std::io::{BufRead as _, BufReader};
     let dir = copy_of_schemas();
-    let mut c = common::test_config();
-    c.registry.schemas = dir.path().to_owned();
-    c.registry.writes = true;
-    c.registry.reload_interval = std::time::Duration::from_millis(100);
-    let (store, store_dir) = common::demo_store().await;
-    let app = TestApp::spawn_with(c, store, Some(store_dir)).await;
+    let app = watching(&dir, std::time::Duration::from_millis(100)).await;
     let applied = "hydrant_schema_reloads_total{outcome=\"applied\"}";
     let refused = "hydrant_schema_reloads_total{outcome=\"refused\"}";
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
