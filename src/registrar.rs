@@ -788,7 +788,6 @@ fn document_version(value: &serde_yaml::Value) -> Option<u32> {
         .and_then(|v| u32::try_from(v).ok())
 }
 
-/// Where version `version` of a view or model is kept.
 /// Whether the kept file of `body`'s version holds `body`: what a registration keeps, and a rollback
 /// writes back.
 fn kept_holds(schemas_dir: &Path, kind: Kind, name: &str, body: &serde_yaml::Value) -> bool {
@@ -800,6 +799,7 @@ fn kept_holds(schemas_dir: &Path, kind: Kind, name: &str, body: &serde_yaml::Val
     })
 }
 
+/// Where version `version` of a view or model is kept.
 fn kept_file(schemas_dir: &Path, kind: Kind, name: &str, version: u32) -> PathBuf {
     kept_dir(schemas_dir, kind, name).join(format!("{version}.yaml"))
 }
@@ -823,10 +823,9 @@ fn plan_files(
 ) -> Result<FilePlan, ApiError> {
     // A schema file that appeared since the folder was loaded could define what this change adds, or
     // name what it removes: the folder would then no longer load.
-    let files = Registry::schema_files(schemas_dir).map_err(|e| cannot_read(schemas_dir, e))?;
-    let listed = files.clone();
+    let listed = Registry::schema_files(schemas_dir).map_err(|e| cannot_read(schemas_dir, e))?;
     let mut read: Vec<(PathBuf, Option<String>)> = Vec::new();
-    if let Some(new) = files
+    if let Some(new) = listed
         .iter()
         .find(|f| !running.documents.iter().any(|d| d.file == **f))
     {

@@ -17,6 +17,16 @@ fn edit(text: &str, from: &str, to: &str) -> String {
     text.replacen(from, to, 1)
 }
 
+/// Version 2 of the `user_profile` view in `v1` (its text at version 1): one feature more,
+/// `tenure_days`.
+fn with_tenure_days(v1: &str) -> String {
+    edit(
+        &edit(v1, "version: 1", "version: 2"),
+        "  - {name: age, dtype: int64, default: 30}\n",
+        "  - {name: age, dtype: int64, default: 30}\n  - {name: tenure_days, dtype: int64, default: 7}\n",
+    )
+}
+
 /// A gateway over a copy of the repo's schemas (in `dir`) with registering on.
 async fn spawn(dir: &tempfile::TempDir, writes: bool) -> TestApp {
     spawn_configured(dir, |c| c.registry.writes = writes).await
@@ -677,11 +687,7 @@ async fn changes_made_in_the_folder_are_checked_and_swapped_in() {
     // A new version of a view, written in place.
     let profile = dir.path().join("user_profile.yaml");
     let v1 = std::fs::read_to_string(&profile).expect("user_profile.yaml");
-    let v2 = edit(
-        &edit(&v1, "version: 1", "version: 2"),
-        "  - {name: age, dtype: int64, default: 30}\n",
-        "  - {name: age, dtype: int64, default: 30}\n  - {name: tenure_days, dtype: int64, default: 7}\n",
-    );
+    let v2 = with_tenure_days(&v1);
     std::fs::write(&profile, &v2).expect("write");
     wait_for(
         &app,
@@ -807,11 +813,7 @@ async fn replicas_sharing_a_folder_take_each_others_registrations_and_rollbacks(
     let a = watching(&dir, std::time::Duration::from_millis(100)).await;
     let b = watching(&dir, std::time::Duration::from_millis(100)).await;
     let v1 = schema_file("user_profile.yaml");
-    let v2 = edit(
-        &edit(&v1, "version: 1", "version: 2"),
-        "  - {name: age, dtype: int64, default: 30}\n",
-        "  - {name: age, dtype: int64, default: 30}\n  - {name: tenure_days, dtype: int64, default: 7}\n",
-    );
+    let v2 = with_tenure_days(&v1);
     ok(&put(&a, "/v1/schemas/views/user_profile", &v2).await);
     version_on(&b, 2).await;
 
@@ -882,11 +884,7 @@ async fn files_written_under_the_folder_lock_are_taken_in_one_step_when_it_is_re
     std::fs::write(dir.path().join("ctr.yaml"), ctr).expect("write ctr.yaml");
     // Five intervals with half of the change in the folder: nothing is read, so nothing is refused.
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    let profile = edit(
-        &edit(&read(&dir, "user_profile.yaml"), "version: 1", "version: 2"),
-        "  - {name: age, dtype: int64, default: 30}\n",
-        "  - {name: age, dtype: int64, default: 30}\n  - {name: tenure_days, dtype: int64, default: 7}\n",
-    );
+    let profile = with_tenure_days(&read(&dir, "user_profile.yaml"));
     std::fs::write(dir.path().join("user_profile.yaml"), profile).expect("write user_profile.yaml");
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let j = ok(&app.get("/v1/schemas").await);
