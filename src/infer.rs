@@ -8,12 +8,11 @@
 //! hands each request exactly its own rows back.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, TryRecvError, TrySendError};
 use crossbeam_queue::ArrayQueue;
 use ort::environment::Environment;
 use ort::session::Session;
@@ -22,6 +21,7 @@ use ort::value::{TensorElementType, TensorRef, ValueType};
 use tokio::sync::oneshot;
 
 use crate::config::{InferenceConfig, MAX_MODEL_THREADS};
+use crate::dispatch::{Dispatch, PushError, Rows};
 use crate::schema::{DeviceKind, Model};
 use crate::telemetry::{ModelStats, us_since};
 
@@ -171,13 +171,18 @@ struct Job {
     reply: oneshot::Sender<Result<InferOutput, InferError>>,
 }
 
+impl Rows for Job {
+    fn rows(&self) -> usize {
+        self.rows
+    }
+}
+
 /// The running sessions of one model.
 pub struct Engine {
     model: Arc<Model>,
     info: ModelInfo,
-    tx: Option<Sender<Job>>,
+    queue: Arc<Dispatch<Job>>,
     workers: Vec<JoinHandle<()>>,
-    depth: Arc<AtomicUsize>,
     buffers: ArrayQueue<Vec<f32>>,
     out_buffers: ArrayQueue<OutputRows>,
     stats: Arc<ModelStats>,
@@ -254,16 +259,14 @@ impl Engine {
         let info = inspect(&sessions[0], &model, device, n).map_err(load_err)?;
         trial_run(&mut sessions[0], &info, model.width).map_err(load_err)?;
         fallback_run(&mut sessions[0], &info, &model).map_err(load_err)?;
-        let (tx, rx) = crossbeam_channel::bounded::<Job>(cfg.max_queue);
-        let depth = Arc::new(AtomicUsize::new(0));
+        let queue = Arc::new(Dispatch::new(cfg.max_queue, n));
         let mut workers = Vec::with_capacity(n);
         for (i, session) in sessions.into_iter().enumerate() {
             let worker = Worker {
                 model: model.clone(),
                 info: info.clone(),
-                rx: rx.clone(),
-                depth: depth.clone(),
-                workers: n,
+                queue: queue.clone(),
+                index: i,
                 session,
                 batch: Vec::new(),
                 scratch: OutputRows::default(),
@@ -283,9 +286,8 @@ impl Engine {
         Ok(Self {
             model,
             info,
-            tx: Some(tx),
+            queue,
             workers,
-            depth,
             buffers: ArrayQueue::new(256),
             out_buffers: ArrayQueue::new(256),
             stats,
@@ -307,7 +309,7 @@ impl Engine {
 
     /// Requests waiting for a session now.
     pub fn queue_depth(&self) -> usize {
-        self.depth.load(Relaxed)
+        self.queue.len()
     }
 
     /// A cleared input buffer from the pool.
@@ -334,10 +336,6 @@ impl Engine {
         input: Vec<f32>,
         deadline: Instant,
     ) -> Result<InferOutput, InferError> {
-        let tx = self
-            .tx
-            .as_ref()
-            .ok_or_else(|| InferError::Closed(self.model.name.clone()))?;
         let (reply, rx) = oneshot::channel();
         let enqueued = Instant::now();
         // The deadline sheds requests that wait for a session past it. One that arrives already past it
@@ -356,17 +354,15 @@ impl Engine {
             deadline,
             reply,
         };
-        self.depth.fetch_add(1, Relaxed);
-        match tx.try_send(job) {
+        match self.queue.push(job) {
             Ok(()) => {}
-            Err(TrySendError::Full(job)) => {
-                self.depth.fetch_sub(1, Relaxed);
+            Err(PushError::Full(job)) => {
                 self.stats.shed_queue_full.fetch_add(1, Relaxed);
                 self.give_buffer(job.input);
                 return Err(InferError::QueueFull(self.model.name.clone()));
             }
-            Err(TrySendError::Disconnected(_)) => {
-                self.depth.fetch_sub(1, Relaxed);
+            Err(PushError::Closed(job)) => {
+                self.give_buffer(job.input);
                 return Err(InferError::Closed(self.model.name.clone()));
             }
         }
@@ -378,7 +374,7 @@ impl Engine {
 impl Drop for Engine {
     fn drop(&mut self) {
         // Closing the queue lets each worker finish what is queued and exit.
-        self.tx = None;
+        self.queue.close();
         // An engine replaced by a registered change is dropped by the last request that held it, on an
         // async worker: its session threads are left to finish on their own rather than joined there.
         if tokio::runtime::Handle::try_current().is_ok() {
@@ -551,8 +547,9 @@ fn inspect(
 struct Worker {
     model: Arc<Model>,
     info: ModelInfo,
-    rx: Receiver<Job>,
-    depth: Arc<AtomicUsize>,
+    queue: Arc<Dispatch<Job>>,
+    /// This session's place in the pool.
+    index: usize,
     session: Session,
     /// Reused buffer for the concatenated rows of a multi-request batch.
     batch: Vec<f32>,
@@ -561,49 +558,34 @@ struct Worker {
     stats: Arc<ModelStats>,
     queue_timeout: Duration,
     batching: bool,
-    /// Sessions (workers) of this model.
-    workers: usize,
+}
+
+/// Tells the queue that a session is gone when its thread ends, however it ends.
+struct Leave<'a>(&'a Dispatch<Job>, usize);
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        self.0.leave(self.1);
+    }
 }
 
 impl Worker {
     fn run(mut self) {
-        let max_rows = self.model.batching.max_batch_rows;
+        let queue = self.queue.clone();
+        let _leave = Leave(&queue, self.index);
+        // Without batching, a batch is one request.
+        let max_rows = if self.batching {
+            self.model.batching.max_batch_rows
+        } else {
+            1
+        };
         let max_delay = Duration::from_micros(self.model.batching.max_delay_us);
-        let mut carry: Option<Job> = None;
         let mut jobs: Vec<Job> = Vec::new();
-        loop {
-            let first = match carry.take() {
-                Some(j) => j,
-                None => match self.rx.recv() {
-                    Ok(j) => j,
-                    Err(_) => return, // queue closed and drained
-                },
-            };
-            self.depth.fetch_sub(1, Relaxed);
-            let mut rows = first.rows;
-            jobs.push(first);
-            let wait_until = Instant::now() + max_delay;
-            // Take a fair share of what is queued, not all of it: the other sessions, idle now or free soon,
-            // get theirs, so batching never turns N busy sessions into one busy session and N-1 idle ones.
-            let mut share = self.rx.len().div_ceil(self.workers);
-            while self.batching && rows < max_rows && (share > 0 || !max_delay.is_zero()) {
-                let next = match self.rx.try_recv() {
-                    Ok(j) => Some(j),
-                    Err(TryRecvError::Empty) if !max_delay.is_zero() => {
-                        self.rx.recv_deadline(wait_until).ok()
-                    }
-                    Err(_) => None,
-                };
-                let Some(j) = next else { break };
-                share = share.saturating_sub(1);
-                self.depth.fetch_sub(1, Relaxed);
-                if rows + j.rows > max_rows {
-                    carry = Some(j);
-                    self.depth.fetch_add(1, Relaxed);
-                    break;
-                }
-                rows += j.rows;
-                jobs.push(j);
+        while queue.next(self.index, max_rows, &mut jobs) {
+            if self.batching && !max_delay.is_zero() {
+                let rows = jobs.iter().map(|j| j.rows).sum();
+                let until = Instant::now() + max_delay;
+                queue.gather(self.index, rows, max_rows, until, &mut jobs);
             }
             self.run_batch(&mut jobs);
         }
@@ -662,6 +644,7 @@ impl Worker {
             &mut self.scratch,
         );
         let infer_us = us_since(started);
+        self.queue.ran(started.elapsed());
         match result {
             Ok(()) => {
                 let mut at = 0;

@@ -14,7 +14,7 @@
 //! | decode | [`decode`] | JSON/MessagePack bodies, checking them against the model binding |
 //! | hydrate | [`hydrate`] | cache lookups, one batched store round trip for the misses, single-flight, degraded answers |
 //! | assemble | [`assemble`] | transforms features and context into the model's row-major input buffer |
-//! | queue, infer | [`infer`] | per-model micro-batching queue and ONNX Runtime session pool on dedicated threads |
+//! | queue, infer | [`infer`], [`dispatch`] | per-model micro-batching queue (which wakes a session only when it pays) and ONNX Runtime session pool on dedicated threads |
 //! | postprocess | [`postprocess`] | shapes outputs and statuses for the response |
 //! | encode | [`encode`] | writes the body in the negotiated format, `Server-Timing` |
 //!
@@ -47,6 +47,7 @@ pub mod cache;
 pub mod clock;
 pub mod config;
 pub mod decode;
+pub mod dispatch;
 pub mod encode;
 pub mod error;
 pub mod feast;
