@@ -144,18 +144,21 @@ impl<T: Rows> Dispatch<T> {
         } else {
             None
         };
-        if let Some(w) = wake {
-            s.woken[w] = true;
-        }
-        drop(s);
-        if let Some(w) = wake {
-            self.bells[w].notify_one();
-        }
+        self.ring(s, wake);
         Ok(())
     }
 
+    /// Wakes session `wake`, if any: marks it woken under the lock, then rings its bell after letting the
+    /// lock go, so the session does not wake only to wait for the lock.
+    fn ring(&self, mut s: MutexGuard<'_, State<T>>, wake: Option<usize>) {
+        let Some(w) = wake else { return };
+        s.woken[w] = true;
+        drop(s);
+        self.bells[w].notify_one();
+    }
+
     /// Refuses further pushes and wakes every session: each takes what is still queued, then [`next`]
-    /// answers `None`.
+    /// answers false.
     ///
     /// [`next`]: Dispatch::next
     pub fn close(&self) {
@@ -298,13 +301,7 @@ impl<T: Rows> Dispatch<T> {
         } else {
             None
         };
-        if let Some(w) = wake {
-            s.woken[w] = true;
-        }
-        drop(s);
-        if let Some(w) = wake {
-            self.bells[w].notify_one();
-        }
+        self.ring(s, wake);
     }
 
     /// Records how long a batch took to run, for the choice of whether a push wakes another session.
