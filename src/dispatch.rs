@@ -14,9 +14,9 @@
 //! - One session at a time searches: it spins briefly, then yields the core a few times
 //!   ([`SEARCH_SPINS`], [`SEARCH_YIELDS`]), looking for the next job before it sleeps. The others sleep at
 //!   once, each on its own condition variable.
-//! - A push wakes a sleeping session only when no session is awake to take the job, or when the awake ones
+//! - A push wakes a sleeping session only when no session is awake to take the job, when the awake ones
 //!   are expected to stay busy for longer than waking another costs (their recent run time is over
-//!   [`WAKE_WORTH`]). An awake session takes what was queued while it ran, so a fast model under load is
+//!   [`WAKE_WORTH`]), or when more rows are queued than the awake sessions take in their next batches. An awake session takes what was queued while it ran, so a fast model under load is
 //!   served by few sessions in batches, and a slow one gets every session it has.
 //! - An awake session takes its share of the queue in one step: what is queued divided among the sessions
 //!   that are awake, up to the room left in its batch.
@@ -57,6 +57,8 @@ pub enum PushError<T> {
 
 struct State<T> {
     jobs: VecDeque<T>,
+    /// The rows of the queued jobs.
+    rows: usize,
     /// Sessions asleep with nothing to do, the most recent last (woken first: its caches are warm).
     idle: Vec<usize>,
     /// Sessions waiting for company for a batch until a deadline.
@@ -70,7 +72,14 @@ struct State<T> {
     closed: bool,
 }
 
-impl<T> State<T> {
+impl<T: Rows> State<T> {
+    /// The first job in line.
+    fn pop(&mut self) -> Option<T> {
+        let job = self.jobs.pop_front()?;
+        self.rows -= job.rows();
+        Some(job)
+    }
+
     /// Sessions neither asleep nor gone: each takes what is queued before it sleeps.
     fn awake(&self) -> usize {
         self.alive - self.idle.len() - self.gathering.len()
@@ -87,14 +96,20 @@ pub struct Dispatch<T> {
     len: AtomicUsize,
     /// An exponentially weighted average of the sessions' recent run times, in nanoseconds.
     run_ns: AtomicU64,
+    /// Rows one session takes in a batch: a backlog of more than the awake sessions take in their next
+    /// batches wakes another, however fast the runs are.
+    batch_rows: usize,
 }
 
 impl<T: Rows> Dispatch<T> {
-    pub fn new(capacity: usize, workers: usize) -> Self {
+    /// A queue of at most `capacity` jobs for `workers` sessions that each take up to `batch_rows` rows
+    /// in a batch.
+    pub fn new(capacity: usize, workers: usize, batch_rows: usize) -> Self {
         let workers = workers.max(1);
         Self {
             state: Mutex::new(State {
                 jobs: VecDeque::with_capacity(capacity.min(4096)),
+                rows: 0,
                 idle: Vec::with_capacity(workers),
                 gathering: Vec::with_capacity(workers),
                 woken: vec![false; workers],
@@ -106,7 +121,13 @@ impl<T: Rows> Dispatch<T> {
             capacity,
             len: AtomicUsize::new(0),
             run_ns: AtomicU64::new(0),
+            batch_rows: batch_rows.max(1),
         }
+    }
+
+    /// Rows one session takes in a batch at most.
+    pub fn batch_rows(&self) -> usize {
+        self.batch_rows
     }
 
     /// Jobs waiting for a session now.
@@ -133,13 +154,17 @@ impl<T: Rows> Dispatch<T> {
         if s.jobs.len() >= self.capacity {
             return Err(PushError::Full(job));
         }
+        s.rows += job.rows();
         s.jobs.push_back(job);
         self.len.store(s.jobs.len(), Relaxed);
         let wake = if let Some(w) = s.gathering.pop() {
             Some(w)
         } else if s.searching {
             None
-        } else if s.awake() == 0 || self.run_ns.load(Relaxed) > WAKE_WORTH.as_nanos() as u64 {
+        } else if s.awake() == 0
+            || self.run_ns.load(Relaxed) > WAKE_WORTH.as_nanos() as u64
+            || s.rows > s.awake() * self.batch_rows
+        {
             s.idle.pop()
         } else {
             None
@@ -179,7 +204,7 @@ impl<T: Rows> Dispatch<T> {
     pub fn next(&self, me: usize, max_rows: usize, batch: &mut Vec<T>) -> bool {
         let mut s = self.lock();
         loop {
-            if let Some(first) = s.jobs.pop_front() {
+            if let Some(first) = s.pop() {
                 let rows = first.rows();
                 batch.push(first);
                 self.take_share(&mut s, rows, max_rows, batch);
@@ -228,7 +253,7 @@ impl<T: Rows> Dispatch<T> {
                     return rows;
                 }
                 rows += next.rows();
-                batch.extend(s.jobs.pop_front());
+                batch.extend(s.pop());
             }
             self.len.store(s.jobs.len(), Relaxed);
             let now = Instant::now();
@@ -275,7 +300,7 @@ impl<T: Rows> Dispatch<T> {
                 break;
             }
             rows += next.rows();
-            batch.extend(s.jobs.pop_front());
+            batch.extend(s.pop());
             share -= 1;
         }
     }
@@ -291,6 +316,7 @@ impl<T: Rows> Dispatch<T> {
         if s.alive == 0 {
             s.closed = true;
             let orphans = std::mem::take(&mut s.jobs);
+            s.rows = 0;
             self.len.store(0, Relaxed);
             drop(s);
             drop(orphans);
@@ -356,7 +382,7 @@ mod tests {
 
     #[test]
     fn a_sleeping_session_is_woken_by_a_push_and_exits_when_closed() {
-        let q = Arc::new(Dispatch::new(8, 1));
+        let q = Arc::new(Dispatch::new(8, 1, 64));
         let (handle, rx) = start(&q, 0, 16);
         // Give it time to find the queue empty and sleep.
         std::thread::sleep(Duration::from_millis(50));
@@ -372,7 +398,7 @@ mod tests {
         // Pushers that pause now and then, so sessions keep falling asleep and being woken (or not) while
         // jobs arrive: a push that slipped between a session's last look and its sleep would hang here.
         let sessions = 3;
-        let q = Arc::new(Dispatch::<Job>::new(100_000, sessions));
+        let q = Arc::new(Dispatch::<Job>::new(100_000, sessions, 64));
         let (tx, rx) = mpsc::channel();
         let mut threads = Vec::new();
         for me in 0..sessions {
@@ -417,7 +443,7 @@ mod tests {
 
     #[test]
     fn a_full_queue_refuses_the_push_and_gives_the_job_back() {
-        let q = Dispatch::new(2, 1);
+        let q = Dispatch::new(2, 1, 64);
         q.push(Job(1)).expect("first");
         q.push(Job(2)).expect("second");
         match q.push(Job(7)) {
@@ -429,7 +455,7 @@ mod tests {
 
     #[test]
     fn what_was_queued_before_close_is_still_run() {
-        let q = Arc::new(Dispatch::new(8, 1));
+        let q = Arc::new(Dispatch::new(8, 1, 64));
         for rows in [1, 2, 3] {
             q.push(Job(rows)).expect("queued");
         }
@@ -443,7 +469,7 @@ mod tests {
 
     #[test]
     fn a_lone_awake_session_takes_everything_queued_that_fits() {
-        let q = Dispatch::new(16, 2);
+        let q = Dispatch::new(16, 2, 64);
         for _ in 0..5 {
             q.push(Job(1)).expect("queued");
         }
@@ -457,7 +483,7 @@ mod tests {
 
     #[test]
     fn two_awake_sessions_split_the_queue() {
-        let q = Dispatch::new(16, 2);
+        let q = Dispatch::new(16, 2, 64);
         for _ in 0..6 {
             q.push(Job(1)).expect("queued");
         }
@@ -470,7 +496,7 @@ mod tests {
 
     #[test]
     fn a_push_leaves_a_sleeping_session_asleep_while_a_fast_session_is_awake() {
-        let q = Dispatch::new(16, 2);
+        let q = Dispatch::new(16, 2, 64);
         q.lock().idle.push(1);
         q.ran(Duration::from_micros(5));
         q.push(Job(1)).expect("queued");
@@ -489,8 +515,26 @@ mod tests {
     }
 
     #[test]
+    fn a_backlog_larger_than_the_awake_sessions_take_wakes_another_however_fast_the_runs() {
+        // Without batching (a batch is one job), two jobs queued for one awake session.
+        let q = Dispatch::new(16, 2, 1);
+        q.lock().idle.push(1);
+        q.ran(Duration::from_micros(5));
+        q.push(Job(1)).expect("queued");
+        assert_eq!(
+            q.lock().idle,
+            vec![1],
+            "one job: the awake session takes it next"
+        );
+        q.push(Job(1)).expect("queued");
+        let s = q.lock();
+        assert!(s.idle.is_empty() && s.woken[1], "two: session 1 is woken");
+        assert_eq!(s.rows, 2);
+    }
+
+    #[test]
     fn a_push_wakes_a_session_when_none_is_awake() {
-        let q = Dispatch::new(16, 2);
+        let q = Dispatch::new(16, 2, 64);
         q.lock().idle.extend([0, 1]);
         q.ran(Duration::from_micros(5));
         q.push(Job(1)).expect("queued");
@@ -501,7 +545,7 @@ mod tests {
 
     #[test]
     fn when_the_last_session_is_gone_queued_jobs_are_dropped_and_pushes_refused() {
-        let q = Dispatch::new(16, 2);
+        let q = Dispatch::new(16, 2, 64);
         q.push(Job(1)).expect("queued");
         q.leave(0);
         assert_eq!(q.len(), 1, "session 1 can still take it");
@@ -512,7 +556,7 @@ mod tests {
 
     #[test]
     fn a_session_that_goes_wakes_a_sleeping_one_for_what_is_queued() {
-        let q = Dispatch::new(16, 2);
+        let q = Dispatch::new(16, 2, 64);
         q.lock().idle.push(1);
         q.ran(Duration::from_micros(5));
         q.push(Job(1)).expect("queued");
@@ -524,7 +568,7 @@ mod tests {
 
     #[test]
     fn a_gathering_session_takes_jobs_pushed_before_its_deadline() {
-        let q = Arc::new(Dispatch::new(16, 1));
+        let q = Arc::new(Dispatch::new(16, 1, 64));
         let pusher = {
             let q = q.clone();
             std::thread::spawn(move || {
@@ -544,7 +588,7 @@ mod tests {
 
     #[test]
     fn gathering_stops_at_a_job_that_does_not_fit_and_leaves_it_first_in_line() {
-        let q = Dispatch::new(16, 1);
+        let q = Dispatch::new(16, 1, 64);
         q.push(Job(5)).expect("queued");
         q.push(Job(1)).expect("queued");
         let mut batch = vec![Job(1)];
@@ -562,7 +606,7 @@ mod tests {
 
     #[test]
     fn gathering_with_nothing_queued_stops_at_the_deadline() {
-        let q = Dispatch::new(16, 1);
+        let q = Dispatch::new(16, 1, 64);
         let mut batch = vec![Job(1)];
         let started = Instant::now();
         let rows = q.gather(0, 1, 4, started + Duration::from_millis(30), &mut batch);

@@ -259,7 +259,13 @@ impl Engine {
         let info = inspect(&sessions[0], &model, device, n).map_err(load_err)?;
         trial_run(&mut sessions[0], &info, model.width).map_err(load_err)?;
         fallback_run(&mut sessions[0], &info, &model).map_err(load_err)?;
-        let queue = Arc::new(Dispatch::new(cfg.max_queue, n));
+        // Without batching, a batch is one request.
+        let batch_rows = if cfg.batching {
+            model.batching.max_batch_rows
+        } else {
+            1
+        };
+        let queue = Arc::new(Dispatch::new(cfg.max_queue, n, batch_rows));
         let mut workers = Vec::with_capacity(n);
         for (i, session) in sessions.into_iter().enumerate() {
             let worker = Worker {
@@ -573,12 +579,7 @@ impl Worker {
     fn run(mut self) {
         let queue = self.queue.clone();
         let _leave = Leave(&queue, self.index);
-        // Without batching, a batch is one request.
-        let max_rows = if self.batching {
-            self.model.batching.max_batch_rows
-        } else {
-            1
-        };
+        let max_rows = queue.batch_rows();
         let max_delay = Duration::from_micros(self.model.batching.max_delay_us);
         let mut jobs: Vec<Job> = Vec::new();
         while queue.next(self.index, max_rows, &mut jobs) {
