@@ -494,12 +494,19 @@ mod tests {
         assert_eq!(q.len(), 2);
     }
 
-    #[test]
-    fn a_push_leaves_a_sleeping_session_asleep_while_a_fast_session_is_awake() {
-        let q = Dispatch::new(16, 2, 64);
+    /// Two sessions taking `batch_rows` rows a batch: 0 awake with fast recent runs, 1 asleep; one job
+    /// pushed.
+    fn one_job_for_a_fast_awake_session(batch_rows: usize) -> Dispatch<Job> {
+        let q = Dispatch::new(16, 2, batch_rows);
         q.lock().idle.push(1);
         q.ran(Duration::from_micros(5));
         q.push(Job(1)).expect("queued");
+        q
+    }
+
+    #[test]
+    fn a_push_leaves_a_sleeping_session_asleep_while_a_fast_session_is_awake() {
+        let q = one_job_for_a_fast_awake_session(64);
         assert_eq!(
             q.lock().idle,
             vec![1],
@@ -517,10 +524,7 @@ mod tests {
     #[test]
     fn a_backlog_larger_than_the_awake_sessions_take_wakes_another_however_fast_the_runs() {
         // Without batching (a batch is one job), two jobs queued for one awake session.
-        let q = Dispatch::new(16, 2, 1);
-        q.lock().idle.push(1);
-        q.ran(Duration::from_micros(5));
-        q.push(Job(1)).expect("queued");
+        let q = one_job_for_a_fast_awake_session(1);
         assert_eq!(
             q.lock().idle,
             vec![1],
