@@ -16,8 +16,9 @@
 //!   once, each on its own condition variable.
 //! - A push wakes a sleeping session only when no session is awake to take the job, when the awake ones
 //!   are expected to stay busy for longer than waking another costs (their recent run time is over
-//!   [`WAKE_WORTH`]), or when more rows are queued than the awake sessions take in their next batches. An awake session takes what was queued while it ran, so a fast model under load is
-//!   served by few sessions in batches, and a slow one gets every session it has.
+//!   [`WAKE_WORTH`]), or when more rows are queued than the awake sessions take in their next batches.
+//!   An awake session takes what was queued while it ran, so a fast model under load is served by few
+//!   sessions in batches, and a slow one gets every session it has.
 //! - An awake session takes its share of the queue in one step: what is queued divided among the sessions
 //!   that are awake, up to the room left in its batch.
 //! - A session that is gathering a batch for `max_delay_us` is woken by every push, as it waits for company.
@@ -72,14 +73,7 @@ struct State<T> {
     closed: bool,
 }
 
-impl<T: Rows> State<T> {
-    /// The first job in line.
-    fn pop(&mut self) -> Option<T> {
-        let job = self.jobs.pop_front()?;
-        self.rows -= job.rows();
-        Some(job)
-    }
-
+impl<T> State<T> {
     /// Sessions neither asleep nor gone: each takes what is queued before it sleeps.
     fn awake(&self) -> usize {
         self.alive - self.idle.len() - self.gathering.len()
@@ -137,6 +131,36 @@ impl<T: Rows> Dispatch<T> {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The first job in line, if any, out of the queue and its counts.
+    fn pop(&self, s: &mut State<T>) -> Option<T> {
+        let job = s.jobs.pop_front()?;
+        s.rows -= job.rows();
+        self.len.store(s.jobs.len(), Relaxed);
+        Some(job)
+    }
+
+    /// Moves jobs from the front of the queue into `batch`, which holds `rows` rows: at most `limit` jobs,
+    /// and no job that would take the batch past `max_rows` (it stays first in line). Answers the batch's
+    /// rows, and whether a job was left because it did not fit.
+    fn take(
+        &self,
+        s: &mut State<T>,
+        mut rows: usize,
+        max_rows: usize,
+        limit: usize,
+        batch: &mut Vec<T>,
+    ) -> (usize, bool) {
+        for _ in 0..limit {
+            let Some(next) = s.jobs.front() else { break };
+            if rows + next.rows() > max_rows {
+                return (rows, true);
+            }
+            rows += next.rows();
+            batch.extend(self.pop(s));
+        }
+        (rows, false)
     }
 
     fn lock(&self) -> MutexGuard<'_, State<T>> {
@@ -204,11 +228,12 @@ impl<T: Rows> Dispatch<T> {
     pub fn next(&self, me: usize, max_rows: usize, batch: &mut Vec<T>) -> bool {
         let mut s = self.lock();
         loop {
-            if let Some(first) = s.pop() {
+            if let Some(first) = self.pop(&mut s) {
                 let rows = first.rows();
                 batch.push(first);
-                self.take_share(&mut s, rows, max_rows, batch);
-                self.len.store(s.jobs.len(), Relaxed);
+                // The session's share: what is queued divided among the sessions awake to take it.
+                let share = s.jobs.len().div_ceil(s.awake().max(1));
+                self.take(&mut s, rows, max_rows, share, batch);
                 return true;
             }
             if s.closed {
@@ -246,18 +271,10 @@ impl<T: Rows> Dispatch<T> {
     ) -> usize {
         let mut s = self.lock();
         loop {
-            while rows < max_rows {
-                let Some(next) = s.jobs.front() else { break };
-                if rows + next.rows() > max_rows {
-                    self.len.store(s.jobs.len(), Relaxed);
-                    return rows;
-                }
-                rows += next.rows();
-                batch.extend(s.pop());
-            }
-            self.len.store(s.jobs.len(), Relaxed);
+            let (taken, full) = self.take(&mut s, rows, max_rows, usize::MAX, batch);
+            rows = taken;
             let now = Instant::now();
-            if rows >= max_rows || now >= until || s.closed {
+            if full || rows >= max_rows || now >= until || s.closed {
                 return rows;
             }
             s.woken[me] = false;
@@ -286,22 +303,6 @@ impl<T: Rows> Dispatch<T> {
                 return;
             }
             std::thread::yield_now();
-        }
-    }
-
-    /// Takes the session's share of what is queued into `batch`, which holds `rows` rows: the queue divided
-    /// among the sessions awake to take it, and never past `max_rows`. A job that would not fit stays
-    /// queued, first in line.
-    fn take_share(&self, s: &mut State<T>, mut rows: usize, max_rows: usize, batch: &mut Vec<T>) {
-        let mut share = s.jobs.len().div_ceil(s.awake().max(1));
-        while share > 0 && rows < max_rows {
-            let Some(next) = s.jobs.front() else { break };
-            if rows + next.rows() > max_rows {
-                break;
-            }
-            rows += next.rows();
-            batch.extend(s.pop());
-            share -= 1;
         }
     }
 

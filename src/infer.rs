@@ -645,7 +645,7 @@ impl Worker {
             &mut self.scratch,
         );
         let infer_us = us_since(started);
-        self.queue.ran(started.elapsed());
+        self.queue.ran(Duration::from_micros(infer_us));
         match result {
             Ok(()) => {
                 let mut at = 0;
