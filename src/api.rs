@@ -382,7 +382,8 @@ async fn schema_versions(
     uri: Uri,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let (kind, name) = schema_path(&uri)?;
-    crate::registrar::list_versions(&gw, kind, &name).map(Json)
+    // The kept versions are files: read off the async workers.
+    blocking(move || crate::registrar::list_versions(&gw, kind, &name)).await
 }
 
 /// `GET /v1/schemas/{kind}/{name}/versions/{version}`.
@@ -391,7 +392,18 @@ async fn schema_version(
     uri: Uri,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let (kind, name) = schema_path(&uri)?;
-    crate::registrar::show_version(&gw, kind, &name, &path_segment(&uri, 6)).map(Json)
+    let version = path_segment(&uri, 6).into_owned();
+    blocking(move || crate::registrar::show_version(&gw, kind, &name, &version)).await
+}
+
+/// Runs `f` (file reads) on the blocking pool.
+async fn blocking(
+    f: impl FnOnce() -> Result<serde_json::Value, ApiError> + Send + 'static,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::Internal(format!("the file-reading task failed: {e}")))?
+        .map(Json)
 }
 
 /// The schema route's `Content-Type`: YAML, or JSON or text read as YAML, or none; the answer is JSON.

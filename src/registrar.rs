@@ -92,6 +92,7 @@ fn apply(
     let running = gw.registry();
     let schemas_dir = gw.config.registry.schemas.as_path();
     let models_dir = gw.config.registry.models.as_path();
+    let mut version_file = None;
     let (body, removed, rollback, expect) = match action {
         Action::Put { kind, name, body } => (Some(body), Vec::new(), false, Some((kind, name))),
         Action::Post { body } => (Some(body), Vec::new(), false, None),
@@ -107,6 +108,7 @@ fn apply(
             version,
         } => {
             let text = read_version(schemas_dir, &running, kind, &name, version)?;
+            version_file = Some(kept_file(schemas_dir, kind, &name, version));
             (Some(text), Vec::new(), true, Some((kind, name)))
         }
     };
@@ -125,6 +127,22 @@ fn apply(
             .iter()
             .map(|(k, n)| format!("{} `{n}`", k.as_str()))
             .collect();
+        if rollback {
+            // Only a kept file edited by hand can hold another document.
+            return Err(ApiError::Conflict {
+                code: "kept_version_mismatch",
+                message: format!(
+                    "the kept file of this version ({}) holds {}, not the {} `{name}`: it was edited by hand",
+                    version_file.map_or_else(String::new, |p| p.display().to_string()),
+                    if sent.is_empty() {
+                        "no document with a kind and a name".to_owned()
+                    } else {
+                        sent.join(", ")
+                    },
+                    kind.as_str()
+                ),
+            });
+        }
         return Err(ApiError::Invalid {
             code: "schema_mismatch",
             message: format!(
@@ -716,9 +734,16 @@ fn cut(text: &str) -> Option<FileText> {
     })
 }
 
+/// A `---` line that starts a document and holds nothing else (a comment at most). YAML also lets a
+/// document begin on its marker line (`--- {kind: model, ...}`, `--- |`): such a line is not cut at,
+/// so the text is not edited piece by piece, and its content is never dropped with the marker.
 fn is_marker(line: &str) -> bool {
     let line = line.trim_end_matches(['\n', '\r']);
-    line == "---" || line.starts_with("--- ") || line.starts_with("---\t")
+    line.strip_prefix("---").is_some_and(|rest| {
+        let after = rest.trim_start_matches([' ', '\t']);
+        rest.is_empty()
+            || (after.len() < rest.len() && (after.is_empty() || after.starts_with('#')))
+    })
 }
 
 fn parse_all(text: &str) -> Option<Vec<serde_yaml::Value>> {
@@ -1103,7 +1128,8 @@ fn read_version(
 ) -> Result<String, ApiError> {
     versioned(kind, name)?;
     let path = kept_file(schemas_dir, kind, name, version);
-    match std::fs::read_to_string(&path) {
+    // Kept files are schema files: the same size limit as the schemas folder's.
+    match crate::config::read_text_file(&path, 16 << 20) {
         Ok(text) => Ok(text),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let kept = versions(schemas_dir, kind, name);
@@ -1214,12 +1240,16 @@ pub fn show_version(
     let (document, file) =
         match read_version(&gw.config.registry.schemas, &registry, kind, name, version) {
             Ok(text) => {
-                let value: serde_yaml::Value = serde_yaml::from_str(&text).map_err(|e| {
-                    ApiError::Internal(format!(
-                        "kept version {version} of `{name}` is not readable: {e}"
-                    ))
-                })?;
                 let file = kept_file(&gw.config.registry.schemas, kind, name, version);
+                // A kept file is edited by hand at times: name it, and what is wrong with it.
+                let value: serde_yaml::Value =
+                    serde_yaml::from_str(&text).map_err(|e| ApiError::Conflict {
+                        code: "kept_version_unreadable",
+                        message: format!(
+                            "kept version {version} of `{name}` ({}) is not valid YAML: {e}",
+                            file.display()
+                        ),
+                    })?;
                 (value, file)
             }
             Err(e) => match from_registry {
@@ -1371,5 +1401,33 @@ mod tests {
             Some("kind: view\nname: b\n")
         );
         assert!(cut("a: |\n  ---\n  b\n").is_some_and(|c| c.pieces.len() == 1));
+    }
+
+    #[test]
+    fn a_document_that_begins_on_its_marker_line_keeps_its_content() {
+        // A flow mapping on the `---` line is the whole document: dropping the line with the marker
+        // would write an empty file (or, in a shared file, delete the document).
+        let one = r#"--- {"kind": "entity", "name": "a", "key": "a_id"}"#;
+        let texts = submitted_texts(one).unwrap_or_default();
+        let text = texts
+            .get(&(Kind::Entity, "a".to_owned()))
+            .map(|s| s.text.clone())
+            .unwrap_or_default();
+        let back: serde_yaml::Value = serde_yaml::from_str(&text).expect("parses");
+        assert_eq!(
+            back.get("key").and_then(|v| v.as_str()),
+            Some("a_id"),
+            "{text:?}"
+        );
+        // In a file of several documents such a line is not cut at: the file is not edited piece by
+        // piece rather than edited wrongly.
+        let shared = format!("kind: entity\nname: b\n{one}\n");
+        assert!(cut(&shared).is_none());
+        for marker in ["---", "--- ", "---\t# c", "--- # c", "---\r\n"] {
+            assert!(is_marker(marker), "{marker:?}");
+        }
+        for content in ["--- {}", "--- |", "--- !tag", "----", "---a"] {
+            assert!(!is_marker(content), "{content:?}");
+        }
     }
 }

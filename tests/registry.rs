@@ -203,6 +203,37 @@ async fn a_new_view_version_is_served_at_once_kept_and_rolled_back() {
         )
         .await;
     assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
+
+    // A kept file edited by hand: named in a 409, and nothing changes.
+    std::fs::write(kept.join("2.yaml"), "kind: view\nname: [unclosed\n").expect("edit");
+    let r = app.get("/v1/schemas/views/user_profile/versions/2").await;
+    assert_eq!(r.status, 409, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.code(), "kept_version_unreadable");
+    assert!(String::from_utf8_lossy(&r.body).contains("2.yaml"));
+    let other = edit(
+        &schema_file("user_profile.yaml"),
+        "name: user_profile",
+        "name: someone_else",
+    );
+    std::fs::write(kept.join("2.yaml"), other).expect("edit");
+    let r = app
+        .post_json(
+            "/v1/schemas/views/user_profile/rollback",
+            &json!({"version": 2}),
+        )
+        .await;
+    assert_eq!(r.status, 409, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.code(), "kept_version_mismatch");
+    let message = r.json()["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        message.contains("2.yaml") && message.contains("someone_else"),
+        "{message}"
+    );
+    let j = ok(&app.get("/v1/schemas/views/user_profile").await);
+    assert_eq!(j["version"], 1);
 }
 
 /// A document registered again at its running version (only what may change without a new version
