@@ -70,7 +70,8 @@ pub struct Report {
     /// Batches written but not announced to the other replicas (they see the rows within `cache.ttl`).
     pub unannounced: usize,
     /// Why the load stopped reading before the end of the file: the store failed
-    /// [`GIVE_UP_AFTER`] batches in a row (a full disk, a store gone for good).
+    /// [`GIVE_UP_AFTER`] batches in a row (a full disk, a store gone for good), the file could not be
+    /// read on, or the load was interrupted.
     pub gave_up: Option<String>,
     /// The first line of the last batch (in file order) that was written.
     last_written_line: usize,
@@ -88,7 +89,8 @@ pub struct FailedBatch {
     pub rows: usize,
     pub reason: String,
     /// The store did not answer in time: the batch may have been written all the same (the store
-    /// announces its keys to the replicas, in case). Re-running the load for these lines is safe.
+    /// announces its keys to the replicas, in case), and later rows of its keys are not sent in this load.
+    /// Loading the file again from this batch's first line on is safe.
     pub unconfirmed: bool,
 }
 
@@ -363,12 +365,12 @@ pub async fn load_until<R: BufRead>(
     writer.finish(&mut report).await;
     // Batches finish in any order; they are listed in the file's.
     report.failed.sort_by_key(|b| b.first_line);
+    // A file that cannot be read on (a device error, a CSV quote never closed) still gets its report:
+    // the batches that failed before it are in there, and nothing the load did goes unsaid.
     if let Some(e) = stopped {
-        anyhow::bail!(
-            "cannot read past line {last_read}: {e} ({} rows before it were written, {} rejected)",
-            report.written,
-            report.rejected_rows
-        );
+        report.gave_up = Some(format!(
+            "cannot read past line {last_read}: {e}; the rest of the file was not read"
+        ));
     }
     Ok(report)
 }
@@ -385,6 +387,10 @@ struct Writer<'a> {
     ttl: Option<Duration>,
     in_flight: futures::stream::FuturesUnordered<crate::store::BoxFuture<'a, BatchDone>>,
     writing: std::collections::HashSet<String>,
+    /// Keys of batches that timed out, with those batches' lines. Such a batch may still be applied
+    /// (Redis keeps it queued for the reconnection), so a later row of one of its keys is not sent:
+    /// the older row could land over it.
+    doubtful: std::collections::HashMap<String, (usize, usize)>,
 }
 
 impl<'a> Writer<'a> {
@@ -394,6 +400,7 @@ impl<'a> Writer<'a> {
             ttl,
             in_flight: futures::stream::FuturesUnordered::new(),
             writing: std::collections::HashSet::new(),
+            doubtful: std::collections::HashMap::new(),
         }
     }
 
@@ -401,6 +408,22 @@ impl<'a> Writer<'a> {
         let overlaps = b.writes.iter().any(|(k, _)| self.writing.contains(k));
         while (overlaps && !self.in_flight.is_empty()) || self.in_flight.len() >= IN_FLIGHT {
             self.next(report).await;
+        }
+        let late = b.writes.iter().find_map(|(k, _)| self.doubtful.get(k));
+        if let Some(&(first, last)) = late {
+            report.tally(
+                b.first_line,
+                Err(FailedBatch {
+                    first_line: b.first_line,
+                    last_line: b.last_line,
+                    rows: b.writes.len(),
+                    reason: format!(
+                        "not sent: it writes keys of lines {first}-{last}, whose batch timed out and may still be applied over it"
+                    ),
+                    unconfirmed: false,
+                }),
+            );
+            return;
         }
         self.writing.extend(b.writes.iter().map(|(k, _)| k.clone()));
         self.in_flight
@@ -418,8 +441,15 @@ impl<'a> Writer<'a> {
     }
 
     fn done(&mut self, (keys, first_line, r): BatchDone, report: &mut Report) {
-        for k in &keys {
-            self.writing.remove(k);
+        let timed_out = match &r {
+            Err(f) if f.unconfirmed => Some((f.first_line, f.last_line)),
+            _ => None,
+        };
+        for k in keys {
+            self.writing.remove(&k);
+            if let Some(lines) = timed_out {
+                self.doubtful.insert(k, lines);
+            }
         }
         report.tally(first_line, r);
     }
@@ -485,7 +515,10 @@ fn json_rows<R: BufRead>(mut reader: R) -> impl Iterator<Item = std::io::Result<
                 Err(e) => return Some(Err(e)),
             }
             line += 1;
-            if buf.len() > MAX_LINE_BYTES {
+            // The newline is not part of the row: a row of exactly the limit is read whole, newline
+            // and all, and must neither be refused nor take the next line with it.
+            let ended = buf.last() == Some(&b'\n');
+            if buf.len() - usize::from(ended) > MAX_LINE_BYTES {
                 // Skip the rest of the line without holding it.
                 if let Err(e) = reader.skip_until(b'\n') {
                     return Some(Err(e));
@@ -1108,6 +1141,8 @@ mod tests {
         writes: Arc<std::sync::atomic::AtomicUsize>,
         first_late: bool,
         full: bool,
+        /// The first write answers [`StoreError::Timeout`] (and is not applied here).
+        first_times_out: bool,
     }
 
     impl TestStore {
@@ -1118,6 +1153,7 @@ mod tests {
                 writes: Default::default(),
                 first_late,
                 full: false,
+                first_times_out: false,
             };
             (dir, store)
         }
@@ -1140,8 +1176,13 @@ mod tests {
             writes: Writes,
             ttl: Option<Duration>,
         ) -> crate::store::BoxFuture<'_, Result<(), StoreError>> {
-            let late = self.writes.fetch_add(1, Relaxed) == 0 && self.first_late;
+            let first = self.writes.fetch_add(1, Relaxed) == 0;
+            let late = first && self.first_late;
+            let times_out = first && self.first_times_out;
             Box::pin(async move {
+                if times_out {
+                    return Err(StoreError::Timeout);
+                }
                 if self.full {
                     return Err(StoreError::Io("No space left on device".to_owned()));
                 }
@@ -1216,6 +1257,35 @@ mod tests {
             "every row read before the stop is written"
         );
         assert!(report.failed.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_later_row_of_a_key_whose_batch_timed_out_is_not_sent() {
+        let (_dir, mut store) = TestStore::open(false);
+        store.first_times_out = true;
+        // Batch 1 times out; batch 2 rewrites its keys; batch 3 has keys of its own.
+        let file: String = (0..BATCH)
+            .map(|i| format!("{{\"user_id\": \"u{i}\", \"age\": 1}}\n"))
+            .chain((0..BATCH).map(|i| format!("{{\"user_id\": \"u{i}\", \"age\": 2}}\n")))
+            .chain((0..BATCH).map(|i| format!("{{\"user_id\": \"v{i}\", \"age\": 3}}\n")))
+            .collect();
+        let report = load_users(&store, file.as_bytes(), false)
+            .await
+            .expect("load");
+        assert_eq!(report.failed.len(), 2, "{:?}", report.failed);
+        let (timed_out, held) = (&report.failed[0], &report.failed[1]);
+        assert!(timed_out.unconfirmed && timed_out.first_line == 1);
+        assert!(!held.unconfirmed, "{held:?}");
+        assert_eq!((held.first_line, held.last_line), (BATCH + 1, 2 * BATCH));
+        assert!(
+            held.reason
+                .contains(&format!("keys of lines 1-{BATCH}, whose batch timed out")),
+            "{}",
+            held.reason
+        );
+        assert_eq!(report.written, BATCH);
+        assert_eq!(age_of(&store.inner, "u0").await, None);
+        assert_eq!(age_of(&store.inner, "v0").await, Some(Value::Int(3)));
     }
 
     #[tokio::test]
@@ -1316,6 +1386,27 @@ mod tests {
         assert_eq!(age_of(&store, "b").await, Some(Value::Int(3)));
     }
 
+    #[tokio::test]
+    async fn a_line_of_exactly_the_limit_loads_and_so_does_the_next() {
+        let (_dir, store) = store();
+        let head = "{\"user_id\": \"a\", \"country\": \"";
+        let tail = "\"}";
+        let pad = MAX_LINE_BYTES - head.len() - tail.len();
+        let mut file = format!("{head}{}{tail}\n", "x".repeat(pad));
+        assert_eq!(file.len(), MAX_LINE_BYTES + 1);
+        file.push_str("{\"user_id\": \"b\", \"age\": 3}\n");
+        let report = load_users(&store, file.as_bytes(), false)
+            .await
+            .expect("load");
+        assert_eq!(
+            (report.written, report.rejected_rows),
+            (2, 0),
+            "{:?}",
+            report.rejected
+        );
+        assert_eq!(age_of(&store, "b").await, Some(Value::Int(3)));
+    }
+
     /// Serves `data`, then fails as a broken disk or a cut pipe would.
     struct FailsAfter<'a> {
         data: &'a [u8],
@@ -1338,24 +1429,20 @@ mod tests {
         let (_dir, store) = store();
         let data = b"{\"user_id\": \"a\", \"age\": 1}\n{\"user_id\": \"b\", \"age\": 2}\n";
         let reader = std::io::BufReader::new(FailsAfter { data });
-        let e = load_users(&store, reader, false)
-            .await
-            .expect_err("a read error");
-        let msg = e.to_string();
+        let report = load_users(&store, reader, false).await.expect("a report");
+        let why = report.gave_up.clone().unwrap_or_default();
         assert!(
-            msg.contains("cannot read past line 2")
-                && msg.contains("device error")
-                && msg.contains("2 rows"),
-            "{msg}"
+            why.contains("cannot read past line 2") && why.contains("device error"),
+            "{why}"
         );
+        assert_eq!(report.written, 2);
         assert_eq!(age_of(&store, "b").await, Some(Value::Int(2)));
 
         let csv = b"user_id,age\na,5\n";
         let reader = std::io::BufReader::new(FailsAfter { data: csv });
-        let e = load_users(&store, reader, true)
-            .await
-            .expect_err("a read error");
-        assert!(e.to_string().contains("device error"), "{e}");
+        let report = load_users(&store, reader, true).await.expect("a report");
+        let why = report.gave_up.unwrap_or_default();
+        assert!(why.contains("device error"), "{why}");
         assert_eq!(age_of(&store, "a").await, Some(Value::Int(5)));
     }
 
@@ -1420,16 +1507,15 @@ mod tests {
         while csv.len() <= MAX_LINE_BYTES + 2 * CSV_READ_AHEAD as usize {
             csv.push_str("c,3,fr\n");
         }
-        let e = load_users(&store, csv.as_bytes(), true)
+        let report = load_users(&store, csv.as_bytes(), true)
             .await
-            .expect_err("endless row")
-            .to_string();
+            .expect("a report");
+        let e = report.gave_up.unwrap_or_default();
         assert!(
-            e.contains("line 3 is longer than 8388608 bytes")
-                && e.contains("never closed")
-                && e.contains("1 rows before it were written"),
+            e.contains("line 3 is longer than 8388608 bytes") && e.contains("never closed"),
             "{e}"
         );
+        assert_eq!(report.written, 1);
         assert_eq!(age_of(&store, "a").await, Some(Value::Int(1)));
         // A short file with the same mistake: the row reaches the end, and the message says why.
         let report = load_users(&store, "user_id,age\n\"u,1\nq,2\n".as_bytes(), true)

@@ -231,9 +231,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     report.failed.iter().partition(|b| b.unconfirmed);
                 if !unconfirmed.is_empty() {
                     eprintln!(
-                        "{}: {} batch(es) timed out (store.redis.write_timeout): they may still be applied; loading those lines again is safe",
+                        "{}: {} batch(es) timed out (store.redis.write_timeout): they may still be applied, so later rows of their keys were not sent. Once Redis answers in time, load the file again from line {} on: that writes each key's last row last",
                         file.display(),
-                        unconfirmed.len()
+                        unconfirmed.len(),
+                        unconfirmed[0].first_line
                     );
                 }
                 if report.unannounced > 0 {
@@ -252,7 +253,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     rows(&not_written),
                     rows(&unconfirmed)
                 );
-                failed |= report.rejected_rows > 0 || !report.failed.is_empty();
+                failed |= report.rejected_rows > 0
+                    || !report.failed.is_empty()
+                    || report.gave_up.is_some();
             }
             // Closed here, while the runtime still runs: closing from the store's drop as the process
             // exits is cut short, and fred warns about it.
