@@ -284,6 +284,8 @@ impl Engine {
                 .name(format!("infer-{}-{i}", model.name))
                 .spawn(move || worker.run())
                 .map_err(|e| {
+                    // The sessions already started would wait on the queue for ever: let them end.
+                    queue.close();
                     InferError::Runtime(format!("cannot start an inference thread: {e}"))
                 })?;
             workers.push(handle);
