@@ -671,6 +671,7 @@ pub(crate) async fn exclusive<R: Send + 'static>(
         .map_err(|e| ApiError::Internal(format!("schema {what}s stopped: {e}")))?;
     let gone = Arc::new(AtomicBool::new(false));
     let _abandoned = Abandoned(gone.clone());
+    let (catalog, telemetry) = (gw.catalog.clone(), gw.telemetry.clone());
     tokio::task::spawn_blocking(move || {
         let _turn = turn;
         if gone.load(Relaxed) {
@@ -678,7 +679,12 @@ pub(crate) async fn exclusive<R: Send + 'static>(
                 "the request ended before its turn".to_owned(),
             ));
         }
-        job(env, &gone)
+        let out = job(env, &gone);
+        // A change that was refused after its models were started leaves their counters behind, and a
+        // deleted model's stay too: only running models are reported.
+        let running = catalog.load();
+        telemetry.retain_models(|name| running.engines.contains_key(name));
+        out
     })
     .await
     .map_err(|e| ApiError::Internal(format!("the schema {what} failed: {e}")))?

@@ -602,6 +602,11 @@ impl Telemetry {
             .clone()
     }
 
+    /// Forgets the counters of the models `running` says no to (refused or deleted ones).
+    pub fn retain_models(&self, running: impl Fn(&str) -> bool) {
+        self.models.write().retain(|name, _| running(name));
+    }
+
     pub fn model(&self, model: &str) -> Arc<ModelStats> {
         if let Some(m) = self.models.read().get(model) {
             return m.clone();

@@ -376,6 +376,36 @@ async fn refused_changes_leave_the_gateway_and_the_files_as_they_were() {
     let outside = edit(&outside, "version: 1", "version: 2");
     let r = put(&app, "/v1/schemas/models/ctr", &outside).await;
     assert_eq!(r.status, 422, "{}", String::from_utf8_lossy(&r.body));
+    // New models refused once their sessions were tried leave no counters behind.
+    let renamed = |name: &str| {
+        edit(
+            &schema_file("ctr.yaml"),
+            "name: ctr",
+            &format!("name: {name}"),
+        )
+    };
+    let ghosts = [
+        (
+            "ctr_ghost",
+            edit(&renamed("ctr_ghost"), "file: ctr.onnx", "file: ghost.onnx"),
+        ),
+        (
+            "ctr_wrong",
+            edit(&renamed("ctr_wrong"), "outputs: [score]", "outputs: [nope]"),
+        ),
+    ];
+    for (name, text) in &ghosts {
+        let r = put(&app, &format!("/v1/schemas/models/{name}"), text).await;
+        assert_eq!(r.status, 422, "{}", String::from_utf8_lossy(&r.body));
+    }
+    let stats = ok(&app.get("/v1/stats").await);
+    let models: Vec<&String> = stats["models"]
+        .as_object()
+        .map(|m| m.keys().collect())
+        .unwrap_or_default();
+    assert_eq!(models, ["ctr"], "{stats}");
+    let metrics = String::from_utf8_lossy(&app.get("/metrics").await.body).into_owned();
+    assert!(!metrics.contains("ctr_ghost") && !metrics.contains("ctr_wrong"));
     // Unknown names and kinds.
     let r = delete(&app, "/v1/schemas/models/nope").await;
     assert_eq!((r.status, r.code().as_str()), (404, "unknown_model"));
