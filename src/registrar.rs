@@ -165,6 +165,34 @@ fn apply(
         });
     }
 
+    // A document added again after it was deleted keeps its history: its kept versions stay readable
+    // and versions go on above them, so one number never names two bindings.
+    for c in &proposal.changes {
+        let (Some(version), None) = (c.version, c.running_version) else {
+            continue;
+        };
+        let kept = versions(schemas_dir, c.kind, &c.name);
+        let Some(&highest) = kept.last() else {
+            continue;
+        };
+        let same_as_kept = proposal
+            .registry
+            .document(c.kind, &c.name)
+            .is_some_and(|d| kept_holds(schemas_dir, c.kind, &c.name, &d.body));
+        if version <= highest && !same_as_kept {
+            return Err(ApiError::Conflict {
+                code: "version_kept",
+                message: format!(
+                    "version: {} `{}` was registered before, up to version {highest} (kept in {}), and version {version} would name another document: versions only go up, so register it as version {} or more, or roll back to a kept version",
+                    c.kind.as_str(),
+                    c.name,
+                    kept_dir(schemas_dir, c.kind, &c.name).display(),
+                    highest + 1
+                ),
+            });
+        }
+    }
+
     let reload = if gw.config.registry.reload_interval.is_zero() {
         "restart to load it, then register"
     } else {

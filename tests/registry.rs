@@ -527,6 +527,46 @@ async fn models_are_added_deleted_and_restored_and_shared_files_keep_their_other
         ok(&app.predict("ctr_twin", &predict).await)["outputs"],
         scores
     );
+    // Deleted again and added back under its old version with another binding: refused, since
+    // version 1 is kept and names the first one.
+    ok(&delete(&app, "/v1/schemas/models/ctr_twin").await);
+    let kept_v1 = dir.path().join(".versions/model/ctr_twin/1.yaml");
+    let kept_text = std::fs::read_to_string(&kept_v1).expect("kept v1");
+    let rebound = edit(&twin, "mean: 40, std: 12", "mean: 10, std: 3");
+    let r = put(&app, "/v1/schemas/models/ctr_twin", &rebound).await;
+    assert_eq!(
+        (r.status, r.code().as_str()),
+        (409, "version_kept"),
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("as version 2 or more"),
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    assert_eq!(
+        std::fs::read_to_string(&kept_v1).expect("kept v1"),
+        kept_text
+    );
+    // Under a new version it is added, and both versions stay readable.
+    let rebound = edit(&rebound, "version: 1", "version: 2");
+    assert_eq!(
+        ok(&put(&app, "/v1/schemas/models/ctr_twin", &rebound).await)["documents"][0]["version"],
+        2
+    );
+    assert_eq!(
+        std::fs::read_to_string(&kept_v1).expect("kept v1"),
+        kept_text
+    );
+    let j = ok(&app.get("/v1/schemas/models/ctr_twin/versions").await);
+    assert_eq!(
+        j["versions"],
+        json!([{"version": 1, "running": false}, {"version": 2, "running": true}])
+    );
 
     // An entity in a file of two: the other document and the file's comments stay as written.
     let entities = schema_file("entities.yaml");
