@@ -125,38 +125,41 @@ pub fn parse_row(
     limits: &LimitsConfig,
 ) -> Result<(String, Record), RowError> {
     let entity = &view.entity;
+    // Every problem with the key names the key's field.
+    let key_error = |reason: String| RowError {
+        field: Some(entity.name.to_string()),
+        reason,
+    };
     let raw_key = row
         .get(&entity.name)
-        .ok_or_else(|| format!("missing the entity key `{}`", entity.name))?;
+        .ok_or_else(|| key_error(format!("missing the entity key `{}`", entity.name)))?;
     let k = match raw_key {
         serde_json::Value::String(s) => EntityKey::Str(s.as_str().into()),
         serde_json::Value::Number(n) if n.is_i64() => {
             EntityKey::Int(n.as_i64().unwrap_or_default())
         }
         serde_json::Value::Number(n) if n.is_u64() => {
-            return Err(format!(
+            return Err(key_error(format!(
                 "`{}` {n} is past the int64 range of integer entity keys (write it as a string if it is an id)",
                 entity.name
-            )
-            .into());
+            )));
         }
         serde_json::Value::Number(n) => {
-            return Err(format!(
+            return Err(key_error(format!(
                 "`{}` must be a string or an integer, got {n}, which is not an integer",
                 entity.name
-            )
-            .into());
+            )));
         }
         other => {
-            return Err(format!(
+            return Err(key_error(format!(
                 "`{}` must be a string or an integer, got {}",
                 entity.name,
                 excerpt(&other.to_string())
-            )
-            .into());
+            )));
         }
     };
-    let entity_key = key_string(entity, &k, &entity.name, limits).map_err(|e| e.to_string())?;
+    let entity_key =
+        key_string(entity, &k, &entity.name, limits).map_err(|e| key_error(e.to_string()))?;
     let event_ts_ms = event_timestamp(row, now_ms).map_err(|reason| RowError {
         field: Some(EVENT_TIMESTAMP.to_owned()),
         reason,

@@ -811,6 +811,24 @@ async fn bad_requests_get_documented_errors_and_the_gateway_keeps_serving() {
             field: Some("rows[0].bogus"),
         },
         Case {
+            name: "a row without its entity key",
+            path: "/v1/views/user_profile/rows",
+            content_type: "application/json",
+            body: j(json!({"rows": [{"age": 1}]})),
+            status: 400,
+            code: "invalid_row",
+            field: Some("rows[0].user_id"),
+        },
+        Case {
+            name: "a row whose entity key is not a string or an integer",
+            path: "/v1/views/user_profile/rows",
+            content_type: "application/json",
+            body: j(json!({"rows": [{"user_id": [1], "age": 1}]})),
+            status: 400,
+            code: "invalid_row",
+            field: Some("rows[0].user_id"),
+        },
+        Case {
             name: "an entity key given twice in a row",
             path: "/v1/views/user_profile/rows",
             content_type: "application/json",
@@ -1721,4 +1739,12 @@ async fn transfer_codings_other_than_chunked_are_refused_by_name() {
             );
         }
     }
+    // Those are the caller's to change: counted as rejected, not as the gateway's errors.
+    let stats = app.get("/v1/stats").await.json();
+    let ctr = &stats["models"]["ctr"];
+    assert_eq!(
+        (ctr["errors"].as_u64(), ctr["rejected"].as_u64()),
+        (Some(0), Some(3)),
+        "{ctr}"
+    );
 }
