@@ -438,7 +438,9 @@ impl CountHistogram {
 impl ModelStats {
     /// Counts a request that failed with `status`: a rejection (4xx) or an error (5xx).
     pub fn failed(&self, status: axum::http::StatusCode) {
-        if status.is_client_error() {
+        // 501 answers a transfer coding the caller chose and the gateway does not take: the caller's
+        // to change, like a 4xx, not a fault of the gateway.
+        if status.is_client_error() || status == axum::http::StatusCode::NOT_IMPLEMENTED {
             self.rejected.fetch_add(1, Relaxed);
         } else {
             self.errors.fetch_add(1, Relaxed);
