@@ -71,10 +71,25 @@ impl EmbeddedStore {
             // a first `hydrant load` it is what was meant.
             tracing::info!(path = %path.display(), "created a new, empty embedded store");
         }
-        // Create the table up front so reads never see "table does not exist".
+        // Create the table up front so reads never see "table does not exist". Records past their
+        // `key_ttl` are only hidden on read; they are removed here, at each start and each load, so the
+        // file does not keep them for ever (Redis drops them itself).
         let tx = db.begin_write()?;
-        tx.open_table(RECORDS)?;
+        let removed = {
+            let mut table = tx.open_table(RECORDS)?;
+            let now = now_ms();
+            let mut removed = 0u64;
+            table.retain(|_, (expires, _)| {
+                let keep = expires == 0 || expires > now;
+                removed += u64::from(!keep);
+                keep
+            })?;
+            removed
+        };
         tx.commit()?;
+        if removed > 0 {
+            tracing::info!(path = %path.display(), removed, "removed expired records (store.key_ttl) from the embedded store");
+        }
         Ok(Self { db: Arc::new(db) })
     }
 
@@ -144,6 +159,8 @@ impl Store for EmbeddedStore {
 
 #[cfg(test)]
 mod tests {
+    use redb::ReadableTableMetadata;
+
     use super::*;
 
     #[tokio::test]
@@ -185,5 +202,50 @@ mod tests {
         .expect("write");
         tokio::time::sleep(Duration::from_millis(5)).await;
         assert_eq!(s.get_many(&["k".into()]).await.expect("read"), vec![None]);
+    }
+
+    #[tokio::test]
+    async fn expired_records_leave_the_file_when_it_is_opened_again() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s.redb");
+        let records = |s: &EmbeddedStore| {
+            let tx = s.db.begin_read().expect("read");
+            tx.open_table(RECORDS).expect("table").len().expect("len")
+        };
+        {
+            let s = EmbeddedStore::open(&path).expect("open");
+            s.put_many(
+                vec![("short".into(), b"x".to_vec())],
+                Some(Duration::from_millis(1)),
+            )
+            .await
+            .expect("write");
+            s.put_many(
+                vec![
+                    ("long".into(), b"y".to_vec()),
+                    ("also".into(), b"z".to_vec()),
+                ],
+                Some(Duration::from_secs(3600)),
+            )
+            .await
+            .expect("write");
+            s.put_many(vec![("kept".into(), b"w".to_vec())], None)
+                .await
+                .expect("write");
+            assert_eq!(records(&s), 4);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let s = EmbeddedStore::open(&path).expect("reopen");
+        assert_eq!(records(&s), 3, "the expired record is gone from the file");
+        let keys = ["short".into(), "long".into(), "also".into(), "kept".into()];
+        assert_eq!(
+            s.get_many(&keys).await.expect("read"),
+            vec![
+                None,
+                Some(b"y".to_vec()),
+                Some(b"z".to_vec()),
+                Some(b"w".to_vec())
+            ]
+        );
     }
 }
