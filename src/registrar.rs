@@ -92,15 +92,15 @@ fn apply(
     let running = gw.registry();
     let schemas_dir = gw.config.registry.schemas.as_path();
     let models_dir = gw.config.registry.models.as_path();
-    let mut version_file = None;
-    let (body, removed, rollback, expect) = match action {
-        Action::Put { kind, name, body } => (Some(body), Vec::new(), false, Some((kind, name))),
-        Action::Post { body } => (Some(body), Vec::new(), false, None),
+    // `rolled_back`: the kept file a rollback registers again.
+    let (body, removed, rolled_back, expect) = match action {
+        Action::Put { kind, name, body } => (Some(body), Vec::new(), None, Some((kind, name))),
+        Action::Post { body } => (Some(body), Vec::new(), None, None),
         Action::Delete { kind, name } => {
             if running.document(kind, &name).is_none() {
                 return Err(not_registered(&running, kind, &name));
             }
-            (None, vec![(kind, name)], false, None)
+            (None, vec![(kind, name)], None, None)
         }
         Action::Rollback {
             kind,
@@ -108,14 +108,14 @@ fn apply(
             version,
         } => {
             let text = read_version(schemas_dir, &running, kind, &name, version)?;
-            version_file = Some(kept_file(schemas_dir, kind, &name, version));
-            (Some(text), Vec::new(), true, Some((kind, name)))
+            let file = kept_file(schemas_dir, kind, &name, version);
+            (Some(text), Vec::new(), Some(file), Some((kind, name)))
         }
     };
     let edit = Edit {
         body: body.as_deref(),
         removed: &removed,
-        rollback,
+        rollback: rolled_back.is_some(),
     };
     let proposal =
         proposal::propose(&running, &edit, models_dir).map_err(ApiError::InvalidSchema)?;
@@ -127,13 +127,13 @@ fn apply(
             .iter()
             .map(|(k, n)| format!("{} `{n}`", k.as_str()))
             .collect();
-        if rollback {
+        if let Some(file) = rolled_back {
             // Only a kept file edited by hand can hold another document.
             return Err(ApiError::Conflict {
                 code: "kept_version_mismatch",
                 message: format!(
                     "the kept file of this version ({}) holds {}, not the {} `{name}`: it was edited by hand",
-                    version_file.map_or_else(String::new, |p| p.display().to_string()),
+                    file.display(),
                     if sent.is_empty() {
                         "no document with a kind and a name".to_owned()
                     } else {
@@ -767,11 +767,14 @@ fn cut(text: &str) -> Option<FileText> {
 /// so the text is not edited piece by piece, and its content is never dropped with the marker.
 fn is_marker(line: &str) -> bool {
     let line = line.trim_end_matches(['\n', '\r']);
-    line.strip_prefix("---").is_some_and(|rest| {
-        let after = rest.trim_start_matches([' ', '\t']);
-        rest.is_empty()
-            || (after.len() < rest.len() && (after.is_empty() || after.starts_with('#')))
-    })
+    match line.strip_prefix("---") {
+        Some("") => true,
+        Some(rest) if rest.starts_with([' ', '\t']) => {
+            let after = rest.trim_start_matches([' ', '\t']);
+            after.is_empty() || after.starts_with('#')
+        }
+        _ => false,
+    }
 }
 
 fn parse_all(text: &str) -> Option<Vec<serde_yaml::Value>> {
@@ -1156,8 +1159,7 @@ fn read_version(
 ) -> Result<String, ApiError> {
     versioned(kind, name)?;
     let path = kept_file(schemas_dir, kind, name, version);
-    // Kept files are schema files: the same size limit as the schemas folder's.
-    match crate::config::read_text_file(&path, 16 << 20) {
+    match crate::config::read_text_file(&path, crate::schema::MAX_SCHEMA_FILE_BYTES) {
         Ok(text) => Ok(text),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let kept = versions(schemas_dir, kind, name);

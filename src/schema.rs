@@ -29,6 +29,9 @@ pub const EVENT_TIMESTAMP: &str = "event_timestamp";
 /// Most rows one model run may batch (`batching.max_batch_rows`).
 pub const MAX_BATCH_ROWS: usize = 100_000;
 
+/// Largest schema file read: in the schemas folder, and a kept version.
+pub const MAX_SCHEMA_FILE_BYTES: u64 = 16 << 20;
+
 /// Longest cache duration of a view (`cache.ttl`, `negative_ttl`, `max_staleness`).
 const MAX_CACHE_DURATION: Duration = Duration::from_secs(365 * 86_400);
 
@@ -527,7 +530,7 @@ impl Registry {
         let mut sources = Vec::with_capacity(files.len());
         let mut errors = Vec::new();
         for file in files {
-            match crate::config::read_text_file(&file, 16 << 20) {
+            match crate::config::read_text_file(&file, MAX_SCHEMA_FILE_BYTES) {
                 Ok(text) => sources.push((file, text)),
                 Err(e) => errors.push(SchemaError {
                     file,
