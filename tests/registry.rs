@@ -80,6 +80,11 @@ async fn delete(app: &TestApp, path: &str) -> Reply {
     send(app, reqwest::Method::DELETE, path, None).await
 }
 
+/// `POST {path}/rollback` with `body`.
+async fn rollback(app: &TestApp, path: &str, body: Json) -> Reply {
+    app.post_json(&format!("{path}/rollback"), &body).await
+}
+
 fn ok(r: &Reply) -> Json {
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     r.json()
@@ -165,12 +170,12 @@ async fn a_new_view_version_is_served_at_once_kept_and_rolled_back() {
     assert_eq!(j["version"], 2);
 
     // Rollback: version 1 again, and the rows stored under it are served again.
-    let r = app
-        .post_json(
-            "/v1/schemas/views/user_profile/rollback",
-            &json!({"version": 1}),
-        )
-        .await;
+    let r = rollback(
+        &app,
+        "/v1/schemas/views/user_profile",
+        json!({"version": 1}),
+    )
+    .await;
     let j = ok(&r);
     assert_eq!(j["documents"][0]["version"], 1);
     assert_eq!(j["documents"][0]["running_version"], 2);
@@ -182,12 +187,12 @@ async fn a_new_view_version_is_served_at_once_kept_and_rolled_back() {
         std::fs::read_to_string(dir.path().join("user_profile.yaml")).expect("file"),
         schema_file("user_profile.yaml")
     );
-    let r = app
-        .post_json(
-            "/v1/schemas/views/user_profile/rollback",
-            &json!({"version": 7}),
-        )
-        .await;
+    let r = rollback(
+        &app,
+        "/v1/schemas/views/user_profile",
+        json!({"version": 7}),
+    )
+    .await;
     assert_eq!(r.status, 404);
     assert_eq!(r.code(), "unknown_version");
     assert!(
@@ -196,12 +201,12 @@ async fn a_new_view_version_is_served_at_once_kept_and_rolled_back() {
             .unwrap_or_default()
             .contains("kept: 1, 2")
     );
-    let r = app
-        .post_json(
-            "/v1/schemas/views/user_profile/rollback",
-            &json!({"versoin": 1}),
-        )
-        .await;
+    let r = rollback(
+        &app,
+        "/v1/schemas/views/user_profile",
+        json!({"versoin": 1}),
+    )
+    .await;
     assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
 
     // A kept file edited by hand: named in a 409, and nothing changes.
@@ -216,12 +221,12 @@ async fn a_new_view_version_is_served_at_once_kept_and_rolled_back() {
         "name: someone_else",
     );
     std::fs::write(kept.join("2.yaml"), other).expect("edit");
-    let r = app
-        .post_json(
-            "/v1/schemas/views/user_profile/rollback",
-            &json!({"version": 2}),
-        )
-        .await;
+    let r = rollback(
+        &app,
+        "/v1/schemas/views/user_profile",
+        json!({"version": 2}),
+    )
+    .await;
     assert_eq!(r.status, 409, "{}", String::from_utf8_lossy(&r.body));
     assert_eq!(r.code(), "kept_version_mismatch");
     let message = r.json()["error"]["message"]
@@ -425,12 +430,12 @@ async fn refused_changes_leave_the_gateway_and_the_files_as_they_were() {
             "{path}"
         );
     }
-    let r = app
-        .post_json(
-            "/v1/schemas/models/..%2F..%2Foutside/rollback",
-            &json!({"version": 1}),
-        )
-        .await;
+    let r = rollback(
+        &app,
+        "/v1/schemas/models/..%2F..%2Foutside",
+        json!({"version": 1}),
+    )
+    .await;
     assert_eq!((r.status, r.code().as_str()), (404, "unknown_model"));
     std::fs::remove_dir_all(dir.path().join("outside")).expect("cleanup");
     // A method the route does not take says which it does.
@@ -516,12 +521,7 @@ async fn models_are_added_deleted_and_restored_and_shared_files_keep_their_other
     let j = ok(&app.get("/v1/schemas/models/ctr_twin/versions").await);
     assert_eq!(j["running_version"], Json::Null);
     // Rolled back into service.
-    let r = app
-        .post_json(
-            "/v1/schemas/models/ctr_twin/rollback",
-            &json!({"version": 1}),
-        )
-        .await;
+    let r = rollback(&app, "/v1/schemas/models/ctr_twin", json!({"version": 1})).await;
     assert_eq!(ok(&r)["documents"][0]["change"], "added");
     assert_eq!(
         ok(&app.predict("ctr_twin", &predict).await)["outputs"],
