@@ -423,6 +423,7 @@ fn yaml_type(headers: &HeaderMap) -> Result<Format, ApiError> {
     .iter()
     .any(|t| media.eq_ignore_ascii_case(t));
     if yaml {
+        crate::decode::utf8_charset(text)?;
         Ok(Format::Json)
     } else {
         Err(ApiError::UnsupportedSchemaType(text.to_owned()))
@@ -576,13 +577,13 @@ async fn v2_infer(
     let headers = req.headers();
     // The Open Inference Protocol's REST binding is JSON only.
     if let Some(ct) = headers.get(header::CONTENT_TYPE) {
-        let ct = ct.to_str().unwrap_or("");
-        if Format::parse(ct) != Some(Format::Json) {
+        let ct = String::from_utf8_lossy(ct.as_bytes());
+        if Format::parse(&ct) != Some(Format::Json) || crate::decode::utf8_charset(&ct).is_err() {
             failed(StatusCode::UNSUPPORTED_MEDIA_TYPE);
             return Err(crate::oip::OipError(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 format!(
-                    "unsupported content type `{ct}`: the V2 infer endpoint takes `application/json`"
+                    "unsupported content type `{ct}`: the V2 infer endpoint takes `application/json`, in UTF-8"
                 ),
             ));
         }

@@ -54,7 +54,12 @@ impl Format {
     pub fn of_request(headers: &HeaderMap) -> Result<Self, ApiError> {
         match content_type(headers)? {
             None => Ok(Self::Json),
-            Some(s) => Self::parse(s).ok_or_else(|| ApiError::UnsupportedMediaType(s.to_owned())),
+            Some(s) => {
+                let format =
+                    Self::parse(s).ok_or_else(|| ApiError::UnsupportedMediaType(s.to_owned()))?;
+                utf8_charset(s)?;
+                Ok(format)
+            }
         }
     }
 
@@ -528,14 +533,48 @@ impl<'de> Deserialize<'de> for EntityKey {
                     .map(EntityKey::Int)
                     .map_err(|_| E::custom("entity key out of int64 range"))
             }
+            fn visit_f64<E: de::Error>(self, f: f64) -> Result<EntityKey, E> {
+                whole_key(f).map(EntityKey::Int).map_err(E::custom)
+            }
         }
         d.deserialize_any(V)
     }
 }
 
+/// An integer key written as a float (`1e3`, or `1000.0` from an encoder that writes every number as
+/// a double), taken as the integer while float64 holds it exactly, as an int64 context value is.
+pub fn whole_key(f: f64) -> Result<i64, String> {
+    if f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0 {
+        Ok(f as i64)
+    } else if f.fract() == 0.0 && f.abs() >= 9_223_372_036_854_775_808.0 {
+        Err("entity key out of int64 range (write it as a string if it is an id)".to_owned())
+    } else if f.fract() == 0.0 {
+        Err(format!(
+            "expected an entity key (a string or an integer), got {f} written as a float: past 2^53 a float cannot tell neighbouring integers apart, so write it as an integer or a string"
+        ))
+    } else {
+        Err(format!(
+            "expected an entity key (a string or an integer), got {f}, which is not a whole number"
+        ))
+    }
+}
+
 /// One key or a list of keys (`/v1/features`).
 #[derive(Debug, Clone)]
-pub struct EntityKeys(pub Vec<EntityKey>);
+pub struct EntityKeys {
+    pub keys: Vec<EntityKey>,
+    /// Sent as one key rather than a list: an error about it names the field, not an index.
+    pub scalar: bool,
+}
+
+impl EntityKeys {
+    fn one(key: EntityKey) -> Self {
+        Self {
+            keys: vec![key],
+            scalar: true,
+        }
+    }
+}
 
 impl<'de> Deserialize<'de> for EntityKeys {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -546,21 +585,28 @@ impl<'de> Deserialize<'de> for EntityKeys {
                 f.write_str("an entity key or a list of entity keys")
             }
             fn visit_str<E: de::Error>(self, s: &str) -> Result<EntityKeys, E> {
-                Ok(EntityKeys(vec![EntityKey::Str(CompactString::from(s))]))
+                Ok(EntityKeys::one(EntityKey::Str(CompactString::from(s))))
             }
             fn visit_i64<E: de::Error>(self, i: i64) -> Result<EntityKeys, E> {
-                Ok(EntityKeys(vec![EntityKey::Int(i)]))
+                Ok(EntityKeys::one(EntityKey::Int(i)))
             }
             fn visit_u64<E: de::Error>(self, u: u64) -> Result<EntityKeys, E> {
-                EntityKey::deserialize(de::value::U64Deserializer::new(u))
-                    .map(|k| EntityKeys(vec![k]))
+                EntityKey::deserialize(de::value::U64Deserializer::new(u)).map(EntityKeys::one)
+            }
+            fn visit_f64<E: de::Error>(self, f: f64) -> Result<EntityKeys, E> {
+                whole_key(f)
+                    .map(|i| EntityKeys::one(EntityKey::Int(i)))
+                    .map_err(E::custom)
             }
             fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<EntityKeys, A::Error> {
                 let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
                 while let Some(k) = seq.next_element::<EntityKey>()? {
                     out.push(k);
                 }
-                Ok(EntityKeys(out))
+                Ok(EntityKeys {
+                    keys: out,
+                    scalar: false,
+                })
             }
         }
         d.deserialize_any(V)
@@ -1049,60 +1095,56 @@ pub struct Plan {
 pub type ViewKeys = SmallVec<[CompactString; 1]>;
 
 /// Checks a key against its entity and the limits, returning it as a string (inline up to 24 bytes).
+/// An error names `field`.
 pub fn key_string(
     entity: &Entity,
     key: &EntityKey,
     field: &dyn fmt::Display,
     limits: &LimitsConfig,
 ) -> Result<CompactString, ApiError> {
+    check_key(entity, key, limits).map_err(|reason| {
+        ApiError::invalid(
+            "invalid_entity_key",
+            field.to_string(),
+            format!("{field}: {reason}"),
+        )
+    })
+}
+
+/// [`key_string`] with the reason alone, for a caller that names the field itself (a row).
+pub fn check_key(
+    entity: &Entity,
+    key: &EntityKey,
+    limits: &LimitsConfig,
+) -> Result<CompactString, String> {
     let s = match (entity.dtype, key) {
         (Dtype::Int64, EntityKey::Int(i)) => i.to_compact_string(),
         (Dtype::Int64, EntityKey::Str(_)) => {
-            return Err(ApiError::invalid(
-                "invalid_entity_key",
-                field.to_string(),
-                format!(
-                    "{field}: entity `{}` takes int64 keys, got a string",
-                    entity.name
-                ),
+            return Err(format!(
+                "entity `{}` takes int64 keys, got a string",
+                entity.name
             ));
         }
         (_, EntityKey::Int(_)) => {
-            return Err(ApiError::invalid(
-                "invalid_entity_key",
-                field.to_string(),
-                format!(
-                    "{field}: entity `{}` takes string keys, got an integer",
-                    entity.name
-                ),
+            return Err(format!(
+                "entity `{}` takes string keys, got an integer",
+                entity.name
             ));
         }
         (_, EntityKey::Str(s)) => s.clone(),
     };
     if s.is_empty() {
-        return Err(ApiError::invalid(
-            "invalid_entity_key",
-            field.to_string(),
-            format!("{field}: the key is empty"),
-        ));
+        return Err("the key is empty".to_owned());
     }
     if s.len() > limits.max_key_bytes {
-        return Err(ApiError::invalid(
-            "invalid_entity_key",
-            field.to_string(),
-            format!(
-                "{field}: the key is {} bytes, the limit is {}",
-                s.len(),
-                limits.max_key_bytes
-            ),
+        return Err(format!(
+            "the key is {} bytes, the limit is {}",
+            s.len(),
+            limits.max_key_bytes
         ));
     }
     if s.chars().any(char::is_control) {
-        return Err(ApiError::invalid(
-            "invalid_entity_key",
-            field.to_string(),
-            format!("{field}: the key holds control characters"),
-        ));
+        return Err("the key holds control characters".to_owned());
     }
     Ok(s)
 }
@@ -1303,13 +1345,37 @@ fn unknown_entity(model: &Model, field: &str, name: &str) -> ApiError {
     )
 }
 
+/// Refuses a `charset` parameter other than UTF-8 (or its subset US-ASCII): hydrant reads every text
+/// body as UTF-8, so a UTF-16 or Latin-1 body would otherwise be misread rather than refused.
+pub fn utf8_charset(mime: &str) -> Result<(), ApiError> {
+    for param in mime.split(';').skip(1) {
+        let Some((name, value)) = param.split_once('=') else {
+            continue;
+        };
+        if !name.trim().eq_ignore_ascii_case("charset") {
+            continue;
+        }
+        let value = value.trim().trim_matches('"');
+        if !(value.eq_ignore_ascii_case("utf-8")
+            || value.eq_ignore_ascii_case("utf8")
+            || value.eq_ignore_ascii_case("us-ascii"))
+        {
+            return Err(ApiError::UnsupportedCharset(value.to_owned()));
+        }
+    }
+    Ok(())
+}
+
 /// The request's one `Content-Type` (`""` when it is not visible ASCII), `None` when it has none; two
 /// or more are refused, since which one to believe would be a guess.
 pub fn content_type(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
     let mut types = headers.get_all(header::CONTENT_TYPE).iter();
     match (types.next(), types.next()) {
         (None, _) => Ok(None),
-        (Some(v), None) => Ok(Some(v.to_str().unwrap_or(""))),
+        // A byte beyond ASCII names no media type; the error shows it as sent.
+        (Some(v), None) => v.to_str().map(Some).map_err(|_| {
+            ApiError::UnsupportedMediaType(String::from_utf8_lossy(v.as_bytes()).into_owned())
+        }),
         (Some(_), Some(_)) => Err(ApiError::ConflictingContentTypes(
             headers
                 .get_all(header::CONTENT_TYPE)
@@ -1370,14 +1436,21 @@ pub fn entity_keys(
     keys: &EntityKeys,
     limits: &LimitsConfig,
 ) -> Result<Vec<CompactString>, ApiError> {
-    if keys.0.is_empty() {
+    if keys.keys.is_empty() {
         return Err(ApiError::invalid(
             "missing_entity",
             format!("entities.{}", entity.name),
             format!("entities.{}: expected at least one key", entity.name),
         ));
     }
-    keys.0
+    if keys.scalar {
+        return keys
+            .keys
+            .iter()
+            .map(|k| key_string(entity, k, &format_args!("entities.{}", entity.name), limits))
+            .collect();
+    }
+    keys.keys
         .iter()
         .enumerate()
         .map(|(j, k)| {
@@ -1396,7 +1469,7 @@ pub fn check_key_count<'a>(
     entities: impl IntoIterator<Item = &'a EntityKeys>,
     limits: &LimitsConfig,
 ) -> Result<(), ApiError> {
-    let total: usize = entities.into_iter().map(|k| k.0.len()).sum();
+    let total: usize = entities.into_iter().map(|k| k.keys.len()).sum();
     if total > limits.max_entities {
         return Err(ApiError::TooLarge {
             code: "too_many_entities",
@@ -1636,6 +1709,55 @@ mod tests {
         .expect("msgpack");
         let req = parse_body::<PredictRequest>(Format::Msgpack, &mp).expect("msgpack");
         assert_eq!(req.options.deadline_ms, Some(40));
+    }
+
+    /// An integer key written as a float (`1e3`, or by an encoder that writes every number as a
+    /// double) is the integer while float64 holds it exactly; past that, or with a fraction, the error
+    /// says why, not "invalid type: floating point".
+    #[test]
+    fn entity_keys_written_as_whole_floats_are_integers() {
+        let key = |k: &str| {
+            let body = format!(r#"{{"entities": {{"user_id": {k}}}}}"#);
+            parse_body::<PredictRequest>(Format::Json, body.as_bytes())
+                .map(|r| {
+                    r.entities
+                        .get("user_id")
+                        .cloned()
+                        .into_iter()
+                        .collect::<Vec<_>>()
+                })
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(key("1e3"), Ok(vec![EntityKey::Int(1000)]));
+        assert_eq!(key("-1000.0"), Ok(vec![EntityKey::Int(-1000)]));
+        assert_eq!(
+            key("9007199254740991.0"),
+            Ok(vec![EntityKey::Int(9_007_199_254_740_991)])
+        );
+        for (bad, says) in [
+            ("1.5", "got 1.5, which is not a whole number"),
+            ("9007199254740993.0", "write it as an integer or a string"),
+            ("-9223372036854775809", "out of int64 range"),
+            ("18446744073709551616", "out of int64 range"),
+        ] {
+            let e = key(bad).expect_err(bad);
+            assert!(
+                e.starts_with("entities.user_id: ") && e.contains(says),
+                "{bad}: {e}"
+            );
+        }
+        // The same in MessagePack, where a float is a float, and for `/v1/features`' key lists.
+        let mp = rmp_serde::to_vec_named(&serde_json::json!({
+            "entities": {"item_id": [7.0, 8]},
+            "features": ["item_stats"],
+        }))
+        .expect("msgpack");
+        let req = parse_body::<FeaturesRequest>(Format::Msgpack, &mp).expect("msgpack");
+        assert_eq!(
+            req.entities["item_id"].keys,
+            vec![EntityKey::Int(7), EntityKey::Int(8)]
+        );
+        assert!(!req.entities["item_id"].scalar);
     }
 
     /// In MessagePack a wrong-typed value is a field error naming the field, as in JSON, also where

@@ -46,6 +46,11 @@ pub enum ApiError {
     /// More than one `Content-Type` header: which one to believe would be a guess.
     #[error("the request has more than one Content-Type header (`{0}`): send one")]
     ConflictingContentTypes(String),
+    /// A `charset` other than UTF-8 in `Content-Type`.
+    #[error(
+        "unsupported `charset={0}` in Content-Type: hydrant reads the body as UTF-8; send it in UTF-8"
+    )]
+    UnsupportedCharset(String),
     #[error("unsupported `Content-Encoding: {0}`: send the body uncompressed")]
     UnsupportedEncoding(String),
     /// A transfer coding other than one `chunked` (RFC 9112 §6.1: answered 501).
@@ -152,6 +157,7 @@ impl ApiError {
             Self::UnsupportedMediaType(_)
             | Self::UnsupportedSchemaType(_)
             | Self::ConflictingContentTypes(_)
+            | Self::UnsupportedCharset(_)
             | Self::UnsupportedEncoding(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::InvalidSchema(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::NotAcceptable(_) => StatusCode::NOT_ACCEPTABLE,
@@ -179,6 +185,7 @@ impl ApiError {
             Self::UnsupportedMediaType(_)
             | Self::UnsupportedSchemaType(_)
             | Self::ConflictingContentTypes(_)
+            | Self::UnsupportedCharset(_)
             | Self::UnsupportedEncoding(_) => "unsupported_media_type",
             Self::InvalidSchema(_) => "invalid_schema",
             Self::NotAcceptable(_) => "not_acceptable",

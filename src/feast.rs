@@ -153,14 +153,14 @@ impl OnlineFeaturesRequest {
                 return Err(unregistered_entity(registry, name));
             }
             match rows {
-                None => rows = Some((name, keys.0.len())),
-                Some((first, n)) if n != keys.0.len() => {
+                None => rows = Some((name, keys.keys.len())),
+                Some((first, n)) if n != keys.keys.len() => {
                     return Err(ApiError::invalid(
                         "invalid_field",
                         format!("entities.{name}"),
                         format!(
                             "entities.{name}: {}, but entities.{first} has {n}: each entity is a column of the same rows",
-                            match keys.0.len() {
+                            match keys.keys.len() {
                                 1 => "1 key".to_owned(),
                                 k => format!("{k} keys"),
                             }
@@ -366,7 +366,7 @@ struct EntityColumn<'a>(&'a EntityKeys);
 
 impl Serialize for EntityColumn<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let keys = &self.0.0;
+        let keys = &self.0.keys;
         let mut st = s.serialize_struct("FeatureVector", 3)?;
         st.serialize_field("values", &EntityValues(keys))?;
         st.serialize_field("statuses", &Repeat(FieldStatus::Present, keys.len()))?;

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 
 use crate::config::LimitsConfig;
-use crate::decode::{EntityKey, key_string};
+use crate::decode::{EntityKey, check_key, whole_key};
 use crate::error::ApiError;
 use crate::hydrate::Hydrator;
 use crate::schema::{EVENT_TIMESTAMP, View};
@@ -144,12 +144,17 @@ pub fn parse_row(
                 entity.name
             )));
         }
-        serde_json::Value::Number(n) => {
-            return Err(key_error(format!(
-                "`{}` must be a string or an integer, got {n}, which is not an integer",
-                entity.name
-            )));
-        }
+        // `1e3` or `1000.0`: an integer while float64 holds it exactly, as in a request.
+        serde_json::Value::Number(n) => match n.as_f64().map(whole_key) {
+            Some(Ok(i)) => EntityKey::Int(i),
+            Some(Err(reason)) => return Err(key_error(reason)),
+            None => {
+                return Err(key_error(format!(
+                    "`{}` must be a string or an integer, got {n}",
+                    entity.name
+                )));
+            }
+        },
         other => {
             return Err(key_error(format!(
                 "`{}` must be a string or an integer, got {}",
@@ -158,8 +163,7 @@ pub fn parse_row(
             )));
         }
     };
-    let entity_key =
-        key_string(entity, &k, &entity.name, limits).map_err(|e| key_error(e.to_string()))?;
+    let entity_key = check_key(entity, &k, limits).map_err(key_error)?;
     let event_ts_ms = event_timestamp(row, now_ms).map_err(|reason| RowError {
         field: Some(EVENT_TIMESTAMP.to_owned()),
         reason,

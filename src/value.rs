@@ -87,9 +87,10 @@ impl Dtype {
             (Self::Float64, Value::Float(f)) => Ok(Value::Float(f)),
             (Self::Float64, Value::Int(i)) => Ok(Value::Float(i as f64)),
             (Self::Int64, Value::Int(i)) => Ok(Value::Int(i)),
-            // Whole numbers up to 2^53, where float64 still holds every integer exactly.
+            // Whole numbers below 2^53, where float64 still holds every integer exactly. 2^53 itself is
+            // refused: `9007199254740993.0` also parses to it, so it may not be the number written.
             (Self::Int64, Value::Float(f))
-                if f.fract() == 0.0 && f.abs() <= 9_007_199_254_740_992.0 =>
+                if f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0 =>
             {
                 Ok(Value::Int(f as i64))
             }
@@ -101,7 +102,7 @@ impl Dtype {
                 Err("expected int64, got a number outside its range (-9223372036854775808 to 9223372036854775807)".to_owned())
             }
             (Self::Int64, Value::Float(f)) => Err(format!(
-                "expected int64, got {f}: whole numbers written as floats must be within ±2^53, and integers within ±2^63"
+                "expected int64, got a number written as a float, {f} as float64 reads it: whole numbers written as floats must be below 2^53 in magnitude (past it float64 cannot tell neighbouring integers apart), and integers within ±2^63"
             )),
             (Self::Bool, Value::Bool(b)) => Ok(Value::Bool(b)),
             (Self::String, Value::Str(s)) => Ok(Value::Str(s)),
@@ -479,11 +480,18 @@ mod tests {
     fn coerce_checks_types_and_list_length() {
         assert_eq!(Dtype::Float32.coerce(Value::Int(2)), Ok(Value::Float(2.0)));
         assert!(Dtype::Int64.coerce(Value::Float(2.5)).is_err());
-        // Whole floats up to 2^53 are integers; past it float64 no longer holds every integer.
+        // Whole floats below 2^53 are integers. From 2^53 float64 no longer holds every integer:
+        // `9007199254740993.0` parses to 2^53, so 2^53 itself may be a rounded number.
         assert_eq!(
-            Dtype::Int64.coerce(Value::Float(9_007_199_254_740_992.0)),
-            Ok(Value::Int(9_007_199_254_740_992))
+            Dtype::Int64.coerce(Value::Float(9_007_199_254_740_991.0)),
+            Ok(Value::Int(9_007_199_254_740_991))
         );
+        let e = Dtype::Int64
+            .coerce(Value::Float(
+                "9007199254740993.0".parse().expect("a float64"),
+            ))
+            .expect_err("rounded on parsing");
+        assert!(e.contains("below 2^53"), "{e}");
         assert!(Dtype::Int64.coerce(Value::Float(2e16)).is_err());
         assert!(Dtype::String.coerce(Value::Int(1)).is_err());
         let e = Dtype::Float32List(4)

@@ -739,6 +739,15 @@ async fn bad_requests_get_documented_errors_and_the_gateway_keeps_serving() {
             field: None,
         },
         Case {
+            name: "a charset other than UTF-8",
+            path: "/v1/models/ctr/predict",
+            content_type: "application/json; charset=utf-16",
+            body: j(good.clone()),
+            status: 415,
+            code: "unsupported_media_type",
+            field: None,
+        },
+        Case {
             name: "body over the limit",
             path: "/v1/models/ctr/predict",
             content_type: "application/json",
@@ -927,6 +936,72 @@ async fn bad_requests_get_documented_errors_and_the_gateway_keeps_serving() {
             "after {}",
             c.name
         );
+    }
+    // UTF-8 said in any of its spellings is read.
+    for ct in [
+        "application/json; charset=utf-8",
+        "application/json;charset=\"UTF-8\"",
+    ] {
+        let r = app
+            .post("/v1/models/ctr/predict", ct, j(good.clone()))
+            .await;
+        assert_eq!(r.status, 200, "{ct}: {}", String::from_utf8_lossy(&r.body));
+    }
+    let r = app
+        .post(
+            "/v1/models/ctr/predict",
+            "application/json; charset=latin1",
+            j(good.clone()),
+        )
+        .await;
+    assert_eq!(
+        r.json()["error"]["message"],
+        "unsupported `charset=latin1` in Content-Type: hydrant reads the body as UTF-8; send it in UTF-8"
+    );
+    // The V2 infer route answers in the Open Inference Protocol's error shape.
+    let infer = json!({"inputs": [{"name": "features", "shape": [1, 27], "datatype": "FP32", "data": vec![0.0; 27]}]});
+    let r = app
+        .post(
+            "/v2/models/ctr/infer",
+            "application/json;charset=\"ISO-8859-1\"",
+            j(infer.clone()),
+        )
+        .await;
+    assert_eq!(r.status, 415, "{}", String::from_utf8_lossy(&r.body));
+    let r = app
+        .post(
+            "/v2/models/ctr/infer",
+            "application/json; charset=utf-8",
+            j(infer),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    // The messages name each field once, the way it was sent: a key sent alone has no index.
+    for (path, body, says) in [
+        (
+            "/v1/views/user_profile/rows",
+            json!({"rows": [{"user_id": 1}]}),
+            "rows[0]: entity `user_id` takes string keys, got an integer (1 of 1 rows invalid; nothing was written)",
+        ),
+        (
+            "/v1/views/user_profile/rows",
+            json!({"rows": [{"user_id": "u_ok"}, {"user_id": ""}]}),
+            "rows[1]: the key is empty (1 of 2 rows invalid; nothing was written)",
+        ),
+        (
+            "/v1/features",
+            json!({"entities": {"user_id": 5}, "features": ["user_profile"]}),
+            "entities.user_id: entity `user_id` takes string keys, got an integer",
+        ),
+        (
+            "/v1/features",
+            json!({"entities": {"user_id": ["u_1", 5]}, "features": ["user_profile"]}),
+            "entities.user_id[1]: entity `user_id` takes string keys, got an integer",
+        ),
+    ] {
+        let r = app.post_json(path, &body).await;
+        assert_eq!(r.status, 400, "{body}");
+        assert_eq!(r.json()["error"]["message"], says, "{body}");
     }
     let live = app.get("/v2/health/live").await;
     assert_eq!(live.status, 200);

@@ -338,6 +338,22 @@ async fn bad_bodies_get_clear_errors() {
         "{}",
         r.json()
     );
+    // A YAML body in another charset is refused by name, not misread.
+    let r = app
+        .post(
+            "/v1/schemas:validate",
+            "application/yaml; charset=utf-16le",
+            b"k\0".to_vec(),
+        )
+        .await;
+    assert_eq!(r.status, 415);
+    assert!(
+        r.json()["error"]["message"]
+            .to_string()
+            .contains("charset=utf-16le"),
+        "{}",
+        r.json()
+    );
     let r = app
         .post(
             "/v1/schemas:validate",
