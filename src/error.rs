@@ -97,6 +97,13 @@ pub enum ApiError {
     /// The schemas folder cannot be read or written: nothing was registered.
     #[error("{0}")]
     RegistryUnwritable(String),
+    /// The model scored a row as NaN or infinity (422): the stored features of the entities named are
+    /// beyond what it can score.
+    #[error("{message}")]
+    Unscorable {
+        message: String,
+        field: Option<String>,
+    },
     /// A bug or an unexpected failure: logged with its cause, answered generically.
     #[error("internal error: {0}")]
     Internal(String),
@@ -159,7 +166,7 @@ impl ApiError {
             | Self::ConflictingContentTypes(_)
             | Self::UnsupportedCharset(_)
             | Self::UnsupportedEncoding(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            Self::InvalidSchema(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::InvalidSchema(_) | Self::Unscorable { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             Self::NotAcceptable(_) => StatusCode::NOT_ACCEPTABLE,
             Self::UnsupportedTransferCoding(_) => StatusCode::NOT_IMPLEMENTED,
             Self::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -188,6 +195,7 @@ impl ApiError {
             | Self::UnsupportedCharset(_)
             | Self::UnsupportedEncoding(_) => "unsupported_media_type",
             Self::InvalidSchema(_) => "invalid_schema",
+            Self::Unscorable { .. } => "non_finite_output",
             Self::NotAcceptable(_) => "not_acceptable",
             Self::UnsupportedTransferCoding(_) => "unsupported_transfer_coding",
             Self::Overloaded(_) => "overloaded",
@@ -205,7 +213,8 @@ impl ApiError {
         match self {
             Self::Malformed { field, .. }
             | Self::Invalid { field, .. }
-            | Self::TooLarge { field, .. } => field.as_deref(),
+            | Self::TooLarge { field, .. }
+            | Self::Unscorable { field, .. } => field.as_deref(),
             // The field is the request's: a first problem in a registered file has none.
             Self::InvalidSchema(errors) => errors
                 .0

@@ -181,12 +181,10 @@ impl Gateway {
         t.set(Stage::Infer, out.infer_us);
         if let Some((o, row)) = out.outputs.first_non_finite() {
             let name = model.outputs.get(o).map_or("?", String::as_str);
-            // The answer is a generic 500, so the log carries the row the model was given.
             let features = out.input.chunks(model.width.max(1)).nth(row).unwrap_or(&[]);
-            let err = ApiError::Internal(format!(
-                "model `{}` gave a non-finite `{name}` (NaN or infinity) for row {row}, whose input was {features:?}",
-                model.name
-            ));
+            let err = unscorable(model, &plan, name, row);
+            // The model's input is too long for an answer; the log carries it beside the answer's words.
+            tracing::warn!(input = ?features, "{err}");
             engine.recycle(out);
             return Err(err);
         }
@@ -527,4 +525,46 @@ fn overflow(model: &Model, o: Overflow) -> ApiError {
             model.name
         ),
     )
+}
+
+/// A 422 for a row the model scored as NaN or infinity: every input was finite (assemble sees to
+/// that), so the stored features of the entities named are what the model cannot score. The answer
+/// names them, and the row's candidate when the request has candidates.
+fn unscorable(model: &Model, plan: &crate::decode::Plan, output: &str, row: usize) -> ApiError {
+    let mut entities = String::new();
+    for ((view, keys), per_row) in model.views.iter().zip(&plan.keys).zip(&plan.per_row) {
+        let key = if *per_row {
+            keys.get(row)
+        } else {
+            keys.first()
+        };
+        if let Some(key) = key {
+            let sep = if entities.is_empty() { "" } else { ", " };
+            entities.push_str(&format!(
+                "{sep}{} `{key}` (view `{}`)",
+                view.entity.name, view.name
+            ));
+        }
+    }
+    let candidate = plan
+        .per_row
+        .iter()
+        .any(|p| *p)
+        .then(|| format!("candidates[{row}]"));
+    let whose = if entities.is_empty() {
+        "from the fallbacks and context alone".to_owned()
+    } else {
+        format!("from the stored features of {entities}")
+    };
+    ApiError::Unscorable {
+        message: format!(
+            "{}model `{}` gave a non-finite `{output}` (NaN or infinity) {whose}: the model cannot score those values; correct the rows or the model",
+            candidate
+                .as_deref()
+                .map(|c| format!("{c}: "))
+                .unwrap_or_default(),
+            model.name
+        ),
+        field: candidate,
+    }
 }

@@ -1600,8 +1600,9 @@ async fn a_client_that_sends_the_whole_body_first_still_reads_the_early_refusal(
     app.stop().await;
 }
 
-/// Stored features that drive the model to NaN or infinity get an error naming the output and the row,
-/// not a `null` score in a 200 that says nothing was degraded.
+/// Stored features that drive the model to NaN or infinity get a 422 naming the output, the candidate
+/// and the entities whose features they are, not a `null` score in a 200 that says nothing was
+/// degraded, nor a 500 that leaves the caller guessing.
 #[tokio::test]
 async fn a_non_finite_score_is_an_error_not_a_null() {
     let app = TestApp::spawn().await;
@@ -1627,9 +1628,43 @@ async fn a_non_finite_score_is_an_error_not_a_null() {
             &json!({"entities": {"user_id": "u_huge"}, "candidates": [{"item_id": "i_1"}, {"item_id": "i_huge"}]}),
         )
         .await;
-    assert_eq!(r.status, 500, "{}", String::from_utf8_lossy(&r.body));
-    assert_eq!(r.code(), "internal");
-    // The cause, with the output and row, is in the log; the body says only that there is one.
+    assert_eq!(r.status, 422, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(
+        r.json()["error"],
+        json!({
+            "code": "non_finite_output",
+            "message": "candidates[0]: model `ctr` gave a non-finite `score` (NaN or infinity) from the stored features of user_id `u_huge` (view `user_profile`), item_id `i_1` (view `item_stats`): the model cannot score those values; correct the rows or the model",
+            "field": "candidates[0]",
+        })
+    );
+    // A request without candidates is one row, named by its entities alone.
+    let r = app
+        .predict(
+            "ctr",
+            &json!({"entities": {"user_id": "u_1", "item_id": "i_huge"}}),
+        )
+        .await;
+    assert_eq!(r.status, 422, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["error"]["field"], json!(null));
+    let says = r.json()["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        says.starts_with("model `ctr` gave a non-finite `score`")
+            && says.contains("item_id `i_huge`"),
+        "{says}"
+    );
+    // Counted as refused, not as a gateway error.
+    let stats = app.get("/v1/stats").await.json();
+    assert_eq!(
+        (
+            &stats["models"]["ctr"]["errors"],
+            &stats["models"]["ctr"]["rejected"]
+        ),
+        (&json!(0), &json!(2)),
+        "{stats}"
+    );
     let ok = app
         .predict(
             "ctr",
