@@ -349,7 +349,42 @@ async fn registered(
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RollbackBody {
+    #[serde(deserialize_with = "version_number")]
     version: u32,
+}
+
+/// A version number, read through `deserialize_any` so that `1.0` (an encoder writing every number as a
+/// float) is 1, and a wrong type is named in these words in JSON and MessagePack alike.
+fn version_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    use serde::de::{self, Visitor};
+    struct V;
+    impl Visitor<'_> for V {
+        type Value = u32;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a version number (a whole number from 1)")
+        }
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<u32, E> {
+            u32::try_from(v).map_err(|_| {
+                E::custom(format!(
+                    "no version {v} can be kept (the largest is {})",
+                    u32::MAX
+                ))
+            })
+        }
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<u32, E> {
+            u64::try_from(v)
+                .map_err(|_| E::invalid_value(de::Unexpected::Signed(v), &self))
+                .and_then(|v| self.visit_u64(v))
+        }
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<u32, E> {
+            if v.fract() == 0.0 && (0.0..=f64::from(u32::MAX)).contains(&v) {
+                Ok(v as u32)
+            } else {
+                Err(E::invalid_value(de::Unexpected::Float(v), &self))
+            }
+        }
+    }
+    d.deserialize_any(V)
 }
 
 impl crate::decode::Positional for RollbackBody {

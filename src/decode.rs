@@ -235,16 +235,8 @@ fn parse_body_tracked<T: DeserializeOwned + Positional>(
                 if inner.is_syntax() || inner.is_eof() {
                     // Where the parser was (a number beyond float64 in `context.hour_of_day`, a token
                     // that is no JSON value) names the field, when it is inside one.
-                    let path = if path.is_empty() || path == "." || path.contains('?') {
-                        String::new()
-                    } else {
-                        path
-                    };
-                    let at = if path.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" in {path}")
-                    };
+                    let at = at_field(&path);
+                    let path = if at.is_empty() { String::new() } else { path };
                     malformed(
                         "invalid_json",
                         format!("the body is not valid JSON{at}: {inner}"),
@@ -275,8 +267,20 @@ fn parse_body_tracked<T: DeserializeOwned + Positional>(
                         // In MessagePack's words rather than serde's.
                         let m = m
                             .replace("unit value", "nil (null)")
+                            .replace("newtype struct", "an extension value")
                             .replace("struct Options", "a map of options");
                         malformed("invalid_field", field_message(&path, &m), path)
+                    }
+                    // 0xc1 is no value at all: the body is broken there, not a value of the wrong type.
+                    rmp_serde::decode::Error::TypeMismatch(rmp::Marker::Reserved) => {
+                        let at = at_field(&path);
+                        malformed(
+                            "invalid_msgpack",
+                            format!(
+                                "the body is not valid MessagePack{at}: the reserved byte 0xc1 stands where a value should"
+                            ),
+                            path,
+                        )
                     }
                     // A well-formed value of the wrong type where a number or boolean was read.
                     rmp_serde::decode::Error::TypeMismatch(marker) => malformed(
@@ -284,6 +288,26 @@ fn parse_body_tracked<T: DeserializeOwned + Positional>(
                         field_message(&path, &format!("invalid type: {}", marker_kind(marker))),
                         path,
                     ),
+                    // An object written as an array (as encoders write structs) with more values than
+                    // it has fields (`n` is the number it read).
+                    rmp_serde::decode::Error::LengthMismatch(n) => malformed(
+                        "invalid_field",
+                        field_message(
+                            &path,
+                            &format!(
+                                "more values than the {n} fields it takes (write it as a map to see which)"
+                            ),
+                        ),
+                        path,
+                    ),
+                    rmp_serde::decode::Error::Utf8Error(e) => {
+                        let at = at_field(&path);
+                        malformed(
+                            "invalid_msgpack",
+                            format!("the body is not valid MessagePack{at}: a string that is not UTF-8 ({e})"),
+                            path,
+                        )
+                    }
                     other => malformed(
                         "invalid_msgpack",
                         format!("the body is not valid MessagePack: {other}"),
@@ -303,6 +327,15 @@ fn parse_body_tracked<T: DeserializeOwned + Positional>(
             }
             Ok(v)
         }
+    }
+}
+
+/// ` in FIELD` for a message about where the body broke, or nothing at the top.
+fn at_field(path: &str) -> String {
+    if path.is_empty() || path == "." || path.contains('?') {
+        String::new()
+    } else {
+        format!(" in {path}")
     }
 }
 
@@ -666,7 +699,7 @@ fn flag<'de, D: Deserializer<'de>>(d: D, default: bool) -> Result<bool, D::Error
     d.deserialize_any(Flag(default))
 }
 
-fn flag_off<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+pub(crate) fn flag_off<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
     flag(d, false)
 }
 
@@ -1801,6 +1834,78 @@ mod tests {
                 text.starts_with(&format!("{field}: ")) && text.contains(says),
                 "{body}: {text}"
             );
+        }
+        // Feast's flag says what it takes, as predict's options do.
+        let e = parse_body::<crate::feast::OnlineFeaturesRequest>(
+            Format::Msgpack,
+            &mp(serde_json::json!({"features": ["user_profile:age"], "entities": {"user_id": ["u_1"]}, "full_feature_names": "yes"})),
+        )
+        .expect_err("a string for a flag");
+        assert_eq!(
+            e.to_string(),
+            "full_feature_names: invalid type: string \"yes\", expected a boolean"
+        );
+        // Bodies that are broken, or too long, at a field name the field.
+        for (body, code, field, says) in [
+            // Options as an array of 4 values: it has 3 fields.
+            (
+                [
+                    &[0x82u8, 0xa8][..],
+                    b"entities",
+                    &[0x81, 0xa7],
+                    b"user_id",
+                    &[0xa3],
+                    b"u_1",
+                    &[0xa7],
+                    b"options",
+                    &[0x94, 0xc2, 0xc3, 0xc0, 0xc0],
+                ]
+                .concat(),
+                "invalid_field",
+                "options",
+                "more values than the 3 fields it takes",
+            ),
+            // A key that is not UTF-8.
+            (
+                [
+                    &[0x81u8, 0xa8][..],
+                    b"entities",
+                    &[0x81, 0xa7],
+                    b"user_id",
+                    &[0xa2, 0xff, 0xfe],
+                ]
+                .concat(),
+                "invalid_msgpack",
+                "entities.user_id",
+                "a string that is not UTF-8",
+            ),
+            // An extension value for a key.
+            (
+                [
+                    &[0x81u8, 0xa8][..],
+                    b"entities",
+                    &[0x81, 0xa7],
+                    b"user_id",
+                    &[0xd4, 0x01, 0x00],
+                ]
+                .concat(),
+                "invalid_field",
+                "entities.user_id",
+                "an extension value",
+            ),
+            // The reserved byte where a value should be.
+            (
+                [&[0x81u8, 0xa8][..], b"entities", &[0xc1]].concat(),
+                "invalid_msgpack",
+                "entities",
+                "the reserved byte 0xc1",
+            ),
+        ] {
+            let e = parse_body::<PredictRequest>(Format::Msgpack, &body).expect_err(says);
+            let text = e.to_string();
+            assert_eq!(e.code(), code, "{says}: {text}");
+            assert!(text.contains(field) && text.contains(says), "{text}");
+            assert!(!text.contains("newtype"), "{text}");
         }
         // A number where a map is read by serde's typed path (a u64 visitor meeting a string).
         let e = parse_body::<FeaturesRequest>(

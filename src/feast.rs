@@ -47,8 +47,8 @@ pub struct OnlineFeaturesRequest {
     #[serde(default)]
     pub feature_service: Option<String>,
     /// Name features `view__feature` rather than `feature`.
-    #[serde(default)]
-    pub full_feature_names: Option<bool>,
+    #[serde(default, deserialize_with = "crate::decode::flag_off")]
+    pub full_feature_names: bool,
     /// Input to Feast's on-demand feature views, which hydrant does not have: refused unless empty.
     #[serde(default)]
     pub request_context: Option<Fields<IgnoredAny>>,
@@ -78,7 +78,7 @@ pub struct OnlinePlan {
 impl OnlineFeaturesRequest {
     /// Checks the request against the registry and the limits.
     pub fn plan(&self, registry: &Registry, limits: &LimitsConfig) -> Result<OnlinePlan, ApiError> {
-        let full_names = self.full_feature_names.unwrap_or(false);
+        let full_names = self.full_feature_names;
         if let Some(ctx) = &self.request_context
             && !ctx.is_empty()
         {

@@ -109,6 +109,8 @@ fn apply(
         } => {
             let text = read_version(schemas_dir, &running, kind, &name, version)?;
             let file = kept_file(schemas_dir, kind, &name, version);
+            // A kept file edited by hand is named as such, before it is compiled as if it were sent.
+            kept_document(&text, &file, kind, &name, version)?;
             (Some(text), Vec::new(), Some(file), Some((kind, name)))
         }
     };
@@ -1183,8 +1185,55 @@ fn read_version(
                 ),
             })
         }
+        // Something other than a file where the kept file should be (a folder): not the registry's to
+        // guess about, and not a failure of the disk either.
+        Err(_) if path.exists() && !path.is_file() => Err(ApiError::Conflict {
+            code: "kept_version_unreadable",
+            message: format!(
+                "kept version {version} of `{name}` ({}) is not a regular file: remove it",
+                path.display()
+            ),
+        }),
         Err(e) => Err(cannot_read(&path, e)),
     }
+}
+
+/// The document of a kept file, checked to be the version it is kept as. A kept file is edited by hand
+/// at times: a 409 names it, and what is wrong with it, rather than registering (or showing) another
+/// document under this version's number.
+fn kept_document(
+    text: &str,
+    file: &Path,
+    kind: Kind,
+    name: &str,
+    version: u32,
+) -> Result<serde_yaml::Value, ApiError> {
+    let value: serde_yaml::Value = serde_yaml::from_str(text).map_err(|e| ApiError::Conflict {
+        code: "kept_version_unreadable",
+        message: format!(
+            "kept version {version} of `{name}` ({}) is not one valid YAML document: {e}",
+            file.display()
+        ),
+    })?;
+    let field = |key: &str| value.get(key).and_then(serde_yaml::Value::as_str);
+    let holds = (field("kind"), field("name"), document_version(&value));
+    if holds != (Some(kind.as_str()), Some(name), Some(version)) {
+        let shown = |v: Option<&str>| v.map_or_else(|| "(none)".to_owned(), |v| format!("`{v}`"));
+        return Err(ApiError::Conflict {
+            code: "kept_version_mismatch",
+            message: format!(
+                "the kept file of version {version} of {} `{name}` ({}) holds kind {}, name {}, version {}: it was edited by hand; restore it or remove it",
+                kind.as_str(),
+                file.display(),
+                shown(holds.0),
+                shown(holds.1),
+                holds
+                    .2
+                    .map_or_else(|| "(none)".to_owned(), |v| v.to_string()),
+            ),
+        });
+    }
+    Ok(value)
 }
 
 /// Refuses a kind without versions (entities), and a name from a request path that no document could
@@ -1271,16 +1320,7 @@ pub fn show_version(
         match read_version(&gw.config.registry.schemas, &registry, kind, name, version) {
             Ok(text) => {
                 let file = kept_file(&gw.config.registry.schemas, kind, name, version);
-                // A kept file is edited by hand at times: name it, and what is wrong with it.
-                let value: serde_yaml::Value =
-                    serde_yaml::from_str(&text).map_err(|e| ApiError::Conflict {
-                        code: "kept_version_unreadable",
-                        message: format!(
-                            "kept version {version} of `{name}` ({}) is not valid YAML: {e}",
-                            file.display()
-                        ),
-                    })?;
-                (value, file)
+                (kept_document(&text, &file, kind, name, version)?, file)
             }
             Err(e) => match from_registry {
                 Some(doc) => (doc.body.clone(), doc.file.clone()),

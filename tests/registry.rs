@@ -208,6 +208,25 @@ async fn a_new_view_version_is_served_at_once_kept_and_rolled_back() {
     )
     .await;
     assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
+    // A whole number written as a float is that version; a string says what is expected.
+    let r = rollback(
+        &app,
+        "/v1/schemas/views/user_profile",
+        json!({"version": 7.0}),
+    )
+    .await;
+    assert_eq!(r.code(), "unknown_version");
+    let r = rollback(
+        &app,
+        "/v1/schemas/views/user_profile",
+        json!({"version": "1"}),
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(
+        r.json()["error"]["message"],
+        "version: invalid type: string \"1\", expected a version number (a whole number from 1)"
+    );
 
     // A kept file edited by hand: named in a 409, and nothing changes.
     std::fs::write(kept.join("2.yaml"), "kind: view\nname: [unclosed\n").expect("edit");
@@ -215,6 +234,51 @@ async fn a_new_view_version_is_served_at_once_kept_and_rolled_back() {
     assert_eq!(r.status, 409, "{}", String::from_utf8_lossy(&r.body));
     assert_eq!(r.code(), "kept_version_unreadable");
     assert!(String::from_utf8_lossy(&r.body).contains("2.yaml"));
+    // A rollback to it says the same, rather than reporting a problem in a "request body".
+    let r = rollback(
+        &app,
+        "/v1/schemas/views/user_profile",
+        json!({"version": 2}),
+    )
+    .await;
+    assert_eq!(r.status, 409, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.code(), "kept_version_unreadable");
+    assert!(String::from_utf8_lossy(&r.body).contains("2.yaml"));
+    // A kept file whose version was edited would register another number: refused too.
+    std::fs::write(
+        kept.join("2.yaml"),
+        edit(
+            &schema_file("user_profile.yaml"),
+            "version: 1",
+            "version: 5",
+        ),
+    )
+    .expect("edit");
+    let r = rollback(
+        &app,
+        "/v1/schemas/views/user_profile",
+        json!({"version": 2}),
+    )
+    .await;
+    assert_eq!(r.status, 409, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.code(), "kept_version_mismatch");
+    assert!(
+        String::from_utf8_lossy(&r.body).contains("version 5"),
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    assert!(!kept.join("5.yaml").exists());
+    // A folder where a kept file would be is named, not taken for a failing disk (503).
+    std::fs::create_dir(kept.join("3.yaml")).expect("a folder");
+    let r = rollback(
+        &app,
+        "/v1/schemas/views/user_profile",
+        json!({"version": 3}),
+    )
+    .await;
+    assert_eq!(r.status, 409, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.code(), "kept_version_unreadable");
+    std::fs::remove_dir(kept.join("3.yaml")).expect("removed");
     let other = edit(
         &schema_file("user_profile.yaml"),
         "name: user_profile",
