@@ -704,6 +704,19 @@ fn unchanged_since_planned(
     Ok(())
 }
 
+/// The 409 for a change to a file whose documents its `---` lines do not tell apart (a document that
+/// begins on its marker line, `--- {kind: view, ...}`, or a `...` end marker): editing it piece by piece
+/// could drop or merge documents.
+fn uncuttable(file: &Path) -> ApiError {
+    ApiError::Conflict {
+        code: "schema_file_uncuttable",
+        message: format!(
+            "{} cannot be edited document by document: its documents are not each begun by a `---` line of their own (a document that starts on its `---` line, or a `...` marker); put each document after a bare `---` line, or edit the file by hand",
+            file.display()
+        ),
+    }
+}
+
 /// A schema file as it is on disk, cut into its documents' texts.
 struct FileText {
     /// Each piece holds one document (or, only the first, none: comments before a `---`); every piece
@@ -899,8 +912,10 @@ fn plan_files(
         Some(body) => submitted_texts(body)?,
         None => HashMap::new(),
     };
-    // The registered files, in order, each with its text on disk, which must still hold what was loaded.
-    let mut files: Vec<(PathBuf, FileText, bool)> = Vec::new();
+    // The registered files, in order, each with its text on disk, which must still hold what was loaded:
+    // cut into its documents, or whole (`Err`) when its `---` lines do not tell them apart. Only a file
+    // the change edits needs cutting; the others are sources as they are.
+    let mut files: Vec<(PathBuf, Result<FileText, String>, bool)> = Vec::new();
     for doc in &running.documents {
         if files.iter().any(|(f, _, _)| *f == doc.file) {
             continue;
@@ -918,23 +933,26 @@ fn plan_files(
             }
             Err(e) => return Err(cannot_read(&doc.file, e)),
         };
-        let cut = cut(&on_disk).filter(|c| {
+        // Read as the folder is loaded: a byte order mark is not part of the YAML.
+        let text = on_disk.strip_prefix('\u{feff}').unwrap_or(&on_disk);
+        let as_loaded = parse_all(text).is_some_and(|values| {
             running
                 .documents
                 .iter()
                 .filter(|d| d.file == doc.file)
-                .all(|d| c.values.get(d.index) == Some(&d.body))
+                .all(|d| values.get(d.index) == Some(&d.body))
         });
-        let Some(cut) = cut else {
+        if !as_loaded {
             return Err(ApiError::Conflict {
                 code: "schema_file_changed",
                 message: format!(
-                    "{} no longer holds what was loaded from it (edited since start-up?), or its documents cannot be told apart at their `---` lines: {reload}",
+                    "{} no longer holds what was loaded from it (edited since it was loaded): {reload}",
                     doc.file.display()
                 ),
             });
-        };
-        files.push((doc.file.clone(), cut, false));
+        }
+        let pieces = cut(text).ok_or_else(|| text.to_owned());
+        files.push((doc.file.clone(), pieces, false));
         read.push((doc.file.clone(), Some(on_disk)));
     }
     let mut writes = Vec::new();
@@ -953,10 +971,15 @@ fn plan_files(
         if path.exists() {
             continue;
         }
+        // The document's own text, comments and all; from a file that cannot be cut, the document as
+        // parsed.
         let text = files
             .iter()
             .find(|(f, _, _)| *f == doc.file)
-            .and_then(|(_, c, _)| Some(bare(&c.pieces[c.piece_of(doc.index)?])));
+            .and_then(|(_, c, _)| match c {
+                Ok(c) => Some(bare(&c.pieces[c.piece_of(doc.index)?])),
+                Err(_) => serde_yaml::to_string(&doc.body).ok(),
+            });
         if let Some(text) = text {
             writes.push(Write {
                 path,
@@ -989,6 +1012,7 @@ fn plan_files(
                 else {
                     continue;
                 };
+                let cut = cut.as_mut().map_err(|_| uncuttable(&doc.file))?;
                 if let Some(p) = cut.piece_of(doc.index) {
                     let marker = match cut.pieces[p].split_once('\n') {
                         Some((first, _)) if is_marker(first) => format!("{first}\n"),
@@ -1030,9 +1054,11 @@ fn plan_files(
         let Some(doc) = running.document(*kind, name) else {
             continue;
         };
-        if let Some((_, cut, changed)) = files.iter_mut().find(|(f, _, _)| *f == doc.file)
-            && let Some(p) = cut.piece_of(doc.index)
-        {
+        let Some((_, cut, changed)) = files.iter_mut().find(|(f, _, _)| *f == doc.file) else {
+            continue;
+        };
+        let cut = cut.as_mut().map_err(|_| uncuttable(&doc.file))?;
+        if let Some(p) = cut.piece_of(doc.index) {
             cut.pieces.remove(p);
             cut.docs.remove(p);
             *changed = true;
@@ -1040,8 +1066,11 @@ fn plan_files(
     }
     let mut sources = Vec::with_capacity(files.len() + new_files.len());
     for (path, cut, changed) in files {
-        let text: String = cut.pieces.concat();
-        let empty = cut.docs.iter().all(Option::is_none);
+        let (text, empty) = match cut {
+            Ok(cut) => (cut.pieces.concat(), cut.docs.iter().all(Option::is_none)),
+            // Never changed: the change would have been refused.
+            Err(text) => (text, false),
+        };
         if changed {
             writes.push(Write {
                 path: path.clone(),

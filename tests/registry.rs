@@ -644,6 +644,69 @@ async fn models_are_added_deleted_and_restored_and_shared_files_keep_their_other
     assert_eq!(app.predict("ctr", &predict).await.status, 200);
 }
 
+/// A schema file with a byte order mark, or one whose documents its `---` lines do not tell apart, loads;
+/// it does not stop registering documents in other files, and only a change to the file itself is
+/// refused, by name.
+#[tokio::test]
+async fn odd_schema_files_block_only_changes_to_themselves() {
+    let dir = copy_of_schemas();
+    let bom = "\u{feff}kind: entity\nname: shop_id\ndtype: string\n";
+    std::fs::write(dir.path().join("shops.yaml"), bom).expect("write");
+    let inline = "kind: entity\nname: brand_id\n--- {kind: entity, name: region_id}\n";
+    std::fs::write(dir.path().join("more.yaml"), inline).expect("write");
+    let app = spawn(&dir, true).await;
+    for name in ["shop_id", "brand_id", "region_id"] {
+        ok(&app.get(&format!("/v1/schemas/entities/{name}")).await);
+    }
+    // A document in another file.
+    let entities = edit(
+        &schema_file("entities.yaml"),
+        "description: A signed-in user.",
+        "description: Someone signed in.",
+    );
+    let (user, _) = entities.split_once("---\n").expect("two documents");
+    ok(&put(&app, "/v1/schemas/entities/user_id", user).await);
+    // The file with a byte order mark is edited like any other (and written without the mark).
+    ok(&put(
+        &app,
+        "/v1/schemas/entities/shop_id",
+        "kind: entity\nname: shop_id\ndtype: string\ndescription: A seller.\n",
+    )
+    .await);
+    let shops = std::fs::read_to_string(dir.path().join("shops.yaml")).expect("read");
+    assert!(
+        shops.starts_with("kind: entity") && shops.contains("A seller."),
+        "{shops:?}"
+    );
+    // The file whose second document begins on its `---` line is not cut into pieces: 409, unchanged.
+    let r = put(
+        &app,
+        "/v1/schemas/entities/region_id",
+        "kind: entity\nname: region_id\ndescription: A sales region.\n",
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.code().as_str()),
+        (409, "schema_file_uncuttable"),
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    assert!(String::from_utf8_lossy(&r.body).contains("more.yaml"));
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("more.yaml")).expect("read"),
+        inline
+    );
+    let r = delete(&app, "/v1/schemas/entities/brand_id").await;
+    assert_eq!(r.code(), "schema_file_uncuttable");
+    // A restart loads what was registered.
+    app.stop().await;
+    let app = spawn(&dir, true).await;
+    let j = ok(&app.get("/v1/schemas/entities/shop_id").await);
+    assert_eq!(j["document"]["description"], "A seller.");
+    let j = ok(&app.get("/v1/schemas/entities/user_id").await);
+    assert_eq!(j["document"]["description"], "Someone signed in.");
+}
+
 /// A 409 `schema_file_changed` whose message holds each of `words`.
 fn assert_file_changed(r: &Reply, words: &[&str]) {
     assert_eq!((r.status, r.code().as_str()), (409, "schema_file_changed"));
