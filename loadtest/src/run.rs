@@ -153,7 +153,13 @@ pub async fn wait_ready(pool: &Pool, wait: Duration, cancel: &Cancel) -> Result<
         if cancel.is_cancelled() {
             return Err(RunError::Interrupted);
         }
-        match pool.get("/v2/health/ready", Duration::from_secs(2)).await {
+        // Raced against Ctrl-C: a target that takes connections but never answers would otherwise
+        // hold the interrupt for the probe's whole timeout.
+        let probe = tokio::select! {
+            r = pool.get("/v2/health/ready", Duration::from_secs(2)) => r,
+            _ = cancel.cancelled() => return Err(RunError::Interrupted),
+        };
+        match probe {
             Ok(r) if r.status.is_success() => return Ok(()),
             Ok(r) if r.status.as_u16() == 404 => {
                 eprintln!("note: {target} has no /v2/health/ready; assuming it is ready");
@@ -180,7 +186,10 @@ pub async fn wait_ready(pool: &Pool, wait: Duration, cancel: &Cancel) -> Result<
         if start.elapsed() >= wait {
             break;
         }
-        tokio::time::sleep(poll).await;
+        tokio::select! {
+            _ = tokio::time::sleep(poll) => {}
+            _ = cancel.cancelled() => return Err(RunError::Interrupted),
+        }
     }
     Err(RunError::NotReady {
         target,

@@ -293,6 +293,30 @@ async fn floor_target_passes_the_model_probe() {
     let _ = tokio::task::spawn_blocking(move || drop(floor)).await;
 }
 
+/// Ctrl-C while the readiness probe waits on a target that accepts connections but never answers
+/// ends the wait at once, not when the probe's 2 s timeout runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_ends_the_wait_for_a_target_that_never_answers() {
+    use loadtest::client::Pool;
+    use loadtest::scenario::parse_loopback_url;
+
+    // Never accepted: the kernel completes the handshakes and nothing ever answers.
+    let silent = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", silent.local_addr().expect("addr"));
+    let pool = Pool::new(&parse_loopback_url(&url).expect("url")).expect("pool");
+    let cancel = cancel_after(Duration::from_millis(200));
+    let started = Instant::now();
+    let err = loadtest::run::wait_ready(&pool, Duration::from_secs(10), &cancel)
+        .await
+        .expect_err("interrupted");
+    assert!(matches!(err, RunError::Interrupted), "{err:?}");
+    assert!(
+        started.elapsed() < Duration::from_millis(1000),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
 /// Run options writing to `out_dir`, without the progress line.
 /// A cancellation that fires by itself after `after`, as a Ctrl-C would.
 fn cancel_after(after: Duration) -> Cancel {
