@@ -552,6 +552,12 @@ struct Executed {
     fraction: Option<f64>,
 }
 
+/// Whether a segment's load ran at all (a segment opened after Ctrl-C is empty).
+fn ran(seg: &Segment) -> bool {
+    seg.sent > 0 || !seg.elapsed.is_zero()
+}
+
+/// The phase with the highest achieved rps of `which`, among those where it ran.
 fn best_index(phases: &[Phase], which: Which) -> Option<(usize, f64)> {
     phases
         .iter()
@@ -560,7 +566,8 @@ fn best_index(phases: &[Phase], which: Which) -> Option<(usize, f64)> {
             let seg = match which {
                 Which::Hydrant => Some(&p.hydrant),
                 Which::Floor => p.floor.as_ref(),
-            }?;
+            }
+            .filter(|seg| ran(seg))?;
             Some((i, seg.achieved_rps()))
         })
         .max_by(|a, b| a.1.total_cmp(&b.1))
@@ -674,7 +681,8 @@ impl Runner {
                 .segment(Which::Hydrant, &label, shape, duration - half, true)
                 .await;
             h.merge(&h2);
-            (h, Some(f))
+            // After Ctrl-C in the first half the floor never ran: it has no numbers, not zeros.
+            (h, ran(&f).then_some(f))
         } else {
             let h = self
                 .segment(Which::Hydrant, &label, shape, duration, true)

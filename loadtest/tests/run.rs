@@ -293,6 +293,46 @@ async fn floor_target_passes_the_model_probe() {
     let _ = tokio::task::spawn_blocking(move || drop(floor)).await;
 }
 
+/// Ctrl-C in the first hydrant half of a sweep's first step: the floor never ran, so it has no
+/// throughput (null, `-`), not 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_floor_that_never_ran_has_no_throughput() {
+    let gw = FakeGateway::start(FakeConfig {
+        delay: Duration::from_millis(1),
+        ..FakeConfig::default()
+    })
+    .await;
+    let s = scenario(
+        &gw.url(),
+        "mode = \"closed-loop\"\nconcurrency = [1, 2]\nduration_s = 30",
+        "[floor]\nenabled = true\nthreads = 1",
+    );
+    let out = run(
+        s,
+        &quiet(temp_dir("floor-never-ran")),
+        cancel_after(Duration::from_millis(800)),
+    )
+    .await
+    .expect("partial run");
+    assert!(out.result.interrupted);
+    assert!(out.result.hydrant.ok > 0, "hydrant ran");
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&out.json_path).expect("json")).expect("json");
+    assert!(v["floor_rps"].is_null(), "floor_rps: {}", v["floor_rps"]);
+    assert!(v["ratio_to_floor"].is_null(), "{}", v["ratio_to_floor"]);
+    assert!(v["floor"].is_null(), "{}", v["floor"]);
+    assert!(v["steps"][0]["floor"].is_null(), "{}", v["steps"][0]);
+    let table = loadtest::report::table::render(&out.result);
+    let row = table
+        .lines()
+        .find(|l| l.trim_start().starts_with("1 "))
+        .unwrap_or_else(|| panic!("no sweep row for concurrency 1: {table}"));
+    assert!(
+        row.trim_end().ends_with("-           -"),
+        "floor columns: {row}"
+    );
+}
+
 /// Ctrl-C while the readiness probe waits on a target that accepts connections but never answers
 /// ends the wait at once, not when the probe's 2 s timeout runs out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
