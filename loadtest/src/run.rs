@@ -881,11 +881,13 @@ fn assemble(
         _ => None,
     });
     let [hits, stale, misses] = h_seg.cache;
-    let response_lookups = hits + stale + misses;
-    let (hit_rate, hit_rate_source) = match delta.as_ref().and_then(|d| d.total.hit_rate) {
-        Some(r) => (Some(r), "stats"),
-        None if response_lookups > 0 => (Some(hits as f64 / response_lookups as f64), "responses"),
-        None => (None, "none"),
+    let (hit_rate, hit_rate_source) = match (
+        delta.as_ref().and_then(|d| d.total.hit_rate),
+        stats::answers_hit_rate(hits, stale, misses),
+    ) {
+        (Some(r), _) => (Some(r), "stats"),
+        (None, Some(r)) => (Some(r), "responses"),
+        (None, None) => (None, "none"),
     };
 
     // Stages: the answers' timings cover exactly the measured requests; the stats window also

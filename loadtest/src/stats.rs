@@ -124,6 +124,14 @@ fn served_from_memory(hits: u64, stale: u64, negative: u64, lookups: u64) -> Opt
     (lookups > 0).then(|| (hits + stale + negative) as f64 / lookups as f64)
 }
 
+/// The same hit rate from the answers' `cache` fields, the fallback when `/v1/stats` has no view
+/// counters. An answer's `hits` counts every fresh lookup, found or cached-as-absent (the gateway's
+/// hits and negative together), so the lookups served from memory are `hits + stale` of
+/// `hits + stale + misses`. `None` when no answer carried a lookup.
+pub fn answers_hit_rate(hits: u64, stale: u64, misses: u64) -> Option<f64> {
+    served_from_memory(hits, stale, 0, hits + stale + misses)
+}
+
 /// Counter differences between two samples.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StatsDelta {
@@ -264,5 +272,16 @@ mod tests {
         assert!(delta(&b, &a, "ctr").is_none(), "counters going backwards");
         let empty: Stats = serde_json::from_str("{}").expect("empty");
         assert!(empty.views.is_empty());
+    }
+
+    #[test]
+    fn the_answers_hit_rate_counts_what_the_counters_count() {
+        // Counters: 6 hits, 2 stale, 3 misses, 1 negative. The answers carry the same lookups with
+        // the negative among the hits: 7 hits, 2 stale, 3 misses.
+        let counters = ViewDelta::from_parts(6.0, 2.0, 3.0, 1.0).expect("counters");
+        assert_eq!(counters.hit_rate, Some(9.0 / 12.0));
+        assert_eq!(answers_hit_rate(7, 2, 3), counters.hit_rate);
+        assert_eq!(answers_hit_rate(0, 0, 4), Some(0.0));
+        assert_eq!(answers_hit_rate(0, 0, 0), None, "no lookups, no rate");
     }
 }

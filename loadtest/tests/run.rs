@@ -95,6 +95,10 @@ async fn max_then_fraction_with_floor_writes_json_and_html() {
     ] {
         assert!(html.contains(&format!("<svg id=\"{id}\"")), "missing {id}");
     }
+    assert!(
+        html.contains("Hit rate = (hits + stale + negative) / (hits + stale + misses + negative)"),
+        "the definition the README and /v1/stats use"
+    );
     assert!(html.contains("<polyline"), "line charts have lines");
     assert!(html.contains("<rect"), "bar charts have bars");
     // Self-contained: nothing fetched from anywhere.

@@ -470,7 +470,7 @@ pub fn render(r: &RunResult) -> String {
     // Cache.
     let _ = write!(
         out,
-        "<h2>Cache</h2><p>Hit rate over the measured phase: <b>{}</b> (source: {}). Hit rate = hits / (hits + stale + misses + negative).</p>",
+        "<h2>Cache</h2><p>Hit rate over the measured phase: <b>{}</b> (source: {}). Hit rate = (hits + stale + negative) / (hits + stale + misses + negative): the lookups answered from memory, as /v1/stats computes it (in the answers' <code>cache</code>, <code>hits</code> already counts the negative ones).</p>",
         r.hit_rate.map_or_else(|| "n/a".into(), fmt_pct),
         esc(&r.hit_rate_source)
     );
