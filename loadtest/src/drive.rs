@@ -24,7 +24,9 @@ use crate::sample::stream_seed;
 use crate::scenario::Scenario;
 use crate::workload::Workload;
 
-/// Hard cap on requests one segment may start, whatever the rate and duration.
+/// Hard cap on requests one segment may start, whatever the rate and duration. Scenario validation
+/// refuses an open-loop rate x duration past it; a schedule it stops anyway (max-then-fraction's
+/// rate is known only after the sweep) reports the time its sends covered, not the duration.
 pub const MAX_REQUESTS_PER_SEGMENT: u64 = 100_000_000;
 /// Longest single sleep of the scheduler, so it notices cancellation promptly.
 const MAX_SLEEP: Duration = Duration::from_millis(50);
@@ -183,7 +185,8 @@ pub async fn open_loop(d: &Arc<Driver>, rate: f64, duration: Duration, stream: u
 
 /// Runs the fixed schedule on a blocking thread: every due send (intended time, body) goes to
 /// `tx`, batched per wake-up. Returns the time the schedule covered and the time its sends stand
-/// for, one interval each: 3 s at 0.4/s sends at 0 and 2.5 s, which stand for 5 s, not 3.
+/// for, one interval each: 3 s at 0.4/s sends at 0 and 2.5 s, which stand for 5 s, not 3. A schedule
+/// stopped by [`MAX_REQUESTS_PER_SEGMENT`] covered only the time its sends stand for.
 fn schedule(
     d: &Arc<Driver>,
     tx: &mpsc::UnboundedSender<Vec<(Instant, Bytes)>>,
@@ -193,7 +196,9 @@ fn schedule(
 ) -> (Duration, Duration) {
     let mut wl = Workload::new(&d.scenario, stream_seed(d.scenario.seed, stream));
     let interval = 1.0 / rate;
-    let max_sends = ((rate * duration.as_secs_f64()).ceil() as u64).min(MAX_REQUESTS_PER_SEGMENT);
+    let planned = (rate * duration.as_secs_f64()).ceil();
+    let capped = planned > MAX_REQUESTS_PER_SEGMENT as f64;
+    let max_sends = (planned as u64).min(MAX_REQUESTS_PER_SEGMENT);
     let t0 = Instant::now();
     // Completion times are measured from the instant the sends are timed from.
     lock(&d.collector).start_schedule(t0);
@@ -221,6 +226,9 @@ fn schedule(
         if !wait.is_zero() {
             std::thread::sleep(wait.max(MIN_SLEEP).min(MAX_SLEEP));
         }
+    }
+    if capped && i >= max_sends {
+        return (span(i).min(duration), span(i));
     }
     (duration, span(i))
 }

@@ -16,7 +16,7 @@ use hyper::{Method, StatusCode};
 use tokio::task::JoinHandle;
 
 use crate::client::{ExchangeError, Pool};
-use crate::drive::{Cancel, Driver, closed_loop, open_loop};
+use crate::drive::{Cancel, Driver, MAX_REQUESTS_PER_SEGMENT, closed_loop, open_loop};
 use crate::floor::FloorHandle;
 use crate::record::{Collector, Progress, STAGES, Segment, SharedCollector, Which, lock};
 use crate::report::{
@@ -550,6 +550,8 @@ struct Executed {
     max_rps: Option<f64>,
     floor_max_rps: Option<f64>,
     fraction: Option<f64>,
+    /// Warnings found while running (beside those read off the numbers).
+    warnings: Vec<String>,
 }
 
 /// Whether a segment's load ran at all (a segment opened after Ctrl-C is empty).
@@ -649,6 +651,15 @@ impl Runner {
                 let max = ex.max_rps.unwrap_or(0.0);
                 if !self.cancel.is_cancelled() && max > 0.0 {
                     let rate = max * fraction;
+                    let sends = rate * s.load.duration.as_secs_f64();
+                    if sends > MAX_REQUESTS_PER_SEGMENT as f64 {
+                        ex.warnings.push(format!(
+                            "the open-loop phase at {} for {:.0} s (load.duration_s) would send {sends:.0} requests: it stopped at the limit of {MAX_REQUESTS_PER_SEGMENT} per phase, after {:.0} s (measured_s); lower load.duration_s",
+                            report::fmt_rate(rate),
+                            s.load.duration.as_secs_f64(),
+                            MAX_REQUESTS_PER_SEGMENT as f64 / rate
+                        ));
+                    }
                     let label = format!(
                         "open loop at {} ({} x max)",
                         report::fmt_rate(rate),
@@ -995,6 +1006,7 @@ fn assemble(
             }
         ));
     }
+    warnings.extend(ex.warnings.iter().cloned());
     if interrupted {
         warnings.push(
             "interrupted: the numbers cover only what ran before Ctrl-C (or SIGTERM)".to_string(),

@@ -11,6 +11,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::time::Duration;
 
+use crate::drive::MAX_REQUESTS_PER_SEGMENT;
+
 use serde::Deserialize;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 
@@ -513,6 +515,21 @@ impl Check<'_> {
         Ok(v)
     }
 
+    /// A phase of `seconds` at `rate` stays within [`MAX_REQUESTS_PER_SEGMENT`] sends: past it the
+    /// schedule would stop early, measuring less than was asked for.
+    fn within_segment_cap(&self, key: &str, rate: f64, seconds: f64) -> Result<(), ScenarioError> {
+        let sends = rate * seconds;
+        if sends > MAX_REQUESTS_PER_SEGMENT as f64 {
+            return self.fail(
+                "load.rate",
+                format!(
+                    "x {key} must schedule at most {MAX_REQUESTS_PER_SEGMENT} requests in one phase (got {rate} rps x {seconds} s = {sends:.0}): lower one of them"
+                ),
+            );
+        }
+        Ok(())
+    }
+
     fn non_negative_f64(&self, key: &str, v: f64, max: f64) -> Result<f64, ScenarioError> {
         if !v.is_finite() || v < 0.0 {
             return self.fail(key, format!("must be 0 or more (got {v})"));
@@ -748,13 +765,24 @@ impl Scenario {
             origin: "command line",
         };
         let s = check.positive_f64("--duration-s", seconds, 86_400.0)?;
-        if let Mode::OpenLoop { rate } = self.load.mode
-            && rate * s < 1.0
-        {
-            return check.fail(
-                "--duration-s",
-                format!("x load.rate must schedule at least one request (got {s} s x {rate} rps)"),
-            );
+        if let Mode::OpenLoop { rate } = self.load.mode {
+            if rate * s < 1.0 {
+                return check.fail(
+                    "--duration-s",
+                    format!(
+                        "x load.rate must schedule at least one request (got {s} s x {rate} rps)"
+                    ),
+                );
+            }
+            if rate * s > MAX_REQUESTS_PER_SEGMENT as f64 {
+                return check.fail(
+                    "--duration-s",
+                    format!(
+                        "x load.rate must schedule at most {MAX_REQUESTS_PER_SEGMENT} requests in one phase (got {s} s x {rate} rps = {:.0}): lower one of them",
+                        rate * s
+                    ),
+                );
+            }
         }
         let d = Duration::from_secs_f64(s);
         self.load.duration = d;
@@ -874,6 +902,8 @@ fn validate(
                     ),
                 );
             }
+            c.within_segment_cap("load.duration_s", rate, duration_s)?;
+            c.within_segment_cap("load.warm_up_s", rate, warm_up_s)?;
             Mode::OpenLoop { rate }
         }
         ModeName::ClosedLoop => {
@@ -1269,5 +1299,47 @@ keys = 2000
             e.contains("--duration-s") && e.contains("at least one request"),
             "{e}"
         );
+        let mut fast = parse(&BASE.replace("rate = 100", "rate = 100000")).expect("open loop");
+        let e = fast
+            .override_duration_s(2_000.0)
+            .expect_err("2e8 requests")
+            .to_string();
+        assert!(
+            e.contains("--duration-s") && e.contains("at most 100000000 requests"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_open_loop_phase_past_the_request_cap_is_refused() {
+        // 1e6 rps for a day: 8.64e10 sends, far past what one phase may send.
+        let (key, msg) = invalid(
+            &BASE
+                .replace("rate = 100", "rate = 1000000")
+                .replace("duration_s = 5", "duration_s = 86400"),
+        );
+        assert_eq!(key, "load.rate");
+        for part in [
+            "load.duration_s",
+            "at most 100000000 requests",
+            "86400000000",
+        ] {
+            assert!(msg.contains(part), "{part:?} missing from: {msg}");
+        }
+        // The warm-up runs at the same rate, under the same cap.
+        let (key, msg) = invalid(
+            &BASE
+                .replace("rate = 100", "rate = 100000")
+                .replace("duration_s = 5", "duration_s = 5\nwarm_up_s = 1001"),
+        );
+        assert_eq!(key, "load.rate");
+        assert!(msg.contains("load.warm_up_s"), "{msg}");
+        // Right at the cap is fine.
+        parse(
+            &BASE
+                .replace("rate = 100", "rate = 100000")
+                .replace("duration_s = 5", "duration_s = 1000"),
+        )
+        .expect("exactly 1e8 requests");
     }
 }
