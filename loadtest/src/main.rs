@@ -248,18 +248,8 @@ fn run(
             if r.interrupted {
                 return ExitCode::from(130);
             }
-            if r.hydrant.requests > 0 && r.hydrant.ok == 0 {
-                eprintln!("error: no request succeeded");
-                return ExitCode::from(3);
-            }
-            if let Some(max) = max_error_rate
-                && r.hydrant.error_rate > max
-            {
-                eprintln!(
-                    "error: error rate {} exceeds max_error_rate {}",
-                    report::fmt_pct(r.hydrant.error_rate),
-                    report::fmt_pct(max)
-                );
+            if let Some(why) = r.failure(max_error_rate) {
+                eprintln!("error: {why}");
                 return ExitCode::from(3);
             }
             ExitCode::SUCCESS

@@ -153,6 +153,41 @@ pub struct RunResult {
     pub scenario_toml: String,
 }
 
+impl RunResult {
+    /// Why the run fails its error budget (exit 3), if it does: a measured phase in which no
+    /// request succeeded, or whose error rate is above `max_error_rate`. In closed-loop mode every
+    /// step is measured and each is held to this on its own (the headline is only the fastest
+    /// step); in the other modes the measured phase is the headline (in max-then-fraction mode, the
+    /// open-loop phase: the sweep's errors are warnings).
+    pub fn failure(&self, max_error_rate: Option<f64>) -> Option<String> {
+        let phases: Vec<(Option<&str>, &LatencySummary)> =
+            if self.mode == "closed-loop" && !self.steps.is_empty() {
+                self.steps
+                    .iter()
+                    .map(|s| (Some(s.label.as_str()), &s.hydrant))
+                    .collect()
+            } else {
+                vec![(None, &self.hydrant)]
+            };
+        let in_step =
+            |label: Option<&str>| label.map_or_else(String::new, |l| format!(" in step {l}"));
+        if let Some((label, _)) = phases.iter().find(|(_, p)| p.requests > 0 && p.ok == 0) {
+            return Some(format!("no request succeeded{}", in_step(*label)));
+        }
+        let max = max_error_rate?;
+        let (label, worst) = phases
+            .iter()
+            .filter(|(_, p)| p.error_rate > max)
+            .max_by(|a, b| a.1.error_rate.total_cmp(&b.1.error_rate))?;
+        Some(format!(
+            "error rate {}{} exceeds max_error_rate {}",
+            fmt_pct(worst.error_rate),
+            in_step(*label),
+            fmt_pct(max)
+        ))
+    }
+}
+
 /// The entries of a per-stage map in pipeline order ([`crate::record::STAGES`]), then any others.
 pub fn in_stage_order<V>(m: &BTreeMap<String, V>) -> Vec<(&String, &V)> {
     let rank = |k: &str| {

@@ -835,6 +835,29 @@ fn summary(seg: &Segment) -> LatencySummary {
     }
 }
 
+/// A warning when more than 1% of `sum`'s requests failed other than by a refusal at
+/// `load.max_in_flight` (which has its own). Percentiles hold the successful answers and the timeouts
+/// (at the time given up, a lower bound); the other failures are in no percentile, so a share of them
+/// makes the percentiles flattering.
+fn failure_warning(who: &str, sum: &LatencySummary, note: &str) -> Option<String> {
+    let overload = sum.errors_by_kind.get("overload").copied().unwrap_or(0);
+    let failed = sum.errors.saturating_sub(overload);
+    if sum.requests == 0 || failed as f64 <= 0.01 * sum.requests as f64 {
+        return None;
+    }
+    let kinds: Vec<String> = sum
+        .errors_by_kind
+        .iter()
+        .filter(|(k, _)| k.as_str() != "overload")
+        .map(|(k, n)| format!("{n} {k}"))
+        .collect();
+    Some(format!(
+        "{who}: {failed} of {} requests failed ({}): timeouts are in the latency percentiles at the time they were given up (timeout_ms), other failures in none{note}",
+        sum.requests,
+        kinds.join(", ")
+    ))
+}
+
 fn ratio(a: f64, b: f64) -> Option<f64> {
     (b > 0.0 && a.is_finite()).then(|| a / b)
 }
@@ -953,6 +976,24 @@ fn assemble(
         None
     };
 
+    let steps: Vec<StepResult> = if ex.sweep {
+        ex.phases
+            .iter()
+            .filter_map(|p| match p.shape {
+                Shape::Closed(c) => Some(StepResult {
+                    label: p.label.clone(),
+                    concurrency: Some(c),
+                    rate: None,
+                    hydrant: summary(&p.hydrant),
+                    floor: p.floor.as_ref().map(summary),
+                }),
+                Shape::Open(_) => None,
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+
     let mut warnings = Vec::new();
     let late_limit = 0.05;
     for (name, sum) in
@@ -972,23 +1013,27 @@ fn assemble(
             ));
         }
     }
-    // Percentiles hold the successful answers and the timeouts (at the time given up, a lower bound);
-    // the other failures are in no percentile, so a share of them makes the percentiles flattering.
-    // (The floor's failures have their own warning below; refusals at max_in_flight have theirs above.)
-    let overload = hydrant.errors_by_kind.get("overload").copied().unwrap_or(0);
-    let failed = hydrant.errors.saturating_sub(overload);
-    if hydrant.requests > 0 && failed as f64 > 0.01 * hydrant.requests as f64 {
-        let kinds: Vec<String> = hydrant
-            .errors_by_kind
-            .iter()
-            .filter(|(k, _)| k.as_str() != "overload")
-            .map(|(k, n)| format!("{n} {k}"))
-            .collect();
-        warnings.push(format!(
-            "hydrant: {failed} of {} requests failed ({}): timeouts are in the latency percentiles at the time they were given up (timeout_ms), other failures in none",
-            hydrant.requests,
-            kinds.join(", ")
-        ));
+    // In closed-loop mode every step is measured and the headline is only the fastest of them, so
+    // each step's failures are warned about; in max-then-fraction mode the sweep's steps are warned
+    // about beside the measured phase, since their failures skew the max the open-loop rate derives
+    // from. A headline that is a step (closed loop, or a sweep cut short) has its step's warning.
+    let closed_loop = matches!(s.load.mode, Mode::ClosedLoop { .. });
+    let headline_is_step = headline.is_some_and(|p| matches!(p.shape, Shape::Closed(_)));
+    if !headline_is_step && let Some(w) = failure_warning("hydrant", &hydrant, "") {
+        warnings.push(w);
+    }
+    for step in &steps {
+        let (who, note) = if closed_loop {
+            (format!("hydrant, step {}", step.label), "")
+        } else {
+            (
+                format!("hydrant, sweep step {}", step.label),
+                "; the sweep's max throughput, which sets the open-loop rate, counts only the successful answers",
+            )
+        };
+        if let Some(w) = failure_warning(&who, &step.hydrant, note) {
+            warnings.push(w);
+        }
     }
     // A floor that fails is no floor: the ratios to it compare against errors.
     if let Some(f) = &floor
@@ -1028,24 +1073,6 @@ fn assemble(
         p50: ratio(us_or_nan(hydrant.p50_us), us_or_nan(f.p50_us)),
         p99: ratio(us_or_nan(hydrant.p99_us), us_or_nan(f.p99_us)),
     });
-
-    let steps = if ex.sweep {
-        ex.phases
-            .iter()
-            .filter_map(|p| match p.shape {
-                Shape::Closed(c) => Some(StepResult {
-                    label: p.label.clone(),
-                    concurrency: Some(c),
-                    rate: None,
-                    hydrant: summary(&p.hydrant),
-                    floor: p.floor.as_ref().map(summary),
-                }),
-                Shape::Open(_) => None,
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
 
     let (timeline, floor_timeline) = {
         let c = lock(&runner.collector);

@@ -297,6 +297,111 @@ async fn floor_target_passes_the_model_probe() {
     let _ = tokio::task::spawn_blocking(move || drop(floor)).await;
 }
 
+/// The part of the HTML report from its "Errors" heading to the next heading.
+fn errors_section(html: &str) -> &str {
+    let start = html.find("<h2>Errors</h2>").unwrap_or(html.len());
+    let rest = &html[start..];
+    let end = rest[1..].find("<h2>").map_or(rest.len(), |i| i + 1);
+    &rest[..end]
+}
+
+/// A target that answers 503 whenever another request is open: the first step of a sweep
+/// (concurrency 1) is clean and has the highest throughput, the second (concurrency 8) fails
+/// almost entirely. Its failures must not hide behind the clean step's numbers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_step_that_fails_is_warned_about_and_listed() {
+    for (mode, load) in [
+        (
+            "closed-loop",
+            "mode = \"closed-loop\"\nconcurrency = [1, 8]\nduration_s = 1",
+        ),
+        (
+            "max-then-fraction",
+            "mode = \"max-then-fraction\"\nconcurrency = [1, 8]\nstep_s = 1\nfraction = 0.2\nduration_s = 0.5",
+        ),
+    ] {
+        let gw = FakeGateway::start(FakeConfig {
+            delay: Duration::from_millis(2),
+            overloaded_above: Some(1),
+            ..FakeConfig::default()
+        })
+        .await;
+        let s = scenario(&gw.url(), load, "");
+        let out = run(s, &quiet(temp_dir("failing-step")), Cancel::new())
+            .await
+            .expect("run");
+        let r = &out.result;
+        let step8 = &r.steps[1].hydrant;
+        assert!(
+            step8.error_rate > 0.5,
+            "{mode}: the fake fails the concurrent step: {step8:?}"
+        );
+        assert_eq!(
+            r.steps[0].hydrant.errors, 0,
+            "{mode}: one at a time is fine"
+        );
+        if mode == "closed-loop" {
+            assert_eq!(r.headline, "concurrency 1", "the clean step is the best");
+        }
+        let warned: Vec<&String> = r
+            .warnings
+            .iter()
+            .filter(|w| w.contains("concurrency 8") && w.contains("503"))
+            .collect();
+        assert_eq!(warned.len(), 1, "{mode}: {:?}", r.warnings);
+        let html = std::fs::read_to_string(&out.html_path).expect("html");
+        let errors = errors_section(&html);
+        if mode == "closed-loop" {
+            assert!(
+                !errors.contains("None in"),
+                "{mode}: every step is measured: {errors}"
+            );
+        }
+        assert!(
+            errors.contains("concurrency 8") && errors.contains("503"),
+            "{mode}: {errors}"
+        );
+    }
+}
+
+/// The binary holds every measured step of a closed-loop sweep to `max_error_rate`, not only the
+/// highest-throughput one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_fails_a_closed_loop_sweep_whose_step_exceeds_max_error_rate() {
+    let gw = FakeGateway::start(FakeConfig {
+        delay: Duration::from_millis(2),
+        overloaded_above: Some(1),
+        ..FakeConfig::default()
+    })
+    .await;
+    let dir = temp_dir("bin-failing-step");
+    let file = dir.join("sweep.toml");
+    let text = std::fs::read_to_string(crate_path("scenarios/smoke.toml")).expect("smoke");
+    let load_start = text.find("[load]").expect("a [load] table");
+    let load_end = text[load_start + 1..]
+        .find("\n[")
+        .map_or(text.len(), |i| load_start + 1 + i);
+    let text = format!(
+        "{}[load]\nmode = \"closed-loop\"\nconcurrency = [1, 8]\nduration_s = 1\n{}",
+        &text[..load_start],
+        &text[load_end..]
+    );
+    std::fs::write(&file, &text).expect("write");
+    assert!(text.contains("max_error_rate = 0.01"), "{text}");
+    let out = output(run_command("1", &gw.url(), &dir.join("out"), &file)).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
+    assert!(
+        stderr.contains("concurrency 8") && stderr.contains("max_error_rate"),
+        "{stderr}"
+    );
+}
+
 /// Ctrl-C in the first hydrant half of a sweep's first step: the floor never ran, so it has no
 /// throughput (null, `-`), not 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

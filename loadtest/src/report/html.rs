@@ -615,18 +615,69 @@ pub fn render(r: &RunResult) -> String {
     }
 
     // Errors.
+    // In a sweep every step's errors are listed: in closed-loop mode each step is measured (the
+    // headline is only the fastest), and in max-then-fraction mode the steps set the open-loop rate.
     out.push_str("<h2>Errors</h2>");
-    if h.errors_by_kind.is_empty() {
-        out.push_str("<p>None in the measured phase.</p>");
+    let failed_steps: Vec<&super::StepResult> =
+        r.steps.iter().filter(|s| s.hydrant.errors > 0).collect();
+    if h.errors_by_kind.is_empty() && failed_steps.is_empty() {
+        out.push_str(if r.steps.is_empty() {
+            "<p>None in the measured phase.</p>"
+        } else {
+            "<p>None in the measured phase or in any step of the sweep.</p>"
+        });
     } else {
-        out.push_str("<table><tr><th>status or kind</th><th>count</th></tr>");
-        for (k, v) in &h.errors_by_kind {
-            let _ = write!(out, "<tr><td>{}</td><td>{}</td></tr>", esc(k), v);
+        // In closed-loop mode the headline is one of the steps, all listed below.
+        let closed_loop = r.mode == "closed-loop";
+        if h.errors_by_kind.is_empty() {
+            if !closed_loop {
+                let _ = write!(
+                    out,
+                    "<p>None in the measured phase ({}).</p>",
+                    esc(&r.headline)
+                );
+            }
+        } else {
+            let _ = write!(
+                out,
+                "<p>{} ({}):</p><table><tr><th>status or kind</th><th>count</th></tr>",
+                if closed_loop {
+                    "The highest-throughput step, whose numbers are the top-level ones"
+                } else {
+                    "Measured phase"
+                },
+                esc(&r.headline)
+            );
+            for (k, v) in &h.errors_by_kind {
+                let _ = write!(out, "<tr><td>{}</td><td>{}</td></tr>", esc(k), v);
+            }
+            for (k, v) in &r.error_codes {
+                let _ = write!(out, "<tr><td>code {}</td><td>{}</td></tr>", esc(k), v);
+            }
+            out.push_str("</table>");
         }
-        for (k, v) in &r.error_codes {
-            let _ = write!(out, "<tr><td>code {}</td><td>{}</td></tr>", esc(k), v);
+        if !failed_steps.is_empty() {
+            out.push_str("<p>Steps of the sweep with errors:</p><table><tr><th>step</th><th>requests</th><th>errors</th><th>by status or kind</th></tr>");
+            for s in failed_steps {
+                let kinds: Vec<String> = s
+                    .hydrant
+                    .errors_by_kind
+                    .iter()
+                    .map(|(k, v)| format!("{k}: {v}"))
+                    .collect();
+                let _ = write!(
+                    out,
+                    "<tr><td>{}</td><td>{}</td><td>{} ({})</td><td>{}</td></tr>",
+                    esc(&s.label),
+                    s.hydrant.requests,
+                    s.hydrant.errors,
+                    fmt_pct(s.hydrant.error_rate),
+                    esc(&kinds.join(", "))
+                );
+            }
+            out.push_str("</table>");
         }
-        out.push_str("</table><p class=\"note\">overload: not sent because max_in_flight requests were already open; timeout: no full answer within timeout_ms; connect/io: the connection failed.</p>");
+        out.push_str("<p class=\"note\">overload: not sent because max_in_flight requests were already open; timeout: no full answer within timeout_ms; connect/io: the connection failed.</p>");
     }
     if r.degraded > 0 {
         let _ = write!(out, "<p>Degraded answers: {}</p>", r.degraded);

@@ -33,6 +33,9 @@ pub struct FakeConfig {
     /// The models served (predict for any other answers 404 `unknown_model`, as hydrant does);
     /// `None` serves every model.
     pub models: Option<Vec<String>>,
+    /// A predict that finds more than this many predicts open (itself included) is answered 503
+    /// `overloaded` after the same delay, as a backend that takes one caller at a time would.
+    pub overloaded_above: Option<u64>,
 }
 
 struct Fake {
@@ -41,6 +44,8 @@ struct Fake {
     requests: AtomicU64,
     /// Predict calls received, whatever their answer.
     predicts: Arc<AtomicU64>,
+    /// Predicts being answered right now.
+    open: AtomicU64,
     hits: AtomicU64,
     misses: AtomicU64,
     seen: Mutex<HashSet<String>>,
@@ -61,6 +66,7 @@ impl FakeGateway {
             started: Instant::now(),
             requests: AtomicU64::new(0),
             predicts: predicts.clone(),
+            open: AtomicU64::new(0),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             seen: Mutex::new(HashSet::new()),
@@ -115,6 +121,15 @@ async fn predict(
     body: Bytes,
 ) -> Response {
     st.predicts.fetch_add(1, Ordering::Relaxed);
+    let _open = Open::enter(&st.open);
+    if let Some(limit) = st.cfg.overloaded_above
+        && _open.count > limit
+    {
+        tokio::time::sleep(st.cfg.delay).await;
+        let body = serde_json::json!({"error": {"code": "overloaded",
+            "message": "too many requests open", "field": ""}});
+        return (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
+    }
     if let Some(models) = &st.cfg.models
         && !models.contains(&model)
     {
@@ -192,6 +207,26 @@ async fn predict(
         ([(header::CONTENT_TYPE, "application/msgpack")], bytes).into_response()
     } else {
         axum::Json(answer).into_response()
+    }
+}
+
+/// Counts a predict as open from its arrival until its answer is built (or the client goes away).
+struct Open<'a> {
+    open: &'a AtomicU64,
+    /// Open predicts when this one arrived, itself included.
+    count: u64,
+}
+
+impl<'a> Open<'a> {
+    fn enter(open: &'a AtomicU64) -> Open<'a> {
+        let count = open.fetch_add(1, Ordering::SeqCst) + 1;
+        Open { open, count }
+    }
+}
+
+impl Drop for Open<'_> {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
