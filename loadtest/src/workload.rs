@@ -3,7 +3,7 @@
 //! Bodies are built per request (not from a pre-built pool) so the key stream really follows the
 //! scenario's Zipf law for the whole run; building one costs a few microseconds.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::sync::Arc;
 
@@ -63,6 +63,11 @@ pub struct Workload {
     user: String,
     cands: Vec<String>,
     seen: HashSet<u64>,
+    /// For a taken key, a key at or after it (cyclically) from which the next unused one is
+    /// searched: the taken keys' chains, compressed as they are walked, so the fallback of
+    /// [`Workload::draw_candidates`] finds the next unused key without scanning every taken one.
+    skip: HashMap<u64, u64>,
+    path: Vec<u64>,
 }
 
 impl Workload {
@@ -80,6 +85,8 @@ impl Workload {
             user: String::new(),
             cands: Vec::new(),
             seen: HashSet::new(),
+            skip: HashMap::new(),
+            path: Vec::new(),
         }
     }
 
@@ -132,6 +139,7 @@ impl Workload {
             self.cands.push(String::new());
         }
         self.seen.clear();
+        self.skip.clear();
         // Distinct draws from a steep Zipf head repeat often; after a bounded number of retries the
         // rest are the next unused keys after a random one (validate() guarantees n <= keys when
         // distinct, so there always are enough).
@@ -145,10 +153,7 @@ impl Workload {
                 if tries < max_tries {
                     continue;
                 }
-                let keys = self.items.keys;
-                while self.seen.contains(&idx) {
-                    idx = (idx + 1) % keys;
-                }
+                idx = self.next_unused(idx);
             }
             if self.distinct {
                 self.seen.insert(idx);
@@ -156,6 +161,26 @@ impl Workload {
             self.items.format(idx, &mut self.cands[i]);
             i += 1;
         }
+    }
+
+    /// The first key at or after `idx` (cyclically) not taken in this request: what a scan key by
+    /// key would find, in amortized O(log n) (path compression) rather than O(n) per call, so a
+    /// request of 10,000 candidates over a steep head stays linear-ish. There always is one, since
+    /// validate() keeps the candidates at most `items.keys` when distinct.
+    fn next_unused(&mut self, idx: u64) -> u64 {
+        let keys = self.items.keys;
+        let mut at = idx;
+        self.path.clear();
+        // Each step moves to a key further on (cyclically) that was unused when its link was set,
+        // and at most n keys are taken: bounded by the taken keys.
+        while self.seen.contains(&at) {
+            self.path.push(at);
+            at = self.skip.get(&at).copied().unwrap_or((at + 1) % keys);
+        }
+        for &p in &self.path {
+            self.skip.insert(p, at);
+        }
+        at
     }
 }
 
@@ -329,6 +354,55 @@ device = {{ one_of = ["ios", "android", "web"] }}
                 .collect();
             assert_eq!(items.len(), 50, "all 50 keys, none twice");
         }
+    }
+
+    /// 10,000 distinct candidates from 10,000 keys over a steep head: nearly every draw repeats, so
+    /// most candidates come from the fallback. It must be as a scan would make it (each the first
+    /// unused key at or after the draw) and quick.
+    #[test]
+    fn the_distinct_fallback_is_the_next_unused_key_and_quick() {
+        let text = scenario("", "2000")
+            .source
+            .replace("candidates = 2000", "candidates = 10000")
+            .replace("keys = 2000", "keys = 10000\nzipf = 3.0");
+        let s = Scenario::from_toml_str(&text, "t", "t").expect("scenario");
+        let mut w = Workload::new(&s, 3);
+        let started = std::time::Instant::now();
+        for _ in 0..3 {
+            w.next_body();
+            let mut got: Vec<u64> = w.cands[..10_000]
+                .iter()
+                .map(|c| c.trim_start_matches("i_").parse().expect("index"))
+                .collect();
+            got.sort_unstable();
+            assert!(got.iter().copied().eq(0..10_000), "every key once");
+        }
+        assert!(
+            started.elapsed()
+                < std::time::Duration::from_secs(if cfg!(debug_assertions) { 5 } else { 1 }),
+            "three requests took {:?}",
+            started.elapsed()
+        );
+
+        // Against a plain scan, on a key space with gaps to jump and the wrap-around at the end.
+        let mut w = Workload::new(&scenario("", "1"), 1);
+        w.items.keys = 10;
+        for taken in [2, 3, 4, 7, 9, 0] {
+            w.seen.insert(taken);
+        }
+        let scan = |seen: &HashSet<u64>, mut at: u64| {
+            while seen.contains(&at) {
+                at = (at + 1) % 10;
+            }
+            at
+        };
+        for draw in [2, 9, 7, 3] {
+            let expected = scan(&w.seen, draw);
+            let got = w.next_unused(draw);
+            assert_eq!(got, expected, "after drawing {draw}");
+            w.seen.insert(got);
+        }
+        assert_eq!(w.seen.len(), 10, "all keys taken");
     }
 
     #[test]
