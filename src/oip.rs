@@ -31,11 +31,37 @@ impl IntoResponse for OipError {
     }
 }
 
+/// The request, or a 400 naming the field (`inputs[0].shape[1]: ...`) in the protocol's words rather
+/// than Rust's.
+fn parse_request(body: &[u8]) -> Result<InferRequest, OipError> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let req: InferRequest = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let what = inner.to_string();
+        let what = what
+            .rfind(" at line ")
+            .map_or(what.as_str(), |i| &what[..i]);
+        let what = what
+            .replace("expected i64", "expected an integer")
+            .replace("expected a sequence", "expected a list");
+        if inner.is_syntax() || inner.is_eof() || path == "." || path.contains('?') {
+            bad(format!("invalid infer request: {what}"))
+        } else {
+            bad(format!("invalid infer request: {path}: {what}"))
+        }
+    })?;
+    de.end()
+        .map_err(|e| bad(format!("invalid infer request: {e}")))?;
+    Ok(req)
+}
+
 fn bad(msg: impl Into<String>) -> OipError {
     OipError(StatusCode::BAD_REQUEST, msg.into())
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "an infer request object")]
 pub struct InferRequest {
     #[serde(default)]
     pub id: Option<String>,
@@ -47,6 +73,10 @@ pub struct InferRequest {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "an input tensor object ({\"name\", \"shape\", \"datatype\", \"data\"})"
+)]
 pub struct InputTensor {
     pub name: String,
     pub shape: Vec<i64>,
@@ -57,6 +87,10 @@ pub struct InputTensor {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a requested output object ({\"name\": ...})"
+)]
 pub struct RequestedOutput {
     pub name: String,
     #[serde(default)]
@@ -178,8 +212,7 @@ async fn run_infer(
             ));
         }
     }
-    let req: InferRequest =
-        serde_json::from_slice(body).map_err(|e| bad(format!("invalid infer request: {e}")))?;
+    let req = parse_request(body)?;
     let info = engine.info();
     let width = engine.model().width;
     if req.inputs.len() != 1 {
@@ -229,21 +262,7 @@ async fn run_infer(
             "{rows} rows is more than the limit of {max_rows} (limits.max_candidates)"
         )));
     }
-    let expected = rows * width;
-    let mut buf = engine.take_buffer();
-    buf.clear();
-    if let Err(e) = flatten(&input.data, &mut buf, expected, width) {
-        engine.give_buffer(buf);
-        return Err(bad(format!("input `{}` data: {e}", input.name)));
-    }
-    if buf.len() != expected {
-        let n = buf.len();
-        engine.give_buffer(buf);
-        return Err(bad(format!(
-            "input `{}` has {n} elements; shape {:?} needs {expected}",
-            input.name, input.shape
-        )));
-    }
+    // Every check that needs no buffer comes before one is taken from the pool.
     check_parameters(String::new, req.parameters.as_ref())?;
     for (i, t) in req.inputs.iter().enumerate() {
         check_parameters(|| format!("inputs[{i}]."), t.parameters.as_ref())?;
@@ -281,6 +300,21 @@ async fn run_infer(
             v
         }
     };
+    let expected = rows * width;
+    let mut buf = engine.take_buffer();
+    buf.clear();
+    if let Err(e) = flatten(&input.data, &mut buf, expected, width) {
+        engine.give_buffer(buf);
+        return Err(bad(format!("input `{}` data: {e}", input.name)));
+    }
+    if buf.len() != expected {
+        let n = buf.len();
+        engine.give_buffer(buf);
+        return Err(bad(format!(
+            "input `{}` has {n} elements; shape {:?} needs {expected}",
+            input.name, input.shape
+        )));
+    }
     let deadline = started + gw.config.limits.request_timeout;
     t.set(Stage::Decode, laps.lap());
     let out = engine

@@ -336,6 +336,33 @@ async fn v2_infer_rejects_bad_tensors_with_the_reason() {
             "expected a JSON object",
         ),
         ("null", json!(null), "expected a JSON object"),
+        // Type errors name the field, in the protocol's words.
+        (
+            "a dimension as a string",
+            json!({"inputs": [{"name": "features", "shape": [1, "27"], "datatype": "FP32", "data": row}]}),
+            "invalid infer request: inputs[0].shape[1]: invalid type: string \"27\", expected an integer",
+        ),
+        (
+            "an output as a string",
+            json!({"inputs": [{"name": "features", "shape": [1, 27], "datatype": "FP32", "data": row}], "outputs": ["score"]}),
+            "outputs[0]: invalid type: string \"score\", expected a requested output object",
+        ),
+        (
+            "a numeric id",
+            json!({"id": 5, "inputs": [{"name": "features", "shape": [1, 27], "datatype": "FP32", "data": row}]}),
+            "id: invalid type: integer `5`, expected a string",
+        ),
+        // Unknown fields are refused, as on every other route, rather than silently ignored.
+        (
+            "an unknown field",
+            json!({"inputs": [{"name": "features", "shape": [1, 27], "datatype": "FP32", "data": row}], "extra": 1}),
+            "unknown field `extra`",
+        ),
+        (
+            "an unknown tensor field",
+            json!({"inputs": [{"name": "features", "shape": [1, 27], "datatype": "FP32", "data": row, "dtype": "FP32"}]}),
+            "inputs[0].dtype: unknown field `dtype`",
+        ),
     ];
     for (name, body, needle) in cases {
         let r = app
