@@ -808,6 +808,13 @@ pub async fn write_through(
     })
 }
 
+/// Checks a CSV file's header against `view` as loading it would (a column named twice, one the view does
+/// not have, no entity key column), reading no further, so that a command loading several files can
+/// refuse a bad header before it writes any.
+pub fn check_csv_header<R: BufRead>(view: &View, reader: R) -> anyhow::Result<()> {
+    csv_rows(view, reader).map(|_| ())
+}
+
 /// CSV rows as JSON objects typed by the view. The header row names the entity key, `event_timestamp` and
 /// features; a cell is typed by its column's feature, an empty cell is a missing value, and a `float32[N]`
 /// cell holds a JSON list.

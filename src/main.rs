@@ -157,6 +157,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         file.display()
                     );
                 }
+                // A CSV header the view cannot take fails its file whole: found now, for every file that
+                // can be read twice (not a pipe), rather than after the files before it were loaded.
+                let mut f = f;
+                if hydrant::loader::is_csv(file) && f.metadata().is_ok_and(|m| m.is_file()) {
+                    hydrant::loader::check_csv_header(v, std::io::BufReader::new(&f))
+                        .map_err(|e| anyhow::anyhow!("{}: {e:#} (nothing was loaded)", file.display()))?;
+                    std::io::Seek::rewind(&mut f).map_err(|e| {
+                        anyhow::anyhow!("cannot read {}: {e} (nothing was loaded)", file.display())
+                    })?;
+                }
                 opened.push(f);
             }
             // Nothing is written while the store connects: a signal then stops at once.

@@ -409,6 +409,44 @@ fn a_serve_that_fails_at_start_up_leaves_no_store_file_behind() {
     );
 }
 
+/// A CSV header the view cannot take, in the last of several files, is refused before the first file
+/// is loaded: a run loads all its files or, for such a mistake, none.
+#[test]
+fn a_bad_csv_header_in_a_later_file_loads_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let good = dir.path().join("good.jsonl");
+    std::fs::write(&good, "{\"user_id\": \"u_first\", \"age\": 3}\n").expect("write");
+    let bad = dir.path().join("later.csv");
+    std::fs::write(&bad, "user_id,age,age\nu_later,1,2\n").expect("write");
+    let store = dir.path().join("s.redb");
+    let err = fails(
+        hydrant(&root())
+            .env("HYDRANT_STORE__EMBEDDED__PATH", &store)
+            .args(["load", "--view", "user_profile"])
+            .arg(&good)
+            .arg(&bad),
+    );
+    assert!(
+        err.contains("later.csv: the CSV header names the column `age` twice")
+            && err.contains("nothing was loaded"),
+        "{err}"
+    );
+    assert!(!store.exists(), "no store was created, so nothing was written");
+    // With the header put right, both files load.
+    std::fs::write(&bad, "user_id,age\nu_later,1\n").expect("write");
+    let out = hydrant(&root())
+        .env("HYDRANT_STORE__EMBEDDED__PATH", &store)
+        .args(["load", "--view", "user_profile"])
+        .arg(&good)
+        .arg(&bad)
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("later.csv: 1 rows written"), "{said}");
+}
+
 /// A compressed data file is refused by name before anything is opened, the store included, rather
 /// than read as text and refused line by line as "not UTF-8".
 #[test]
