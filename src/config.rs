@@ -726,10 +726,23 @@ impl Config {
                 "must not be shorter than store.redis.reconnect_min_delay".to_owned(),
             ));
         }
-        if self.store.prefix.is_empty() || self.store.prefix.contains(char::is_whitespace) {
+        if self.store.prefix.is_empty()
+            || self
+                .store
+                .prefix
+                .contains(|c: char| c.is_whitespace() || c.is_control())
+        {
             return Err((
                 "store.prefix",
                 "expected a non-empty prefix without whitespace".to_owned(),
+            ));
+        }
+        // In Redis Cluster the part of a key between `{` and `}` alone picks its slot: every key of the
+        // deployment would land on one node.
+        if self.store.prefix.contains(['{', '}']) {
+            return Err((
+                "store.prefix",
+                "expected a prefix without `{` or `}`: in Redis Cluster they make a hash tag, which would put every key on one node".to_owned(),
             ));
         }
         check_redis_url(&redis.url).map_err(|reason| ("store.redis.url", reason))?;
@@ -824,6 +837,20 @@ fn check_redis_url(url: &str) -> Result<(), String> {
                 && db.parse::<u8>().is_err()
             {
                 return Err("not a valid Redis URL: the database (the path, as in redis://host:6379/1) must be a number from 0 to 255 (the URL is not shown: it may hold a password)".to_owned());
+            }
+            // The client reads one query parameter, `node` (more cluster seed nodes), and ignores every
+            // other: a misspelt one would silently do nothing.
+            let cluster = scheme.to_ascii_lowercase().ends_with("-cluster");
+            let query = rest.split('#').next().unwrap_or_default().split_once('?');
+            for pair in query.map(|(_, q)| q).unwrap_or_default().split('&') {
+                let key = pair.split('=').next().unwrap_or_default();
+                if key.is_empty() || (cluster && key == "node") {
+                    continue;
+                }
+                let shown: String = key.chars().take(40).collect();
+                return Err(format!(
+                    "not a valid Redis URL: the query parameter `{shown}` is not one hydrant's Redis client reads; it reads only `node=HOST:PORT` (more seed nodes, in redis-cluster:// and rediss-cluster:// URLs) (the URL is not shown: it may hold a password)"
+                ));
             }
             // Parsed here, as the client will parse it, so a typo is a start-up error naming the
             // file or variable, in words rather than the URL parser's.
@@ -1450,8 +1477,10 @@ mod tests {
             "redis://127.0.0.1:6379",
             "rediss://h:6380/1",
             "redis-cluster://h:1?node=h:2",
+            "rediss-cluster://h:1?node=h:2&node=h:3",
             "rediss-cluster://h:1",
             "REDIS://h:1",
+            "redis://h:1/0?",
         ] {
             Config::load(None, env(&[("HYDRANT_STORE__REDIS__URL", url)]))
                 .unwrap_or_else(|e| panic!("{url}: {e}"));
@@ -1462,6 +1491,13 @@ mod tests {
             ("redis://:secret@127.0.0.1:6379/abc", "the database"),
             ("redis://:secret@127.0.0.1:6379/1/2", "the database"),
             ("redis://:secret@127.0.0.1:6379/256", "the database"),
+            // A query parameter the client would ignore, misspelt or not for this scheme.
+            (
+                "redis-cluster://:secret@h:1?nodes=h:2",
+                "the query parameter `nodes` is not one",
+            ),
+            ("redis://:secret@h:1?node=h:2", "the query parameter `node`"),
+            ("redis://:secret@h:1/0?timeout=5", "`timeout`"),
         ] {
             let e = load_err(&[("HYDRANT_STORE__REDIS__URL", url)]);
             assert!(
@@ -1612,6 +1648,14 @@ mod tests {
         .expect("strings");
         assert_eq!(c.store.prefix, "2024");
         assert_eq!(c.store.embedded.path, PathBuf::from("true"));
+        // A namespace is fine; a Redis Cluster hash tag is not.
+        let ns = Config::load(None, env(&[("HYDRANT_STORE__PREFIX", "team:hy")])).expect("colon");
+        assert_eq!(ns.store.prefix, "team:hy");
+        let tag = load_err(&[("HYDRANT_STORE__PREFIX", "hy{1}")]);
+        assert!(
+            tag.contains("HYDRANT_STORE__PREFIX") && tag.contains("hash tag"),
+            "{tag}"
+        );
         assert_eq!(c.telemetry.log_level, "debug");
         // A key that takes no string keeps the first, clearer reason, and names the variable.
         let e = load_err(&[("HYDRANT_LIMITS__MAX_CANDIDATES", "1.5")]);

@@ -1623,10 +1623,17 @@ features:
 
     #[test]
     fn flow_collections_nested_past_the_limit_are_refused_with_their_line() {
-        let ok = format!("a: {}{}\n", "[".repeat(MAX_FLOW_DEPTH), "]".repeat(MAX_FLOW_DEPTH));
+        let ok = format!(
+            "a: {}{}\n",
+            "[".repeat(MAX_FLOW_DEPTH),
+            "]".repeat(MAX_FLOW_DEPTH)
+        );
         assert_eq!(check_flow_depth(&ok), Ok(()));
         // Depth, not count: many shallow lists pass.
-        assert_eq!(check_flow_depth(&"b: [[1], {c: 2}]\n".repeat(10_000)), Ok(()));
+        assert_eq!(
+            check_flow_depth(&"b: [[1], {c: 2}]\n".repeat(10_000)),
+            Ok(())
+        );
         let deep = format!("kind: view\nx: {}\n", "{a: ".repeat(MAX_FLOW_DEPTH + 1));
         let e = check_flow_depth(&deep).expect_err("too deep");
         assert!(e.starts_with("line 2: ") && e.contains("64 deep"), "{e}");

@@ -431,7 +431,10 @@ fn a_bad_csv_header_in_a_later_file_loads_nothing() {
             && err.contains("nothing was loaded"),
         "{err}"
     );
-    assert!(!store.exists(), "no store was created, so nothing was written");
+    assert!(
+        !store.exists(),
+        "no store was created, so nothing was written"
+    );
     // With the header put right, both files load.
     std::fs::write(&bad, "user_id,age\nu_later,1\n").expect("write");
     let out = hydrant(&root())
