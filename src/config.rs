@@ -1004,11 +1004,42 @@ fn socket_addr<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SocketAddr, D::
 pub mod duration {
     use std::time::Duration;
 
-    use serde::{Deserialize, Deserializer, de::Error};
+    use serde::{Deserializer, de::Error};
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let s = String::deserialize(d)?;
-        parse(&s).map_err(D::Error::custom)
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Duration;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a duration such as `250ms`, `2s`, `5m`, `1h` or `30d`")
+            }
+            fn visit_str<E: Error>(self, s: &str) -> Result<Duration, E> {
+                parse(s).map_err(E::custom)
+            }
+            // A bare number has no unit to read it in (is `300` seconds or milliseconds?); 0 is 0.
+            fn visit_u64<E: Error>(self, n: u64) -> Result<Duration, E> {
+                if n == 0 {
+                    return Ok(Duration::ZERO);
+                }
+                Err(E::custom(format!(
+                    "`{n}` is a number without a unit: write a duration such as `{n}s` or `{n}ms` (units: ms, s, m, h, d)"
+                )))
+            }
+            fn visit_i64<E: Error>(self, n: i64) -> Result<Duration, E> {
+                match u64::try_from(n) {
+                    Ok(n) => self.visit_u64(n),
+                    Err(_) => Err(E::custom(format!(
+                        "`{n}` is negative: expected a duration such as `250ms`, `2s`, `5m`"
+                    ))),
+                }
+            }
+            fn visit_f64<E: Error>(self, n: f64) -> Result<Duration, E> {
+                Err(E::custom(format!(
+                    "`{n}` is a number without a unit: write a duration such as `1500ms` or `2s` (units: ms, s, m, h, d)"
+                )))
+            }
+        }
+        d.deserialize_any(V)
     }
 
     /// Parses a duration such as `250ms`, `30d` or `1h 30m`: whole numbers, each with one of the units
@@ -1560,6 +1591,25 @@ mod tests {
         );
         let e = load_err(&[("HYDRANT_LIMITS__REQUEST_TIMEOUT", "99999999999999999999s")]);
         assert!(e.contains("over 500 years is too long"), "{e}");
+        // A bare number in the file asks for a unit, rather than saying "expected a string".
+        for (line, says) in [
+            (
+                "request_timeout = 2",
+                "`2` is a number without a unit: write a duration such as `2s`",
+            ),
+            ("request_timeout = 1.5", "`1.5` is a number without a unit"),
+            (
+                "request_timeout = true",
+                "expected a duration such as `250ms`",
+            ),
+        ] {
+            let (_dir, path) = config_file(&format!("[limits]\n{line}\n"));
+            let e = Config::load(Some(&path), []).expect_err(line).to_string();
+            assert!(
+                e.contains("request_timeout") && e.contains(says),
+                "{line}: {e}"
+            );
+        }
         for (text, says) in [
             ("1.5s", "whole numbers"),
             ("1d1d", "the unit `d` twice"),

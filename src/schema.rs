@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::config::{MAX_CONFIG_DURATION, MAX_SESSIONS, duration, in_range};
+use crate::config::{MAX_CONFIG_DURATION, MAX_SESSIONS, in_range};
 use crate::value::{Dtype, Value};
 
 /// Reserved source name for request-time features in a model binding (`context:hour_of_day`).
@@ -265,12 +265,15 @@ pub enum DeviceKind {
 mod opt_duration {
     use std::time::Duration;
 
-    use serde::{Deserialize, Deserializer, de::Error};
+    use serde::{Deserialize, Deserializer};
 
+    /// Read as the config file's durations are: a bare number asks for a unit.
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-        let s = Option::<String>::deserialize(d)?;
-        s.map(|s| super::duration::parse(&s).map_err(D::Error::custom))
-            .transpose()
+        #[derive(Deserialize)]
+        struct Wrapped(
+            #[serde(deserialize_with = "crate::config::duration::deserialize")] Duration,
+        );
+        Ok(Option::<Wrapped>::deserialize(d)?.map(|w| w.0))
     }
 }
 
@@ -674,7 +677,11 @@ impl Registry {
                 errs.push(
                     file,
                     "",
-                    "the file holds no schema (it is empty or only comments): expected a document with `kind: entity`, `kind: view` or `kind: model`, or remove the file".into(),
+                    if file.as_os_str() == crate::proposal::ORIGIN {
+                        "the body holds no schema (it is empty or only comments): expected a document with `kind: entity`, `kind: view` or `kind: model`".into()
+                    } else {
+                        "the file holds no schema (it is empty or only comments): expected a document with `kind: entity`, `kind: view` or `kind: model`, or remove the file".into()
+                    },
                 );
             }
         }
@@ -1884,6 +1891,13 @@ features:
                 "between 1ms and 1d",
             ),
             ("ttl: 5m", "ttl: 300us", "cache.ttl", "between 1ms and 365d"),
+            // A bare number asks for a unit, rather than saying "expected a string".
+            (
+                "ttl: 5m",
+                "ttl: 300",
+                "cache.ttl",
+                "`300` is a number without a unit",
+            ),
             (
                 "max_age: 30d",
                 "max_age: 0s",
