@@ -267,6 +267,26 @@ impl Shape {
     }
 }
 
+/// Longest error message and `field` sent back; longer ones are cut, saying how much was left out.
+const MAX_MESSAGE_BYTES: usize = 4096;
+const MAX_FIELD_BYTES: usize = 512;
+
+/// `text`, or its first `max` bytes (at a character boundary) and how many more there were.
+fn bounded(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if text.len() <= max {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    std::borrow::Cow::Owned(format!(
+        "{}… ({} more bytes)",
+        &text[..end],
+        text.len() - end
+    ))
+}
+
 impl ApiError {
     /// The error as a response with the body of `shape`; status and headers are the same either way.
     pub fn respond(self, shape: Shape) -> Response {
@@ -278,12 +298,15 @@ impl ApiError {
             }
             other => other.to_string(),
         };
+        // A name the caller sent is echoed in the message and the field: a 1 MiB name would come back
+        // two or three times over.
+        let message = bounded(&message, MAX_MESSAGE_BYTES);
         let bytes = match shape {
             Shape::V1 => serde_json::to_vec(&Body {
                 error: Detail {
                     code: self.code(),
                     message: &message,
-                    field: self.field(),
+                    field: self.field().map(|f| bounded(f, MAX_FIELD_BYTES)).as_deref(),
                     problems: match &self {
                         Self::InvalidSchema(errors) => errors
                             .0

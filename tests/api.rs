@@ -937,6 +937,29 @@ async fn bad_requests_get_documented_errors_and_the_gateway_keeps_serving() {
             c.name
         );
     }
+    // A huge unknown name comes back cut, once it is long past what names it.
+    let name = "x".repeat(100_000);
+    let r = app
+        .predict(
+            "ctr",
+            &json!({"entities": {"user_id": "u_1", "item_id": "i_1"}, "context": {name.clone(): 1}}),
+        )
+        .await;
+    assert_eq!(r.status, 400);
+    assert!(r.body.len() < 6_000, "{} bytes", r.body.len());
+    let e = r.json()["error"].clone();
+    let (message, field) = (
+        e["message"].as_str().unwrap_or_default(),
+        e["field"].as_str().unwrap_or_default(),
+    );
+    assert!(
+        message.starts_with("context.xxx") && message.ends_with(" more bytes)"),
+        "{e}"
+    );
+    assert!(
+        field.starts_with("context.xxx") && field.ends_with(" more bytes)"),
+        "{e}"
+    );
     // UTF-8 said in any of its spellings is read.
     for ct in [
         "application/json; charset=utf-8",
