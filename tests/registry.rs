@@ -85,6 +85,26 @@ async fn rollback(app: &TestApp, path: &str, body: Json) -> Reply {
     app.post_json(&format!("{path}/rollback"), &body).await
 }
 
+/// A rollback of `user_profile` to `version` refused with 409 `code`; its message.
+async fn kept_refused(app: &TestApp, version: u32, code: &str) -> String {
+    let r = rollback(
+        app,
+        "/v1/schemas/views/user_profile",
+        json!({ "version": version }),
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.code().as_str()),
+        (409, code),
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    r.json()["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
 fn ok(r: &Reply) -> Json {
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     r.json()
@@ -235,15 +255,8 @@ async fn a_new_view_version_is_served_at_once_kept_and_rolled_back() {
     assert_eq!(r.code(), "kept_version_unreadable");
     assert!(String::from_utf8_lossy(&r.body).contains("2.yaml"));
     // A rollback to it says the same, rather than reporting a problem in a "request body".
-    let r = rollback(
-        &app,
-        "/v1/schemas/views/user_profile",
-        json!({"version": 2}),
-    )
-    .await;
-    assert_eq!(r.status, 409, "{}", String::from_utf8_lossy(&r.body));
-    assert_eq!(r.code(), "kept_version_unreadable");
-    assert!(String::from_utf8_lossy(&r.body).contains("2.yaml"));
+    let said = kept_refused(&app, 2, "kept_version_unreadable").await;
+    assert!(said.contains("2.yaml"), "{said}");
     // A kept file whose version was edited would register another number: refused too.
     std::fs::write(
         kept.join("2.yaml"),
@@ -254,30 +267,12 @@ async fn a_new_view_version_is_served_at_once_kept_and_rolled_back() {
         ),
     )
     .expect("edit");
-    let r = rollback(
-        &app,
-        "/v1/schemas/views/user_profile",
-        json!({"version": 2}),
-    )
-    .await;
-    assert_eq!(r.status, 409, "{}", String::from_utf8_lossy(&r.body));
-    assert_eq!(r.code(), "kept_version_mismatch");
-    assert!(
-        String::from_utf8_lossy(&r.body).contains("version 5"),
-        "{}",
-        String::from_utf8_lossy(&r.body)
-    );
+    let said = kept_refused(&app, 2, "kept_version_mismatch").await;
+    assert!(said.contains("version 5"), "{said}");
     assert!(!kept.join("5.yaml").exists());
     // A folder where a kept file would be is named, not taken for a failing disk (503).
     std::fs::create_dir(kept.join("3.yaml")).expect("a folder");
-    let r = rollback(
-        &app,
-        "/v1/schemas/views/user_profile",
-        json!({"version": 3}),
-    )
-    .await;
-    assert_eq!(r.status, 409, "{}", String::from_utf8_lossy(&r.body));
-    assert_eq!(r.code(), "kept_version_unreadable");
+    kept_refused(&app, 3, "kept_version_unreadable").await;
     std::fs::remove_dir(kept.join("3.yaml")).expect("removed");
     let other = edit(
         &schema_file("user_profile.yaml"),
@@ -285,18 +280,7 @@ async fn a_new_view_version_is_served_at_once_kept_and_rolled_back() {
         "name: someone_else",
     );
     std::fs::write(kept.join("2.yaml"), other).expect("edit");
-    let r = rollback(
-        &app,
-        "/v1/schemas/views/user_profile",
-        json!({"version": 2}),
-    )
-    .await;
-    assert_eq!(r.status, 409, "{}", String::from_utf8_lossy(&r.body));
-    assert_eq!(r.code(), "kept_version_mismatch");
-    let message = r.json()["error"]["message"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
+    let message = kept_refused(&app, 2, "kept_version_mismatch").await;
     assert!(
         message.contains("2.yaml") && message.contains("someone_else"),
         "{message}"
