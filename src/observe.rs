@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use serde_json::{Map, Value as Json, json};
 
 use crate::gateway::Gateway;
-use crate::telemetry::{BUCKETS_S, Histogram, ROW_BUCKETS, SLOT_S, SLOTS, Stage};
+use crate::telemetry::{BUCKETS_S, Histogram, ROW_BUCKETS, Stage, WINDOW_S};
 
 fn esc(v: &str) -> String {
     v.replace('\\', "\\\\")
@@ -474,7 +474,7 @@ pub fn stats(gw: &Gateway) -> Json {
     let inv = &t.invalidation;
     json!({
         "uptime_s": t.uptime_s(),
-        "window_s": SLOT_S * SLOTS as u64,
+        "window_s": WINDOW_S,
         "store": gw.hydrator.store().backend(),
         "stores": stores,
         "prefetch": {

@@ -183,7 +183,7 @@ pub async fn infer(gw: &Gateway, engine: &Engine, body: &[u8]) -> Result<Respons
     match result {
         Ok((response, rows)) => {
             t.total_us = laps.total();
-            engine.stats().record(&t, rows);
+            engine.stats().record_stages(&t, rows, &Stage::RAW);
             Ok(response)
         }
         Err(e) => {

@@ -26,6 +26,9 @@ pub enum Stage {
 }
 
 impl Stage {
+    /// The stages of a V2 infer request, which sends raw tensors: no hydrate, assemble or postprocess.
+    pub const RAW: [Stage; 4] = [Stage::Decode, Stage::Queue, Stage::Infer, Stage::Encode];
+
     pub const ALL: [Stage; 7] = [
         Stage::Decode,
         Stage::Hydrate,
@@ -285,9 +288,12 @@ pub fn percentiles(hs: &[&FineHistogram], qs: &[f64]) -> Vec<u64> {
         .collect()
 }
 
-/// Seconds each window slot covers, and slots kept: percentiles cover the last minute.
+/// Seconds each window slot covers, and slots kept: the current slot and the six before it, so the
+/// window always holds at least the last minute (60 to 70 s of it; the rate divides by the span held).
 pub const SLOT_S: u64 = 10;
-pub const SLOTS: usize = 6;
+pub const SLOTS: usize = 7;
+/// The least the window covers once it has filled: what `/v1/stats` reports as `window_s`.
+pub const WINDOW_S: u64 = SLOT_S * (SLOTS as u64 - 1);
 
 /// One slot of the window: stage and total latencies, request and row counts.
 #[derive(Debug, Default)]
@@ -340,9 +346,9 @@ impl Window {
         slot
     }
 
-    pub fn record(&self, t: &Timings) {
+    pub fn record(&self, t: &Timings, stages: &[Stage]) {
         let slot = self.slot();
-        for stage in Stage::ALL {
+        for &stage in stages {
             slot.stages[stage as usize].observe(t.get(stage));
         }
         slot.stages[7].observe(t.total_us);
@@ -368,14 +374,13 @@ impl Window {
         out
     }
 
-    /// Requests in the window, and the seconds it spans so far.
+    /// Requests in the window, and the seconds it spans: from the start of its oldest live slot (or of
+    /// the process) to now.
     pub fn requests(&self) -> (u64, f64) {
         let n = self.live().map(|s| s.requests.load(Relaxed)).sum();
-        let span = self
-            .start
-            .elapsed()
-            .as_secs_f64()
-            .min((SLOTS as u64 * SLOT_S) as f64);
+        let elapsed = self.start.elapsed().as_secs_f64();
+        let oldest = self.epoch().saturating_sub(SLOTS as u64);
+        let span = elapsed - (oldest * SLOT_S) as f64;
         (n, span.max(1e-3))
     }
 }
@@ -447,11 +452,18 @@ impl ModelStats {
         }
     }
 
+    /// A predict: every stage.
     pub fn record(&self, t: &Timings, rows: usize) {
-        self.window.record(t);
+        self.record_stages(t, rows, &Stage::ALL);
+    }
+
+    /// A request that has only some of the stages (V2 infer: [`Stage::RAW`]): the others are not
+    /// observed as 0, which would pull their percentiles down.
+    pub fn record_stages(&self, t: &Timings, rows: usize, stages: &[Stage]) {
+        self.window.record(t, stages);
         self.requests.fetch_add(1, Relaxed);
         self.rows.fetch_add(rows as u64, Relaxed);
-        for stage in Stage::ALL {
+        for &stage in stages {
             self.stages[stage as usize].observe_us(t.get(stage));
         }
         self.total.observe_us(t.total_us);
@@ -731,6 +743,44 @@ mod tests {
         assert!(
             h.contains("infer;dur=1.500") && h.ends_with("total;dur=1.600"),
             "{h}"
+        );
+    }
+
+    /// The rate divides by the span the live slots hold: 91 s after start they are the ones from 30 s
+    /// on, 61 s, not the 60 s of a nominal minute (nor the 51 s six slots held).
+    #[test]
+    fn the_window_rate_divides_by_the_span_it_holds() {
+        let Some(start) = std::time::Instant::now().checked_sub(std::time::Duration::from_secs(91))
+        else {
+            return; // a clock too close to its origin to go back 91 s
+        };
+        let w = Window {
+            start,
+            slots: Default::default(),
+        };
+        let t = Timings::default();
+        for _ in 0..61 {
+            w.record(&t, &Stage::ALL);
+        }
+        let (n, span) = w.requests();
+        assert_eq!(n, 61);
+        assert!((61.0..62.0).contains(&span), "{span}");
+    }
+
+    /// V2 infer has no hydrate, assemble or postprocess: they are not observed (as 0) for it.
+    #[test]
+    fn requests_without_some_stages_leave_those_histograms_alone() {
+        let m = ModelStats::default();
+        let mut t = Timings::default();
+        t.set(Stage::Infer, 40);
+        m.record_stages(&t, 1, &Stage::RAW);
+        let count = |s: Stage| m.stages[s as usize].snapshot().0[20];
+        assert_eq!((count(Stage::Infer), count(Stage::Hydrate)), (1, 0));
+        m.record(&t, 1);
+        assert_eq!((count(Stage::Infer), count(Stage::Hydrate)), (2, 1));
+        assert_eq!(
+            m.window.stage_percentiles()[Stage::Hydrate as usize],
+            [0, 0, 0]
         );
     }
 
