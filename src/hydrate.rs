@@ -264,7 +264,9 @@ impl Hydrator {
                 write_key(&mut key, &self.prefix, &view.name, k.as_ref());
                 let old = match self.cache.lookup(&key, view, now) {
                     Lookup::Fresh(e) => {
-                        if e.found.is_some() {
+                        // `negative` is a key known absent; a cached unreadable record was found, and
+                        // is counted in `bad_records` when it is read.
+                        if e.found.is_some() || e.unreadable {
                             hits += 1;
                         } else {
                             negative += 1;

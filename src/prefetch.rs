@@ -143,7 +143,7 @@ pub async fn flush_hot(h: &Hydrator, keep: usize) {
     stats.hot_samples.fetch_add(n as u64, Relaxed);
     if let Err(e) = h.store().record_hot(&counts, keep).await {
         stats.hot_flush_errors.fetch_add(1, Relaxed);
-        tracing::debug!("hot-key flush failed ({n} keys dropped): {e}");
+        tracing::debug!("hot-key flush of {n} keys failed (for the view named, or for all): {e}");
     }
 }
 

@@ -719,12 +719,19 @@ async fn unreadable_records_are_defaulted_counted_and_never_a_500() {
         j["degraded"], false,
         "the store answered: nothing is degraded"
     );
-    let bad = &app.gateway.telemetry.view("user_profile").bad_records;
+    let view = app.gateway.telemetry.view("user_profile");
+    let bad = &view.bad_records;
     assert_eq!(bad.load(Relaxed), 5);
     // Cached like "not found": the next request does not read (or log) them again.
     let (_, _, j) = ages(&app, &users).await;
     assert_eq!(j["cache"]["hits"], 7);
     assert_eq!(bad.load(Relaxed), 5);
+    // In the view's counters only the key known absent (another Redis type) is `negative`; the
+    // cached unreadable records were found, and count as hits.
+    assert_eq!(
+        (view.hits.load(Relaxed), view.negative.load(Relaxed)),
+        (6, 1)
+    );
     // The model is served too.
     let r = app
         .predict(
@@ -1319,6 +1326,34 @@ async fn a_starting_gateway_loads_the_hottest_keys_before_it_reports_ready() {
     assert_eq!(j["cache"]["hits"], 3, "served from the warm cache");
     let (_, _, j) = ages(&b, &["u_4"]).await;
     assert_eq!(j["cache"]["misses"], 1, "only the top 3 were loaded");
+}
+
+/// Another Redis type at one view's hot-set key (written by something else) fails that view's part of
+/// a flush, not the other views' sets nor their decay, and a starting replica still warms the others.
+#[tokio::test]
+async fn one_views_hot_set_of_another_type_does_not_stop_the_others() {
+    let redis = RedisServer::start();
+    seeded(&redis).await;
+    redis.cmd(&["SET", "hy:hot:item_stats", "not a sorted set"]);
+    let a = gateway(&redis, |c| c.prefetch.hot_sample_every = 1).await;
+    // 60 flushes, each with a lookup of both views: the 60th decays the scores (halves them).
+    for _ in 0..60 {
+        ages(&a, &["u_1"]).await;
+        features(&a, "item_id", &["i_9"], &["item_stats:price"], None).await;
+        hydrant::prefetch::flush_hot(&a.gateway.hydrator, 100).await;
+    }
+    let flush_errors = a.gateway.telemetry.prefetch.hot_flush_errors.load(Relaxed);
+    assert_eq!(flush_errors, 60, "item_stats' part fails every time");
+    let score = redis.cmd(&["ZSCORE", "hy:hot:user_profile", "u_1"]).text();
+    assert_eq!(score, "30", "60 lookups, halved once");
+    let b = gateway(&redis, |c| c.prefetch.warm_top_k = 3).await;
+    let warm = &b.gateway.telemetry.prefetch;
+    assert_eq!(warm.warm_keys.load(Relaxed), 1, "u_1 is warmed");
+    assert_eq!(
+        warm.warm_incomplete.load(Relaxed),
+        1,
+        "item_stats' set was unreadable"
+    );
 }
 
 #[tokio::test]

@@ -365,19 +365,43 @@ impl RedisStore {
                 .await
                 .map_err(store_error)?;
         }
-        let _: Value = pipeline.all().await.map_err(store_error)?;
+        // Each view's commands stand alone: one view's set holding another Redis type (written by
+        // something else) fails that view's, not the others', nor their decay.
+        let results = pipeline.try_all::<Value>().await;
+        let mut results = results.into_iter();
+        let mut failed = None;
+        let mut flushed = false;
         {
             let mut views = self.hot_views.lock();
             for c in counts.iter().filter(|c| !c.keys.is_empty()) {
-                if !views.contains(&c.view) {
-                    views.insert(c.view.clone());
+                let mut ok = true;
+                for r in results.by_ref().take(c.keys.len() + 1) {
+                    if let Err(e) = r {
+                        ok = false;
+                        failed.get_or_insert_with(|| {
+                            StoreError::Io(format!(
+                                "the hot set of view `{}` ({}): {}",
+                                c.view,
+                                self.hot_key(&c.view),
+                                store_error(e)
+                            ))
+                        });
+                    }
+                }
+                if ok {
+                    flushed = true;
+                    if !views.contains(&c.view) {
+                        views.insert(c.view.clone());
+                    }
                 }
             }
         }
-        if self.flushes.fetch_add(1, Relaxed) % DECAY_EVERY_FLUSHES == DECAY_EVERY_FLUSHES - 1 {
+        if flushed
+            && self.flushes.fetch_add(1, Relaxed) % DECAY_EVERY_FLUSHES == DECAY_EVERY_FLUSHES - 1
+        {
             self.decay_hot().await?;
         }
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 
     /// Halves the hot sets' scores, so yesterday's hot keys give way; at most once per [`DECAY_LOCK`] across
@@ -407,8 +431,13 @@ impl RedisStore {
                 .await
                 .map_err(store_error)?;
         }
-        let _: Value = pipeline.all().await.map_err(store_error)?;
-        Ok(())
+        // As in the flush: one view's set of another type does not stop the others' decay.
+        let failed = pipeline
+            .try_all::<Value>()
+            .await
+            .into_iter()
+            .find_map(Result::err);
+        failed.map_or(Ok(()), |e| Err(store_error(e)))
     }
 
     async fn top(&self, view: &str, k: usize) -> Result<Vec<String>, StoreError> {
