@@ -16,6 +16,9 @@ COPY schemas ./schemas
 COPY models ./models
 COPY demo ./demo
 COPY loadtest/scenarios ./loadtest/scenarios
+# The gateway's user owns what it writes: the embedded store (data/, used when no Redis URL is set) and
+# the schemas folder (`registry.writes` registers documents there).
+RUN mkdir -p data && chown -R hydrant data schemas
 ENV ORT_DYLIB_PATH=/opt/ort/libonnxruntime.so.1.31.1 \
     HYDRANT_SERVER__BIND=0.0.0.0:8080
 USER hydrant

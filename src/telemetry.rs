@@ -716,8 +716,12 @@ impl Telemetry {
 pub fn init_logging(cfg: &TelemetryConfig) {
     let filter = tracing_subscriber::EnvFilter::try_new(&cfg.log_level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colours only on a terminal: in a file (`serve > log`, `make loadtest`'s hydrant.log) the escape
+    // codes would split `id="..."` and defeat grep.
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(terminal)
         .with_writer(std::io::stderr);
     let _ = match cfg.log_format {
         LogFormat::Json => builder.json().try_init(),

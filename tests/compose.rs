@@ -61,6 +61,17 @@ fn docker_compose_config_accepts_the_file_and_it_has_every_service() {
         serde_yaml::to_string(&doc["services"]["hydrant"]["healthcheck"]["test"]).expect("yaml");
     assert!(check.contains("/v2/health/ready"), "{check}");
     assert_eq!(doc["services"]["loadtest"]["user"].as_str(), Some("0:0"));
+    // It measures what `make loadtest` measures, the Redis round trip included.
+    let run = serde_yaml::to_string(&doc["services"]["loadtest"]["command"]).expect("yaml");
+    assert!(run.contains("--redis-url"), "{run}");
+    // The build context leaves out the host's build output (tens of GB) and local stores.
+    let ignored = std::fs::read_to_string(root().join(".dockerignore")).expect(".dockerignore");
+    for path in ["target", ".git", ".ort", "data"] {
+        assert!(
+            ignored.lines().any(|l| l.trim() == path),
+            "{path} is not ignored"
+        );
+    }
     // The seed job runs the same bulk loader as `make loadtest`'s local topology.
     let seed = serde_yaml::to_string(&doc["services"]["seed"]["command"]).expect("yaml");
     let local = std::fs::read_to_string(root().join("scripts/loadtest.sh")).expect("script");

@@ -448,6 +448,11 @@ fn a_bad_csv_header_in_a_later_file_loads_nothing() {
     assert!(out.status.success(), "{err}");
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(said.contains("later.csv: 1 rows written"), "{said}");
+    // Logs written to a pipe or a file carry no terminal colour codes.
+    assert!(
+        err.contains("created a new, empty embedded store") && !err.contains('\u{1b}'),
+        "{err:?}"
+    );
 }
 
 /// A compressed data file is refused by name before anything is opened, the store included, rather
