@@ -443,8 +443,14 @@ async fn blocking(
 
 /// The schema route's `Content-Type`: YAML, or JSON or text read as YAML, or none; the answer is JSON.
 fn yaml_type(headers: &HeaderMap) -> Result<Format, ApiError> {
-    let Some(text) = crate::decode::content_type(headers)? else {
-        return Ok(Format::Json);
+    // A type the decoder refuses (bytes beyond ASCII) is refused in this route's words: send YAML.
+    let text = match crate::decode::content_type(headers) {
+        Ok(Some(text)) => text,
+        Ok(None) => return Ok(Format::Json),
+        Err(ApiError::UnsupportedMediaType(shown)) => {
+            return Err(ApiError::UnsupportedSchemaType(shown));
+        }
+        Err(e) => return Err(e),
     };
     let media = text.split(';').next().unwrap_or("").trim();
     let yaml = [

@@ -734,7 +734,7 @@ impl Config {
         {
             return Err((
                 "store.prefix",
-                "expected a non-empty prefix without whitespace".to_owned(),
+                "expected a non-empty prefix without whitespace or control characters".to_owned(),
             ));
         }
         // In Redis Cluster the part of a key between `{` and `}` alone picks its slot: every key of the
@@ -847,9 +847,19 @@ fn check_redis_url(url: &str) -> Result<(), String> {
                 if key.is_empty() || (cluster && key == "node") {
                     continue;
                 }
-                let shown: String = key.chars().take(40).collect();
+                // Named only when it looks like a parameter name: after a `?` left unencoded in a
+                // password, the "key" would be the rest of the password.
+                let name = if key.len() <= 32
+                    && key
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+                {
+                    format!("`{key}` ")
+                } else {
+                    String::new()
+                };
                 return Err(format!(
-                    "not a valid Redis URL: the query parameter `{shown}` is not one hydrant's Redis client reads; it reads only `node=HOST:PORT` (more seed nodes, in redis-cluster:// and rediss-cluster:// URLs) (the URL is not shown: it may hold a password)"
+                    "not a valid Redis URL: the query parameter {name}is not one hydrant's Redis client reads; it reads only `node=HOST:PORT` (more seed nodes, in redis-cluster:// and rediss-cluster:// URLs); a `?` in a password must be percent-encoded as %3F (the URL is not shown: it may hold a password)"
                 ));
             }
             // Parsed here, as the client will parse it, so a typo is a start-up error naming the
@@ -1022,7 +1032,7 @@ pub mod duration {
                     return Ok(Duration::ZERO);
                 }
                 Err(E::custom(format!(
-                    "`{n}` is a number without a unit: write a duration such as `{n}s` or `{n}ms` (units: ms, s, m, h, d)"
+                    "`{n}` is a number without a unit: write a duration such as `{n}s` or `{n}ms` (units: ns, us, ms, s, m, h, d)"
                 )))
             }
             fn visit_i64<E: Error>(self, n: i64) -> Result<Duration, E> {
@@ -1035,7 +1045,7 @@ pub mod duration {
             }
             fn visit_f64<E: Error>(self, n: f64) -> Result<Duration, E> {
                 Err(E::custom(format!(
-                    "`{n}` is a number without a unit: write a duration such as `1500ms` or `2s` (units: ms, s, m, h, d)"
+                    "`{n}` is a number without a unit: write a duration such as `1500ms` or `2s` (units: ns, us, ms, s, m, h, d)"
                 )))
             }
         }
@@ -1529,13 +1539,15 @@ mod tests {
             ),
             ("redis://:secret@h:1?node=h:2", "the query parameter `node`"),
             ("redis://:secret@h:1/0?timeout=5", "`timeout`"),
+            // A `?` left in a password: what follows it is not echoed as a parameter name.
+            ("redis://:secret?tail@h:6379", "percent-encoded as %3F"),
         ] {
             let e = load_err(&[("HYDRANT_STORE__REDIS__URL", url)]);
             assert!(
                 e.contains("HYDRANT_STORE__REDIS__URL") && e.contains(says),
                 "{url}: {e}"
             );
-            assert!(!e.contains("secret"), "{e}");
+            assert!(!e.contains("secret") && !e.contains("tail"), "{e}");
         }
         let e = load_err(&[("HYDRANT_STORE__REDIS__TLS_CA_FILE", "/etc/ssl/ca.pem")]);
         assert!(e.contains("store.redis.url is empty"), "{e}");

@@ -128,8 +128,8 @@ struct Detail<'a> {
 #[derive(Serialize)]
 struct Problem<'a> {
     file: String,
-    path: &'a str,
-    message: &'a str,
+    path: std::borrow::Cow<'a, str>,
+    message: std::borrow::Cow<'a, str>,
 }
 
 /// `N schema problem(s); the first: FILE: PATH: MESSAGE`.
@@ -268,11 +268,11 @@ impl Shape {
 }
 
 /// Longest error message and `field` sent back; longer ones are cut, saying how much was left out.
-const MAX_MESSAGE_BYTES: usize = 4096;
+pub(crate) const MAX_MESSAGE_BYTES: usize = 4096;
 const MAX_FIELD_BYTES: usize = 512;
 
 /// `text`, or its first `max` bytes (at a character boundary) and how many more there were.
-fn bounded(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+pub(crate) fn bounded(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
     if text.len() <= max {
         return std::borrow::Cow::Borrowed(text);
     }
@@ -313,8 +313,8 @@ impl ApiError {
                             .iter()
                             .map(|e| Problem {
                                 file: e.file.display().to_string(),
-                                path: &e.path,
-                                message: &e.message,
+                                path: bounded(&e.path, MAX_FIELD_BYTES),
+                                message: bounded(&e.message, MAX_MESSAGE_BYTES),
                             })
                             .collect(),
                         _ => Vec::new(),

@@ -554,7 +554,7 @@ fn unscorable(model: &Model, plan: &crate::decode::Plan, output: &str, row: usiz
     let whose = if entities.is_empty() {
         "from the fallbacks and context alone".to_owned()
     } else {
-        format!("from the stored features of {entities}")
+        format!("from the features hydrated for {entities}")
     };
     ApiError::Unscorable {
         message: format!(

@@ -20,7 +20,9 @@ pub struct OipError(pub StatusCode, pub String);
 
 impl IntoResponse for OipError {
     fn into_response(self) -> Response {
-        let mut r = (self.0, Json(serde_json::json!({"error": self.1}))).into_response();
+        // Cut as the other routes' errors are: a name sent back could be as long as the body.
+        let message = crate::error::bounded(&self.1, crate::error::MAX_MESSAGE_BYTES);
+        let mut r = (self.0, Json(serde_json::json!({ "error": message }))).into_response();
         if self.0 == StatusCode::SERVICE_UNAVAILABLE {
             r.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,
@@ -39,13 +41,20 @@ fn parse_request(body: &[u8]) -> Result<InferRequest, OipError> {
         let path = e.path().to_string();
         let inner = e.into_inner();
         let what = inner.to_string();
+        // Where a syntax error is is the one thing to say about it. The path-tracking pass loses the
+        // position; a plain pass over the body finds it again.
+        if inner.is_syntax() || inner.is_eof() {
+            let located = serde_json::from_slice::<serde::de::IgnoredAny>(body).err();
+            let what = located.map_or(what, |e| e.to_string());
+            return bad(format!("invalid infer request: {what}"));
+        }
         let what = what
             .rfind(" at line ")
             .map_or(what.as_str(), |i| &what[..i]);
         let what = what
             .replace("expected i64", "expected an integer")
             .replace("expected a sequence", "expected a list");
-        if inner.is_syntax() || inner.is_eof() || path == "." || path.contains('?') {
+        if path == "." || path.contains('?') {
             bad(format!("invalid infer request: {what}"))
         } else {
             bad(format!("invalid infer request: {path}: {what}"))

@@ -920,6 +920,19 @@ fn plan_files(
         if files.iter().any(|(f, _, _)| *f == doc.file) {
             continue;
         }
+        // Bounded as the folder's load is: a file grown past the limit since is not read whole.
+        if std::fs::metadata(&doc.file)
+            .is_ok_and(|m| m.len() > crate::schema::MAX_SCHEMA_FILE_BYTES)
+        {
+            return Err(ApiError::Conflict {
+                code: "schema_file_changed",
+                message: format!(
+                    "{} has grown past {} bytes since it was loaded: {reload}",
+                    doc.file.display(),
+                    crate::schema::MAX_SCHEMA_FILE_BYTES
+                ),
+            });
+        }
         let on_disk = match std::fs::read_to_string(&doc.file) {
             Ok(text) => text,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {

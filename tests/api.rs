@@ -1656,7 +1656,7 @@ async fn a_non_finite_score_is_an_error_not_a_null() {
         r.json()["error"],
         json!({
             "code": "non_finite_output",
-            "message": "candidates[0]: model `ctr` gave a non-finite `score` (NaN or infinity) from the stored features of user_id `u_huge` (view `user_profile`), item_id `i_1` (view `item_stats`): the model cannot score those values; correct the rows or the model",
+            "message": "candidates[0]: model `ctr` gave a non-finite `score` (NaN or infinity) from the features hydrated for user_id `u_huge` (view `user_profile`), item_id `i_1` (view `item_stats`): the model cannot score those values; correct the rows or the model",
             "field": "candidates[0]",
         })
     );

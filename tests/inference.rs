@@ -384,6 +384,32 @@ async fn v2_infer_rejects_bad_tensors_with_the_reason() {
             .to_owned();
         assert!(e.contains(needle), "{name}: {e}");
     }
+    // A syntax error says where it is; a huge name sent back is cut, as on the other routes.
+    let r = app
+        .post(
+            "/v2/models/ctr/infer",
+            "application/json",
+            br#"{"inputs": [{"name": "features" "shape": [1, 27]}]}"#.to_vec(),
+        )
+        .await;
+    let e = r.json()["error"].as_str().unwrap_or_default().to_owned();
+    assert!(e.contains("at line 1 column"), "{e}");
+    let long = "x".repeat(20_000);
+    let r = app
+        .post(
+            "/v2/models/ctr/infer",
+            "application/json",
+            serde_json::to_vec(&json!({"inputs": [{"name": long, "shape": [1, 27], "datatype": "FP32", "data": row}]})).expect("j"),
+        )
+        .await;
+    assert_eq!(r.status, 400);
+    assert!(r.body.len() < 6_000, "{} bytes", r.body.len());
+    let e = r.json()["error"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        e.starts_with("unknown input `xxx") && e.ends_with(" more bytes)"),
+        "{}",
+        &e[..100.min(e.len())]
+    );
     // 1e39 fits in JSON but not in float32: refused rather than turned into infinity.
     let mut big = vec![json!(0.0); 27];
     big[3] = json!(1e39);

@@ -368,6 +368,22 @@ impl RedisStore {
         // Each view's commands stand alone: one view's set holding another Redis type (written by
         // something else) fails that view's, not the others', nor their decay.
         let results = pipeline.try_all::<Value>().await;
+        // A pipeline that failed as a whole (a timeout, a lost connection) answers one error, not one
+        // per command: no view was flushed.
+        let expected: usize = counts
+            .iter()
+            .filter(|c| !c.keys.is_empty())
+            .map(|c| c.keys.len() + 1)
+            .sum();
+        let answered = results.len();
+        if answered != expected {
+            return Err(match results.into_iter().find_map(Result::err) {
+                Some(e) => store_error(e),
+                None => StoreError::Io(format!(
+                    "the hot-key flush answered {answered} results for {expected} commands"
+                )),
+            });
+        }
         let mut results = results.into_iter();
         let mut failed = None;
         let mut flushed = false;
