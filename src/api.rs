@@ -125,6 +125,7 @@ fn request_layer(gw: &Gateway) -> RequestLayer {
         gw.telemetry.clone(),
         gw.catalog.clone(),
         gw.config.limits.request_timeout,
+        gw.auth.clone(),
     )
 }
 

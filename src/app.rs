@@ -192,6 +192,12 @@ impl Application {
             );
         }
         let prefetcher = Prefetcher::new(config.prefetch.max_concurrent);
+        let auth = crate::auth::Auth::load(&config.auth)
+            .map_err(anyhow::Error::msg)?
+            .map(Arc::new);
+        if let Some(auth) = &auth {
+            tracing::info!("authentication on: {auth:?}");
+        }
         let listener = crate::serve::listen(config.server.bind)
             .await
             .with_context(|| format!("cannot listen on {} (server.bind)", config.server.bind))?;
@@ -203,6 +209,7 @@ impl Application {
             ready: AtomicBool::new(false),
             prefetcher,
             folder: Default::default(),
+            auth,
         });
         let routes = crate::api::routes(gateway.clone());
         // Warm start while already serving: `/v2/health/ready` answers 503 until the hottest keys are

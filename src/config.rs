@@ -46,6 +46,17 @@ pub struct Config {
     pub prefetch: PrefetchConfig,
     pub inference: InferenceConfig,
     pub telemetry: TelemetryConfig,
+    pub auth: AuthConfig,
+}
+
+/// Bearer tokens ([`crate::auth`]): off while both paths are empty.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// A file of client tokens, one per line: scoring, features, prefetch, stats, schema reads.
+    pub token_file: PathBuf,
+    /// A file of admin tokens: all of that, and writing rows and registering schemas.
+    pub admin_token_file: PathBuf,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -88,6 +88,13 @@ pub enum ApiError {
     /// A schema that fails validation (422): every problem, each with its file and path.
     #[error("{}", summary(.0))]
     InvalidSchema(crate::schema::SchemaErrors),
+    /// No bearer token, or one the gateway does not know (401, with `WWW-Authenticate`).
+    #[error("{message}")]
+    Unauthorized {
+        message: String,
+        /// A token was sent and is wrong (RFC 6750's `invalid_token`), rather than none sent.
+        invalid_token: bool,
+    },
     /// A route turned off by configuration (registering schemas with `registry.writes = false`).
     #[error("{message}")]
     Forbidden { code: &'static str, message: String },
@@ -158,6 +165,7 @@ impl ApiError {
             Self::Malformed { .. } | Self::Invalid { .. } => StatusCode::BAD_REQUEST,
             Self::NotFound { .. } => StatusCode::NOT_FOUND,
             Self::Forbidden { .. } => StatusCode::FORBIDDEN,
+            Self::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
             Self::Conflict { .. } => StatusCode::CONFLICT,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -205,6 +213,7 @@ impl ApiError {
             Self::BodyTimeout(_) => "body_timeout",
             Self::NotReady(_) => "not_ready",
             Self::Internal(_) => "internal",
+            Self::Unauthorized { .. } => "unauthorized",
             Self::MethodNotAllowed { .. } => "method_not_allowed",
         }
     }
@@ -332,6 +341,17 @@ impl ApiError {
         if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        // RFC 6750: a 401 says which scheme, and whether the token sent was the problem.
+        if let Self::Unauthorized { invalid_token, .. } = &self {
+            resp.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static(if *invalid_token {
+                    "Bearer realm=\"hydrant\", error=\"invalid_token\""
+                } else {
+                    "Bearer realm=\"hydrant\""
+                }),
+            );
         }
         // RFC 9110: a 405 lists the methods the resource takes (a GET route answers HEAD too).
         if let Self::MethodNotAllowed { allow, .. } = &self {

@@ -63,6 +63,8 @@ pub struct Gateway {
     pub prefetcher: crate::prefetch::Prefetcher,
     /// What the schemas folder's watch last refused ([`crate::registrar::watch_folder`]).
     pub folder: crate::registrar::FolderState,
+    /// Bearer tokens (`[auth]`); `None` when authentication is off.
+    pub auth: Option<Arc<crate::auth::Auth>>,
 }
 
 impl Gateway {

@@ -43,6 +43,7 @@
 pub mod api;
 pub mod app;
 pub mod assemble;
+pub mod auth;
 pub mod cache;
 pub mod clock;
 pub mod config;

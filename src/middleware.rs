@@ -81,6 +81,8 @@ pub struct RequestLayer {
 
 struct Shared {
     telemetry: Arc<Telemetry>,
+    /// Bearer tokens, when `[auth]` names a token file.
+    auth: Option<Arc<crate::auth::Auth>>,
     /// The running catalog: the `model` label is one of its model names, or empty for an unknown name.
     catalog: Catalogs,
     /// The backstop: `limits.request_timeout` + [`TIMEOUT_GRACE`].
@@ -90,10 +92,16 @@ struct Shared {
 }
 
 impl RequestLayer {
-    pub fn new(telemetry: Arc<Telemetry>, catalog: Catalogs, request_timeout: Duration) -> Self {
+    pub fn new(
+        telemetry: Arc<Telemetry>,
+        catalog: Catalogs,
+        request_timeout: Duration,
+        auth: Option<Arc<crate::auth::Auth>>,
+    ) -> Self {
         Self {
             shared: Arc::new(Shared {
                 telemetry,
+                auth,
                 catalog,
                 backstop: request_timeout + TIMEOUT_GRACE,
                 limit: request_timeout,
@@ -201,8 +209,18 @@ impl Shared {
         );
         let deadline = tokio::time::Instant::from_std(started + self.backstop);
         let shape = Shape::of_path(req.uri().path());
+        // A request without the credentials its route needs goes no further: no handler, no body read.
+        let refused = self.auth.as_ref().and_then(|auth| {
+            let need = crate::auth::need(route, req.uri().path(), req.method());
+            auth.check(need, req.headers()).err()
+        });
+        let inner = match refused {
+            Some(_) => None,
+            None => Some(call(req).instrument(span)),
+        };
         RequestFuture {
-            inner: call(req).instrument(span),
+            inner,
+            refused,
             backstop: tokio::time::sleep_until(deadline),
             started,
             route,
@@ -218,8 +236,10 @@ impl Shared {
 pin_project_lite::pin_project! {
     /// The routed request's future, with the backstop beside it.
     pub struct RequestFuture<F> {
+        // `None` when the request was refused for its credentials (`refused`).
         #[pin]
-        inner: Instrumented<F>,
+        inner: Option<Instrumented<F>>,
+        refused: Option<ApiError>,
         #[pin]
         backstop: Sleep,
         started: Instant,
@@ -242,12 +262,22 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let inner = this.inner;
         // Answers the handler gave have been counted in the model's stats by the handler; those made here
-        // (the backstop, a panic) and the router's 405 are counted below.
-        let (mut resp, counted) = match catch_unwind(AssertUnwindSafe(|| inner.poll(cx))) {
+        // (a refusal for credentials, the backstop, a panic) and the router's 405 are counted below.
+        let refusal = this.refused.take();
+        let was_refused = refusal.is_some();
+        let polled = match (refusal, this.inner.as_pin_mut()) {
+            (Some(err), _) => Ok(Poll::Ready(Ok(err.respond(*this.shape)))),
+            (None, Some(inner)) => catch_unwind(AssertUnwindSafe(|| inner.poll(cx))),
+            (None, None) => {
+                let err = ApiError::Internal("a refused request was polled again".to_owned());
+                Ok(Poll::Ready(Ok(err.respond(*this.shape))))
+            }
+        };
+        let (mut resp, counted) = match polled {
             Ok(Poll::Ready(Ok(r))) => {
-                let counted = r.status() != axum::http::StatusCode::METHOD_NOT_ALLOWED;
+                let counted =
+                    !was_refused && r.status() != axum::http::StatusCode::METHOD_NOT_ALLOWED;
                 (r, counted)
             }
             Ok(Poll::Ready(Err(never))) => match never {},
@@ -457,6 +487,7 @@ mod tests {
                     names: vec![Arc::from("ctr")],
                 })),
                 timeout,
+                None,
             ))
     }
 

@@ -59,6 +59,8 @@ pub struct Response {
 pub struct Pool {
     target: TargetUrl,
     host: HeaderValue,
+    /// `Bearer <token>`, sent with every request when the gateway has `[auth]` on.
+    authorization: Option<HeaderValue>,
     idle: Mutex<Vec<SendRequest<Full<Bytes>>>>,
 }
 
@@ -69,8 +71,15 @@ impl Pool {
         Ok(Pool {
             target: target.clone(),
             host,
+            authorization: None,
             idle: Mutex::new(Vec::new()),
         })
+    }
+
+    /// The pool, sending `authorization` (`Bearer <token>`) with every request.
+    pub fn with_authorization(mut self, authorization: Option<HeaderValue>) -> Pool {
+        self.authorization = authorization;
+        self
     }
 
     pub fn target(&self) -> &TargetUrl {
@@ -129,6 +138,9 @@ impl Pool {
             .method(method)
             .uri(uri)
             .header(header::HOST, self.host.clone());
+        if let Some(a) = &self.authorization {
+            req = req.header(header::AUTHORIZATION, a.clone());
+        }
         if let Some(f) = format {
             let ct = match f {
                 Format::Json => "application/json",

@@ -26,28 +26,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a scenario and write <out-dir>/<scenario>.json and .html.
-    Run {
-        /// Scenario file (TOML).
-        scenario: PathBuf,
-        /// Override the scenario's target (loopback only, unless --allow-remote).
-        #[arg(long)]
-        target: Option<String>,
-        /// Override the measured duration in seconds (warm-up and sweep steps are capped to it).
-        #[arg(long)]
-        duration_s: Option<f64>,
-        /// Where to write the result files.
-        #[arg(long, default_value = "target/loadtest")]
-        out_dir: PathBuf,
-        /// No progress line on stderr.
-        #[arg(long)]
-        quiet: bool,
-        /// Also measure plain Redis GET round trips against this server, reported beside the gateway.
-        #[arg(long)]
-        redis_url: Option<String>,
-        /// Allow non-loopback targets (a compose network); refused by default.
-        #[arg(long)]
-        allow_remote: bool,
-    },
+    Run(RunArgs),
     /// Serve the floor: a bare axum server answering predict with a fixed body.
     Floor {
         /// Address to listen on (loopback only), e.g. 127.0.0.1:9100.
@@ -67,29 +46,42 @@ enum Command {
     Check { scenario: PathBuf },
 }
 
+/// `loadtest run`'s arguments.
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Scenario file (TOML).
+    scenario: PathBuf,
+    /// Override the scenario's target (loopback only, unless --allow-remote).
+    #[arg(long)]
+    target: Option<String>,
+    /// Override the measured duration in seconds (warm-up and sweep steps are capped to it).
+    #[arg(long)]
+    duration_s: Option<f64>,
+    /// Where to write the result files.
+    #[arg(long, default_value = "target/loadtest")]
+    out_dir: PathBuf,
+    /// No progress line on stderr.
+    #[arg(long)]
+    quiet: bool,
+    /// Also measure plain Redis GET round trips against this server, reported beside the gateway.
+    #[arg(long)]
+    redis_url: Option<String>,
+    /// Allow non-loopback targets (a compose network); refused by default.
+    #[arg(long)]
+    allow_remote: bool,
+    /// A file whose first token (one per line, `#` comments) is sent as `Authorization: Bearer`,
+    /// for a gateway with `[auth]` on.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+}
+
 /// Exit codes: 0 ok, 1 error (unreachable target, bad file...), 2 invalid scenario or arguments,
 /// 3 error budget exceeded or no request succeeded, 130 interrupted.
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Check { scenario } => check(&scenario),
-        Command::Run {
-            scenario,
-            target,
-            duration_s,
-            out_dir,
-            quiet,
-            redis_url,
-            allow_remote,
-        } => run(
-            &scenario,
-            target,
-            duration_s,
-            out_dir,
-            !quiet,
-            redis_url,
-            allow_remote,
-        ),
+        Command::Run(args) => run(args),
         Command::Floor {
             bind,
             scores,
@@ -162,15 +154,19 @@ fn check(path: &std::path::Path) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn run(
-    path: &std::path::Path,
-    target: Option<String>,
-    duration_s: Option<f64>,
-    out_dir: PathBuf,
-    progress: bool,
-    redis_url: Option<String>,
-    allow_remote: bool,
-) -> ExitCode {
+fn run(args: RunArgs) -> ExitCode {
+    let RunArgs {
+        scenario: path,
+        target,
+        duration_s,
+        out_dir,
+        quiet,
+        redis_url,
+        allow_remote,
+        token_file,
+    } = args;
+    let progress = !quiet;
+    let path = path.as_path();
     let mut s = match load(path) {
         Ok(s) => s,
         Err(code) => return code,
@@ -197,6 +193,13 @@ fn run(
         eprintln!("error: --redis-url {e}");
         return ExitCode::from(2);
     }
+    let authorization = match token_file.as_deref().map(bearer_from_file).transpose() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: --token-file {e}");
+            return ExitCode::from(2);
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(s.client_threads)
         .enable_all()
@@ -214,6 +217,7 @@ fn run(
         progress,
         redis_url,
         allow_remote,
+        authorization,
     };
     let outcome = runtime.block_on(async move {
         let cancel = Cancel::new();
@@ -292,6 +296,10 @@ fn run(
             }
             ExitCode::from(1)
         }
+        Err(e @ RunError::Unauthorized { .. }) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
         Err(e @ (RunError::Unreachable { .. } | RunError::NotReady { .. })) => {
             eprintln!("error: {e}");
             eprintln!("hint: start the gateway first, or point --target at a running one");
@@ -365,4 +373,16 @@ fn serve_floor(addr: SocketAddr, scores: usize, threads: usize, for_s: u64) -> a
             .await
             .context("floor server")
     })
+}
+
+/// `Bearer <token>` from the first token in `path` (one per line; blank lines and `#` comments skipped).
+fn bearer_from_file(path: &std::path::Path) -> Result<hyper::header::HeaderValue, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let token = text
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty() && !l.starts_with('#'))
+        .ok_or_else(|| format!("{}: holds no token", path.display()))?;
+    hyper::header::HeaderValue::from_str(&format!("Bearer {token}"))
+        .map_err(|_| format!("{}: the token is not visible ASCII", path.display()))
 }

@@ -37,6 +37,9 @@ pub struct RunOptions {
     pub redis_url: Option<String>,
     /// Lift the loopback-only rule for the Redis probe (the compose topology).
     pub allow_remote: bool,
+    /// `Authorization` for every request (`Bearer <token>`), for a gateway with `[auth]` on. The floor
+    /// gets it too, so both carry the same headers.
+    pub authorization: Option<hyper::header::HeaderValue>,
 }
 
 impl Default for RunOptions {
@@ -46,6 +49,7 @@ impl Default for RunOptions {
             progress: true,
             redis_url: None,
             allow_remote: false,
+            authorization: None,
         }
     }
 }
@@ -108,6 +112,17 @@ pub enum RunError {
         target: String,
         model: String,
         path: String,
+        status: u16,
+        body: String,
+    },
+    /// The probe predict was answered 401 or 403: the gateway has `[auth]` on, and the run would measure
+    /// nothing but refusals.
+    #[error(
+        "target {target} refused the probe predict with HTTP {status}{}: pass --token-file with a client token of the gateway (auth.token_file)",
+        colon_prefixed(.body)
+    )]
+    Unauthorized {
+        target: String,
         status: u16,
         body: String,
     },
@@ -284,6 +299,13 @@ pub async fn probe_model(pool: &Pool, s: &Scenario, cancel: &Cancel) -> Result<(
             status: r.status.as_u16(),
             body: quote_body(&r.body, r.msgpack),
         }),
+        Ok(r) if r.status == StatusCode::UNAUTHORIZED || r.status == StatusCode::FORBIDDEN => {
+            Err(RunError::Unauthorized {
+                target: pool.target().to_string(),
+                status: r.status.as_u16(),
+                body: quote_body(&r.body, r.msgpack),
+            })
+        }
         Ok(r) if !r.status.is_success() => {
             eprintln!(
                 "note: the probe predict to {} answered HTTP {}{}; running anyway",
@@ -364,7 +386,8 @@ pub async fn run(
             }
         }
     }
-    let hydrant_pool = Arc::new(Pool::new(&scenario.target)?);
+    let hydrant_pool =
+        Arc::new(Pool::new(&scenario.target)?.with_authorization(opts.authorization.clone()));
     wait_ready(&hydrant_pool, scenario.ready_timeout, &cancel).await?;
     probe_model(&hydrant_pool, &scenario, &cancel).await?;
 
@@ -387,7 +410,7 @@ pub async fn run(
                     url
                 }
             };
-            let p = Arc::new(Pool::new(&url)?);
+            let p = Arc::new(Pool::new(&url)?.with_authorization(opts.authorization.clone()));
             wait_ready(&p, scenario.ready_timeout, &cancel)
                 .await
                 .map_err(|e| match e {
@@ -421,7 +444,8 @@ pub async fn run(
     };
 
     let stop = Cancel::new();
-    let stats_pool = Arc::new(Pool::new(&scenario.target)?);
+    let stats_pool =
+        Arc::new(Pool::new(&scenario.target)?.with_authorization(opts.authorization.clone()));
     let bound = scenario.planned_duration() * 2 + Duration::from_secs(600);
     let sampler = stats::spawn_sampler(
         stats_pool.clone(),

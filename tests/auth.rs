@@ -1,0 +1,168 @@
+//! Bearer tokens (`[auth]`): every route but the health checks and `/metrics` needs one, and writing rows
+//! or schemas needs an admin token. A bad token file stops start-up, naming the key and the line.
+
+mod common;
+
+use common::{TestApp, demo_store, test_config};
+use serde_json::{Value as Json, json};
+
+const CLIENT: &str = "client-0123456789abcdef0123456789";
+const ADMIN: &str = "admin-0123456789abcdef0123456789ab";
+
+/// A request with `token` (if any) as a bearer token: (status, `WWW-Authenticate`, body as JSON).
+async fn send(
+    app: &TestApp,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<&Json>,
+    token: Option<&str>,
+) -> (u16, String, Json) {
+    let mut req = app.client.request(method, format!("{}{path}", app.addr));
+    if let Some(body) = body {
+        req = req.json(body);
+    }
+    if let Some(token) = token {
+        req = req.bearer_auth(token);
+    }
+    let resp = req.send().await.expect("send");
+    let status = resp.status().as_u16();
+    let challenge = resp
+        .headers()
+        .get("www-authenticate")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let bytes = resp.bytes().await.expect("body");
+    (
+        status,
+        challenge,
+        serde_json::from_slice(&bytes).unwrap_or(Json::Null),
+    )
+}
+
+async fn guarded() -> (TestApp, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clients = dir.path().join("clients");
+    std::fs::write(&clients, format!("# product services\n{CLIENT}\n")).expect("write");
+    let admins = dir.path().join("admins");
+    std::fs::write(&admins, format!("{ADMIN}\n")).expect("write");
+    let mut c = test_config();
+    c.auth.token_file = clients;
+    c.auth.admin_token_file = admins;
+    let (store, store_dir) = demo_store().await;
+    (TestApp::spawn_with(c, store, Some(store_dir)).await, dir)
+}
+
+#[tokio::test]
+async fn tokens_guard_every_route_but_health_and_metrics() {
+    use reqwest::Method;
+    let (app, _dir) = guarded().await;
+    app.wait_ready().await;
+    let predict = json!({"entities": {"user_id": "u_1"}, "candidates": [{"item_id": "i_1"}]});
+    let path = "/v1/models/ctr/predict";
+
+    // Load balancers and Prometheus need no token.
+    for open in ["/v2/health/live", "/v2/health/ready", "/metrics"] {
+        let (status, _, _) = send(&app, Method::GET, open, None, None).await;
+        assert_eq!(status, 200, "{open}");
+    }
+    // No token, or an unknown one: 401 with the RFC 6750 challenge, before any work is done.
+    let (status, challenge, body) = send(&app, Method::POST, path, Some(&predict), None).await;
+    assert_eq!(
+        (status, challenge.as_str()),
+        (401, "Bearer realm=\"hydrant\"")
+    );
+    assert_eq!(body["error"]["code"], "unauthorized", "{body}");
+    let wrong = format!("{CLIENT}x");
+    let (status, challenge, _) = send(&app, Method::POST, path, Some(&predict), Some(&wrong)).await;
+    assert_eq!(status, 401);
+    assert!(challenge.contains("error=\"invalid_token\""), "{challenge}");
+    // A client token scores; so does an admin token.
+    for token in [CLIENT, ADMIN] {
+        let (status, _, body) = send(&app, Method::POST, path, Some(&predict), Some(token)).await;
+        assert_eq!(status, 200, "{body}");
+        assert!(body["outputs"]["score"][0].is_number(), "{body}");
+    }
+    // Unknown routes and reads need a token too; the V2 route answers in its own error shape.
+    let (status, _, _) = send(&app, Method::GET, "/v1/nothing", None, None).await;
+    assert_eq!(status, 401);
+    let (status, _, _) = send(&app, Method::GET, "/v1/schemas", None, Some(CLIENT)).await;
+    assert_eq!(status, 200);
+    let (status, _, body) = send(
+        &app,
+        Method::POST,
+        "/v2/models/ctr/infer",
+        Some(&json!({})),
+        None,
+    )
+    .await;
+    assert_eq!(status, 401);
+    assert!(
+        body["error"].as_str().is_some_and(|e| e.contains("Bearer")),
+        "{body}"
+    );
+
+    // Writing rows or schemas needs an admin token: a client token gets 403, and nothing is written.
+    let rows = json!({"rows": [{"user_id": "u_auth", "age": 41}]});
+    let write = "/v1/views/user_profile/rows";
+    let (status, _, body) = send(&app, Method::POST, write, Some(&rows), Some(CLIENT)).await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(body["error"]["code"], "admin_token_required");
+    let features = json!({"entities": {"user_id": ["u_auth"]}, "features": ["user_profile:age"]});
+    let (_, _, body) = send(
+        &app,
+        Method::POST,
+        "/v1/features",
+        Some(&features),
+        Some(CLIENT),
+    )
+    .await;
+    assert_eq!(
+        body["features"]["user_profile:age"]["statuses"][0],
+        "NOT_FOUND"
+    );
+    let (status, _, body) = send(&app, Method::POST, write, Some(&rows), Some(ADMIN)).await;
+    assert_eq!(status, 200, "{body}");
+    let (_, _, body) = send(
+        &app,
+        Method::POST,
+        "/v1/features",
+        Some(&features),
+        Some(CLIENT),
+    )
+    .await;
+    assert_eq!(body["features"]["user_profile:age"]["values"][0], 41);
+    let (status, _, _) = send(
+        &app,
+        Method::DELETE,
+        "/v1/schemas/views/item_stats",
+        None,
+        Some(CLIENT),
+    )
+    .await;
+    assert_eq!(status, 403);
+
+    // The refusals count as rejected, not as gateway errors.
+    let (_, _, stats) = send(&app, Method::GET, "/v1/stats", None, Some(CLIENT)).await;
+    assert_eq!(stats["models"]["ctr"]["errors"], 0, "{stats}");
+    // Two predicts (no token, a wrong one) and one V2 infer.
+    assert_eq!(stats["models"]["ctr"]["rejected"], 3, "{stats}");
+}
+
+#[tokio::test]
+async fn a_bad_token_file_stops_start_up_naming_the_key_and_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("tokens");
+    std::fs::write(&file, format!("{CLIENT}\nshort\n")).expect("write");
+    let mut c = test_config();
+    c.auth.token_file = file;
+    let (store, store_dir) = demo_store().await;
+    let e = match TestApp::try_spawn_with(c, store, Some(store_dir)).await {
+        Ok(_) => panic!("a 5-character token must stop start-up"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(
+        e.contains("auth.token_file") && e.contains("line 2") && !e.contains(CLIENT),
+        "{e}"
+    );
+}
