@@ -1,5 +1,5 @@
 //! Bearer-token authentication (`[auth]`). Off unless a token file is named: then every route but the
-//! health checks and `/metrics` needs `Authorization: Bearer <token>`, and the routes that change
+//! health and readiness checks and `/metrics` needs `Authorization: Bearer <token>`, and the routes that change
 //! stored rows or the registered schemas need an admin token.
 //!
 //! Tokens are read once, at start-up, from files of one token per line (`#` starts a comment), as a
@@ -20,7 +20,8 @@ pub const MAX_TOKEN_BYTES: usize = 256;
 /// What a request needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Need {
-    /// Health checks and `/metrics`: load balancers and Prometheus call them without credentials.
+    /// Health and readiness checks and `/metrics`: load balancers, kubelets and Prometheus call them
+    /// without credentials.
     Open,
     /// Scoring, features, prefetch, stats, schema reads and dry runs.
     Client,
@@ -30,7 +31,10 @@ pub enum Need {
 
 /// What `method` on `route` (a request layer route label) at `path` needs.
 pub fn need(route: &str, path: &str, method: &Method) -> Need {
-    if matches!(path, "/v2/health/live" | "/v2/health/ready" | "/metrics") {
+    // Probes and scrapers: kubelets and KServe poll the readiness routes, Prometheus `/metrics`.
+    if matches!(path, "/v2/health/live" | "/v2/health/ready" | "/metrics")
+        || route == "/v2/models/{model}/ready"
+    {
         return Need::Open;
     }
     let admin = match route {
@@ -218,6 +222,18 @@ mod tests {
         let n = |route, path, m: Method| need(route, path, &m);
         assert_eq!(n("other", "/v2/health/ready", Method::GET), Need::Open);
         assert_eq!(n("/metrics", "/metrics", Method::GET), Need::Open);
+        assert_eq!(
+            n(
+                "/v2/models/{model}/ready",
+                "/v2/models/ctr/ready",
+                Method::GET
+            ),
+            Need::Open
+        );
+        assert_eq!(
+            n("/v2/models/{model}", "/v2/models/ctr", Method::GET),
+            Need::Client
+        );
         assert_eq!(
             n(
                 "/v1/models/{model}/predict",

@@ -62,7 +62,12 @@ async fn tokens_guard_every_route_but_health_and_metrics() {
     let path = "/v1/models/ctr/predict";
 
     // Load balancers and Prometheus need no token.
-    for open in ["/v2/health/live", "/v2/health/ready", "/metrics"] {
+    for open in [
+        "/v2/health/live",
+        "/v2/health/ready",
+        "/v2/models/ctr/ready",
+        "/metrics",
+    ] {
         let (status, _, _) = send(&app, Method::GET, open, None, None).await;
         assert_eq!(status, 200, "{open}");
     }
