@@ -31,7 +31,14 @@ pub const MAX_QUEUE: usize = 100_000;
 /// Longest config duration (timeouts, delays, intervals): longer ones are a mistake, not a setting.
 pub const MAX_CONFIG_DURATION: Duration = Duration::from_secs(86_400);
 /// The `store.redis.url` schemes the Redis client is built for.
-pub const REDIS_SCHEMES: [&str; 4] = ["redis", "rediss", "redis-cluster", "rediss-cluster"];
+pub const REDIS_SCHEMES: [&str; 6] = [
+    "redis",
+    "rediss",
+    "redis-cluster",
+    "rediss-cluster",
+    "redis-sentinel",
+    "rediss-sentinel",
+];
 /// The level names `telemetry.log_level` accepts, alone or as `target=level`.
 pub const LOG_LEVELS: [&str; 6] = ["error", "warn", "info", "debug", "trace", "off"];
 
@@ -838,7 +845,7 @@ fn check_redis_url(url: &str) -> Result<(), String> {
     if url.is_empty() {
         return Ok(()); // the embedded store
     }
-    let expected = "expected redis://, rediss:// (TLS), redis-cluster:// or rediss-cluster:// (the URL is not shown: it may hold a password)";
+    let expected = "expected redis://, rediss:// (TLS), redis-cluster:// or rediss-cluster:// (Redis Cluster), or redis-sentinel:// or rediss-sentinel:// (Sentinel) (the URL is not shown: it may hold a password)";
     match url.split_once("://") {
         Some((scheme, rest)) if REDIS_SCHEMES.iter().any(|s| s.eq_ignore_ascii_case(scheme)) => {
             // The database is the path: `redis://host:6379/1`.
@@ -849,13 +856,21 @@ fn check_redis_url(url: &str) -> Result<(), String> {
             {
                 return Err("not a valid Redis URL: the database (the path, as in redis://host:6379/1) must be a number from 0 to 255 (the URL is not shown: it may hold a password)".to_owned());
             }
-            // The client reads one query parameter, `node` (more cluster seed nodes), and ignores every
-            // other: a misspelt one would silently do nothing.
-            let cluster = scheme.to_ascii_lowercase().ends_with("-cluster");
+            // The client reads `node` (more cluster seed nodes, or more sentinels) and, for Sentinel,
+            // `sentinelServiceName` (the master's name), and ignores every other parameter: a misspelt
+            // one would silently do nothing.
+            let scheme = scheme.to_ascii_lowercase();
+            let cluster = scheme.ends_with("-cluster");
+            let sentinel = scheme.ends_with("-sentinel");
             let query = rest.split('#').next().unwrap_or_default().split_once('?');
+            let mut service = false;
             for pair in query.map(|(_, q)| q).unwrap_or_default().split('&') {
-                let key = pair.split('=').next().unwrap_or_default();
-                if key.is_empty() || (cluster && key == "node") {
+                let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+                if sentinel && key == "sentinelServiceName" {
+                    service |= !value.is_empty();
+                    continue;
+                }
+                if key.is_empty() || ((cluster || sentinel) && key == "node") {
                     continue;
                 }
                 // Named only when it looks like a parameter name: after a `?` left unencoded in a
@@ -870,8 +885,11 @@ fn check_redis_url(url: &str) -> Result<(), String> {
                     String::new()
                 };
                 return Err(format!(
-                    "not a valid Redis URL: the query parameter {name}is not one hydrant's Redis client reads; it reads only `node=HOST:PORT` (more seed nodes, in redis-cluster:// and rediss-cluster:// URLs); a `?` in a password must be percent-encoded as %3F (the URL is not shown: it may hold a password)"
+                    "not a valid Redis URL: the query parameter {name}is not one hydrant's Redis client reads; it reads only `node=HOST:PORT` (more seed nodes or sentinels, in cluster and sentinel URLs) and `sentinelServiceName=NAME` (sentinel URLs); a `?` in a password must be percent-encoded as %3F (the URL is not shown: it may hold a password)"
                 ));
+            }
+            if sentinel && !service {
+                return Err("not a valid Redis URL: a sentinel URL names the master it follows: redis-sentinel://SENTINEL_HOST:26379/0?sentinelServiceName=mymaster (the URL is not shown: it may hold a password)".to_owned());
             }
             // Parsed here, as the client will parse it, so a typo is a start-up error naming the
             // file or variable, in words rather than the URL parser's.
@@ -1533,6 +1551,8 @@ mod tests {
             "rediss-cluster://h:1",
             "REDIS://h:1",
             "redis://h:1/0?",
+            "redis-sentinel://h:26379/0?sentinelServiceName=mymaster&node=h2:26379",
+            "rediss-sentinel://:pw@h:26379?sentinelServiceName=m",
         ] {
             Config::load(None, env(&[("HYDRANT_STORE__REDIS__URL", url)]))
                 .unwrap_or_else(|e| panic!("{url}: {e}"));
@@ -1552,6 +1572,18 @@ mod tests {
             ("redis://:secret@h:1/0?timeout=5", "`timeout`"),
             // A `?` left in a password: what follows it is not echoed as a parameter name.
             ("redis://:secret?tail@h:6379", "percent-encoded as %3F"),
+            (
+                "redis-sentinel://:secret@h:26379",
+                "names the master it follows",
+            ),
+            (
+                "redis-sentinel://:secret@h:26379?sentinelServiceName=",
+                "names the master it follows",
+            ),
+            (
+                "redis://:secret@h:1?sentinelServiceName=m",
+                "`sentinelServiceName`",
+            ),
         ] {
             let e = load_err(&[("HYDRANT_STORE__REDIS__URL", url)]);
             assert!(

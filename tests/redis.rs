@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use common::redis::{RedisServer, Reply, config_for, gateway, gateway_over, seeded};
+use common::redis::{RedisServer, Reply, Sentinel, config_for, gateway, gateway_over, seeded};
 use common::{TestApp, demo_rows, load_demo_rows};
 use hydrant::app::open_store;
 use hydrant::hydrate::Status;
@@ -741,6 +741,33 @@ async fn unreadable_records_are_defaulted_counted_and_never_a_500() {
         .await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     assert_eq!(r.json()["feature_status"]["user_profile"], "DEFAULTED");
+}
+
+/// A `redis-sentinel://` URL connects to the master the sentinel names, and serves from it.
+#[tokio::test]
+async fn a_sentinel_url_reaches_the_master_it_names() {
+    let master = RedisServer::start();
+    let sentinel = Sentinel::start(&master);
+    let mut c = config_for(&master);
+    c.store.redis.url = format!(
+        "redis-sentinel://127.0.0.1:{}/0?sentinelServiceName=mymaster",
+        sentinel.port
+    );
+    let store = open_store(&c)
+        .await
+        .expect("the master, through the sentinel");
+    load_demo_rows(store.as_ref()).await;
+    assert_eq!(
+        master.cmd(&["EXISTS", "hy:user_profile:u_5"]),
+        Reply::Int(1),
+        "the rows went to the master"
+    );
+    let app = gateway_over(c, store).await;
+    let (values, statuses, _) = ages(&app, &["u_5"]).await;
+    let u5 = demo_rows("user_profile", "user_id")["u_5"]["age"]
+        .as_i64()
+        .expect("age");
+    assert_eq!((values, statuses), (vec![u5], vec!["PRESENT".to_owned()]));
 }
 
 #[tokio::test]

@@ -261,6 +261,10 @@ impl RedisServer {
         }
     }
 
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// Runs a command with text arguments.
     pub fn cmd(&self, args: &[&str]) -> Reply {
         let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
@@ -297,6 +301,63 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         // SIGKILL works on a stopped process too.
         self.kill();
+    }
+}
+
+/// A Redis Sentinel (`redis-server --sentinel`) following `master` as `mymaster`; stopped when dropped.
+pub struct Sentinel {
+    pub port: u16,
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Sentinel {
+    pub fn start(master: &RedisServer) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        // Sentinel rewrites its config file, so it gets one of its own.
+        let conf = dir.path().join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor mymaster 127.0.0.1 {} 1\n",
+                dir.path().display(),
+                master.port
+            ),
+        )
+        .expect("sentinel.conf");
+        let child = Command::new(redis_server())
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server --sentinel");
+        let s = Self {
+            port,
+            child,
+            _dir: dir,
+        };
+        let until = Instant::now() + Duration::from_secs(5);
+        loop {
+            let answer = Conn::open(port, None)
+                .and_then(|mut c| c.call(&[b"SENTINEL", b"get-master-addr-by-name", b"mymaster"]));
+            if matches!(answer, Ok(Reply::Array(ref a)) if a.len() == 2) {
+                return s;
+            }
+            assert!(
+                Instant::now() < until,
+                "the sentinel did not start: {answer:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
