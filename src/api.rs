@@ -378,11 +378,9 @@ fn version_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Erro
                 .and_then(|v| self.visit_u64(v))
         }
         fn visit_f64<E: de::Error>(self, v: f64) -> Result<u32, E> {
-            if v.fract() == 0.0 && (0.0..=f64::from(u32::MAX)).contains(&v) {
-                Ok(v as u32)
-            } else {
-                Err(E::invalid_value(de::Unexpected::Float(v), &self))
-            }
+            crate::value::exact_integer(v)
+                .and_then(|i| u32::try_from(i).ok())
+                .ok_or_else(|| E::invalid_value(de::Unexpected::Float(v), &self))
         }
     }
     d.deserialize_any(V)

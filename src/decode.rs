@@ -524,7 +524,7 @@ fn marker_kind(m: rmp::Marker) -> &'static str {
     }
 }
 
-fn strip_position(m: &str) -> String {
+pub(crate) fn strip_position(m: &str) -> String {
     match m.rfind(" at line ") {
         Some(i) => m[..i].to_owned(),
         None => m.to_owned(),
@@ -577,9 +577,9 @@ impl<'de> Deserialize<'de> for EntityKey {
 /// An integer key written as a float (`1e3`, or `1000.0` from an encoder that writes every number as
 /// a double), taken as the integer while float64 holds it exactly, as an int64 context value is.
 pub fn whole_key(f: f64) -> Result<i64, String> {
-    if f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0 {
-        Ok(f as i64)
-    } else if f.fract() == 0.0 && f.abs() >= 9_223_372_036_854_775_808.0 {
+    if let Some(i) = crate::value::exact_integer(f) {
+        Ok(i)
+    } else if f.fract() == 0.0 && f.abs() >= crate::value::INT64_END {
         Err("entity key out of int64 range (write it as a string if it is an id)".to_owned())
     } else if f.fract() == 0.0 {
         Err(format!(
@@ -1399,8 +1399,8 @@ pub fn utf8_charset(mime: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// The request's one `Content-Type` (`""` when it is not visible ASCII), `None` when it has none; two
-/// or more are refused, since which one to believe would be a guess.
+/// The request's one `Content-Type`, `None` when it has none. One that is not visible ASCII names no
+/// media type (415), and two or more are refused, since which one to believe would be a guess.
 pub fn content_type(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
     let mut types = headers.get_all(header::CONTENT_TYPE).iter();
     match (types.next(), types.next()) {
@@ -1476,25 +1476,28 @@ pub fn entity_keys(
             format!("entities.{}: expected at least one key", entity.name),
         ));
     }
-    if keys.scalar {
-        return keys
-            .keys
-            .iter()
-            .map(|k| key_string(entity, k, &format_args!("entities.{}", entity.name), limits))
-            .collect();
-    }
     keys.keys
         .iter()
         .enumerate()
         .map(|(j, k)| {
-            key_string(
-                entity,
-                k,
-                &format_args!("entities.{}[{j}]", entity.name),
-                limits,
-            )
+            // A key sent alone is named as sent, without an index.
+            let index = (!keys.scalar).then_some(j);
+            let field = KeyField(&entity.name, index);
+            key_string(entity, k, &field, limits)
         })
         .collect()
+}
+
+/// `entities.NAME[INDEX]`, or `entities.NAME` for a key sent alone: the field an entity key error names.
+struct KeyField<'a>(&'a str, Option<usize>);
+
+impl fmt::Display for KeyField<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.1 {
+            Some(j) => write!(f, "entities.{}[{j}]", self.0),
+            None => write!(f, "entities.{}", self.0),
+        }
+    }
 }
 
 /// Refuses a request carrying more entity keys, over all entities, than `limits.max_entities` (413).

@@ -48,10 +48,7 @@ fn parse_request(body: &[u8]) -> Result<InferRequest, OipError> {
             let what = located.map_or(what, |e| e.to_string());
             return bad(format!("invalid infer request: {what}"));
         }
-        let what = what
-            .rfind(" at line ")
-            .map_or(what.as_str(), |i| &what[..i]);
-        let what = what
+        let what = crate::decode::strip_position(&what)
             .replace("expected i64", "expected an integer")
             .replace("expected a sequence", "expected a list");
         if path == "." || path.contains('?') {

@@ -92,15 +92,15 @@ fn apply(
     let running = gw.registry();
     let schemas_dir = gw.config.registry.schemas.as_path();
     let models_dir = gw.config.registry.models.as_path();
-    // `rolled_back`: the kept file a rollback registers again.
-    let (body, removed, rolled_back, expect) = match action {
-        Action::Put { kind, name, body } => (Some(body), Vec::new(), None, Some((kind, name))),
-        Action::Post { body } => (Some(body), Vec::new(), None, None),
+    // `expect`: the one document a PUT must hold.
+    let (body, removed, rollback, expect) = match action {
+        Action::Put { kind, name, body } => (Some(body), Vec::new(), false, Some((kind, name))),
+        Action::Post { body } => (Some(body), Vec::new(), false, None),
         Action::Delete { kind, name } => {
             if running.document(kind, &name).is_none() {
                 return Err(not_registered(&running, kind, &name));
             }
-            (None, vec![(kind, name)], None, None)
+            (None, vec![(kind, name)], false, None)
         }
         Action::Rollback {
             kind,
@@ -109,15 +109,16 @@ fn apply(
         } => {
             let text = read_version(schemas_dir, &running, kind, &name, version)?;
             let file = kept_file(schemas_dir, kind, &name, version);
-            // A kept file edited by hand is named as such, before it is compiled as if it were sent.
+            // A kept file edited by hand is named as such, before it is compiled as if it were sent;
+            // past this check it holds the one document it is kept as.
             kept_document(&text, &file, kind, &name, version)?;
-            (Some(text), Vec::new(), Some(file), Some((kind, name)))
+            (Some(text), Vec::new(), true, None)
         }
     };
     let edit = Edit {
         body: body.as_deref(),
         removed: &removed,
-        rollback: rolled_back.is_some(),
+        rollback,
     };
     let proposal =
         proposal::propose(&running, &edit, models_dir).map_err(ApiError::InvalidSchema)?;
@@ -129,22 +130,6 @@ fn apply(
             .iter()
             .map(|(k, n)| format!("{} `{n}`", k.as_str()))
             .collect();
-        if let Some(file) = rolled_back {
-            // Only a kept file edited by hand can hold another document.
-            return Err(ApiError::Conflict {
-                code: "kept_version_mismatch",
-                message: format!(
-                    "the kept file of this version ({}) holds {}, not the {} `{name}`: it was edited by hand",
-                    file.display(),
-                    if sent.is_empty() {
-                        "no document with a kind and a name".to_owned()
-                    } else {
-                        sent.join(", ")
-                    },
-                    kind.as_str()
-                ),
-            });
-        }
         return Err(ApiError::Invalid {
             code: "schema_mismatch",
             message: format!(

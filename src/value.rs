@@ -25,6 +25,17 @@ pub enum Dtype {
     Float32List(usize),
 }
 
+/// 2^63, the first whole float past int64's range (an integer past it arrives as a float).
+pub const INT64_END: f64 = 9_223_372_036_854_775_808.0;
+
+/// A whole float below 2^53, where float64 still holds every integer exactly, as the integer it is.
+/// 2^53 and past it are `None`: `9007199254740993.0` parses to 2^53, so it may not be the number
+/// written. Integers written as floats (`1e3`, or by an encoder that writes every number as a double)
+/// are read through this wherever an integer is expected.
+pub fn exact_integer(f: f64) -> Option<i64> {
+    (f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0).then_some(f as i64)
+}
+
 impl Dtype {
     /// Parses `float32`, `float64`, `int64`, `bool`, `string` or `float32[N]`.
     pub fn parse(s: &str) -> Result<Self, String> {
@@ -87,18 +98,14 @@ impl Dtype {
             (Self::Float64, Value::Float(f)) => Ok(Value::Float(f)),
             (Self::Float64, Value::Int(i)) => Ok(Value::Float(i as f64)),
             (Self::Int64, Value::Int(i)) => Ok(Value::Int(i)),
-            // Whole numbers below 2^53, where float64 still holds every integer exactly. 2^53 itself is
-            // refused: `9007199254740993.0` also parses to it, so it may not be the number written.
-            (Self::Int64, Value::Float(f))
-                if f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0 =>
-            {
+            (Self::Int64, Value::Float(f)) if exact_integer(f).is_some() => {
                 Ok(Value::Int(f as i64))
             }
             (Self::Int64, Value::Float(f)) if f.fract() != 0.0 => Err(format!(
                 "expected int64, got {f}, which is not a whole number"
             )),
             // An integer past 2^63 arrives here as a float: echoing it would show it rounded.
-            (Self::Int64, Value::Float(f)) if f.abs() >= 9_223_372_036_854_775_808.0 => {
+            (Self::Int64, Value::Float(f)) if f.abs() >= INT64_END => {
                 Err("expected int64, got a number outside its range (-9223372036854775808 to 9223372036854775807)".to_owned())
             }
             (Self::Int64, Value::Float(f)) => Err(format!(

@@ -40,6 +40,20 @@ async fn send(
     )
 }
 
+/// `user_profile:age` of `u_auth`, read with a client token: its `values` and `statuses`.
+async fn age_of_u_auth(app: &TestApp) -> Json {
+    let features = json!({"entities": {"user_id": ["u_auth"]}, "features": ["user_profile:age"]});
+    let (_, _, body) = send(
+        app,
+        reqwest::Method::POST,
+        "/v1/features",
+        Some(&features),
+        Some(CLIENT),
+    )
+    .await;
+    body["features"]["user_profile:age"].clone()
+}
+
 async fn guarded() -> (TestApp, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let clients = dir.path().join("clients");
@@ -113,30 +127,10 @@ async fn tokens_guard_every_route_but_health_and_metrics() {
     let (status, _, body) = send(&app, Method::POST, write, Some(&rows), Some(CLIENT)).await;
     assert_eq!(status, 403, "{body}");
     assert_eq!(body["error"]["code"], "admin_token_required");
-    let features = json!({"entities": {"user_id": ["u_auth"]}, "features": ["user_profile:age"]});
-    let (_, _, body) = send(
-        &app,
-        Method::POST,
-        "/v1/features",
-        Some(&features),
-        Some(CLIENT),
-    )
-    .await;
-    assert_eq!(
-        body["features"]["user_profile:age"]["statuses"][0],
-        "NOT_FOUND"
-    );
+    assert_eq!(age_of_u_auth(&app).await["statuses"][0], "NOT_FOUND");
     let (status, _, body) = send(&app, Method::POST, write, Some(&rows), Some(ADMIN)).await;
     assert_eq!(status, 200, "{body}");
-    let (_, _, body) = send(
-        &app,
-        Method::POST,
-        "/v1/features",
-        Some(&features),
-        Some(CLIENT),
-    )
-    .await;
-    assert_eq!(body["features"]["user_profile:age"]["values"][0], 41);
+    assert_eq!(age_of_u_auth(&app).await["values"][0], 41);
     let (status, _, _) = send(
         &app,
         Method::DELETE,

@@ -516,14 +516,21 @@ impl Check<'_> {
     }
 
     /// A phase of `seconds` at `rate` stays within [`MAX_REQUESTS_PER_SEGMENT`] sends: past it the
-    /// schedule would stop early, measuring less than was asked for.
-    fn within_segment_cap(&self, key: &str, rate: f64, seconds: f64) -> Result<(), ScenarioError> {
+    /// schedule would stop early, measuring less than was asked for. The error is filed under `key`
+    /// and names `with`, the other of the two it multiplies.
+    fn within_segment_cap(
+        &self,
+        key: &str,
+        with: &str,
+        rate: f64,
+        seconds: f64,
+    ) -> Result<(), ScenarioError> {
         let sends = rate * seconds;
         if sends > MAX_REQUESTS_PER_SEGMENT as f64 {
             return self.fail(
-                "load.rate",
+                key,
                 format!(
-                    "x {key} must schedule at most {MAX_REQUESTS_PER_SEGMENT} requests in one phase (got {rate} rps x {seconds} s = {sends:.0}): lower one of them"
+                    "x {with} must schedule at most {MAX_REQUESTS_PER_SEGMENT} requests in one phase (got {rate} rps x {seconds} s = {sends:.0}): lower one of them"
                 ),
             );
         }
@@ -774,15 +781,7 @@ impl Scenario {
                     ),
                 );
             }
-            if rate * s > MAX_REQUESTS_PER_SEGMENT as f64 {
-                return check.fail(
-                    "--duration-s",
-                    format!(
-                        "x load.rate must schedule at most {MAX_REQUESTS_PER_SEGMENT} requests in one phase (got {s} s x {rate} rps = {:.0}): lower one of them",
-                        rate * s
-                    ),
-                );
-            }
+            check.within_segment_cap("--duration-s", "load.rate", rate, s)?;
         }
         let d = Duration::from_secs_f64(s);
         self.load.duration = d;
@@ -902,8 +901,8 @@ fn validate(
                     ),
                 );
             }
-            c.within_segment_cap("load.duration_s", rate, duration_s)?;
-            c.within_segment_cap("load.warm_up_s", rate, warm_up_s)?;
+            c.within_segment_cap("load.rate", "load.duration_s", rate, duration_s)?;
+            c.within_segment_cap("load.rate", "load.warm_up_s", rate, warm_up_s)?;
             Mode::OpenLoop { rate }
         }
         ModeName::ClosedLoop => {
