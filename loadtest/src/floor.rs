@@ -200,7 +200,7 @@ impl FloorHandle {
                         let _ = rx.await;
                     };
                     if let Err(e) = serve(listener, scores, stop).await {
-                        eprintln!("floor: server error: {e}");
+                        crate::errln!("floor: server error: {e}");
                     }
                 });
                 runtime.shutdown_timeout(SHUTDOWN_GRACE);

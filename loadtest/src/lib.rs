@@ -16,6 +16,45 @@
 //! - [`run`]: one run end to end: readiness, warm-up, sweep, phases, floor alternation, files.
 //! - [`report`]: the result JSON, the terminal table, the self-contained HTML report.
 
+/// Terminal output that never panics. `println!` and friends panic when the other end of a pipe has
+/// gone (`loadtest … | head`); by then the report files are written, so a closed terminal stream is
+/// no reason to lose the exit status. These write, and drop a failed write.
+#[macro_export]
+macro_rules! outln {
+    ($($t:tt)*) => {{
+        use ::std::io::Write as _;
+        let _ = ::std::writeln!(::std::io::stdout().lock(), $($t)*);
+    }};
+}
+
+/// [`outln!`] without the newline.
+#[macro_export]
+macro_rules! out {
+    ($($t:tt)*) => {{
+        use ::std::io::Write as _;
+        let mut o = ::std::io::stdout().lock();
+        let _ = ::std::write!(o, $($t)*).and_then(|()| o.flush());
+    }};
+}
+
+/// [`outln!`] on stderr.
+#[macro_export]
+macro_rules! errln {
+    ($($t:tt)*) => {{
+        use ::std::io::Write as _;
+        let _ = ::std::writeln!(::std::io::stderr().lock(), $($t)*);
+    }};
+}
+
+/// [`errln!`] without the newline (the progress line).
+#[macro_export]
+macro_rules! err {
+    ($($t:tt)*) => {{
+        use ::std::io::Write as _;
+        let _ = ::std::write!(::std::io::stderr().lock(), $($t)*);
+    }};
+}
+
 pub mod client;
 pub mod drive;
 pub mod floor;

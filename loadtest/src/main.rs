@@ -91,14 +91,14 @@ fn main() -> ExitCode {
             let addr = match floor_addr(&bind, scores, threads) {
                 Ok(addr) => addr,
                 Err(e) => {
-                    eprintln!("error: {e}");
+                    loadtest::errln!("error: {e}");
                     return ExitCode::from(2);
                 }
             };
             match serve_floor(addr, scores, threads, for_s) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
-                    eprintln!("error: {e:#}");
+                    loadtest::errln!("error: {e:#}");
                     ExitCode::from(1)
                 }
             }
@@ -108,7 +108,7 @@ fn main() -> ExitCode {
 
 fn load(path: &std::path::Path) -> Result<Scenario, ExitCode> {
     Scenario::load(path).map_err(|e| {
-        eprintln!("error: {e}");
+        loadtest::errln!("error: {e}");
         ExitCode::from(2)
     })
 }
@@ -130,7 +130,7 @@ fn check(path: &std::path::Path) -> ExitCode {
             step.as_secs_f64()
         ),
     };
-    println!(
+    loadtest::outln!(
         "ok: {} against {} (model {}, {})\n  {mode}, {:.1} s measured, {:.1} s warm-up{}\n  users {} keys (zipf {}), items {} keys (zipf {}), candidates {}..={}\n  planned run time about {:.0} s",
         s.name,
         s.target,
@@ -178,25 +178,25 @@ fn run(args: RunArgs) -> ExitCode {
             s.override_target(&t)
         }
     {
-        eprintln!("error: {e}");
+        loadtest::errln!("error: {e}");
         return ExitCode::from(2);
     }
     if let Some(d) = duration_s
         && let Err(e) = s.override_duration_s(d)
     {
-        eprintln!("error: {e}");
+        loadtest::errln!("error: {e}");
         return ExitCode::from(2);
     }
     if let Some(u) = &redis_url
         && let Err(e) = loadtest::redis_probe::check_url(u, allow_remote)
     {
-        eprintln!("error: --redis-url {e}");
+        loadtest::errln!("error: --redis-url {e}");
         return ExitCode::from(2);
     }
     let authorization = match token_file.as_deref().map(bearer_from_file).transpose() {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("error: --token-file {e}");
+            loadtest::errln!("error: --token-file {e}");
             return ExitCode::from(2);
         }
     };
@@ -207,7 +207,7 @@ fn run(args: RunArgs) -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start the runtime: {e}");
+            loadtest::errln!("error: cannot start the runtime: {e}");
             return ExitCode::from(1);
         }
     };
@@ -226,7 +226,7 @@ fn run(args: RunArgs) -> ExitCode {
             // SIGTERM as Ctrl-C: `timeout`, `docker stop` and a cancelled CI job send it, and the
             // partial report is what they need.
             hydrant::app::shutdown_signal().await;
-            eprintln!("\ninterrupted: finishing the report (Ctrl-C again to quit at once)");
+            loadtest::errln!("\ninterrupted: finishing the report (Ctrl-C again to quit at once)");
             on_signal.cancel();
             hydrant::app::shutdown_signal().await;
             std::process::exit(130);
@@ -242,8 +242,8 @@ fn run(args: RunArgs) -> ExitCode {
     runtime.shutdown_timeout(Duration::from_secs(1));
     match outcome {
         Ok(out) => {
-            print!("{}", report::table::render(&out.result));
-            println!(
+            loadtest::out!("{}", report::table::render(&out.result));
+            loadtest::outln!(
                 "\nreport: {}\n        {}",
                 out.json_path.display(),
                 out.html_path.display()
@@ -253,7 +253,7 @@ fn run(args: RunArgs) -> ExitCode {
                 return ExitCode::from(130);
             }
             if let Some(why) = r.failure(max_error_rate) {
-                eprintln!("error: {why}");
+                loadtest::errln!("error: {why}");
                 return ExitCode::from(3);
             }
             ExitCode::SUCCESS
@@ -264,32 +264,32 @@ fn run(args: RunArgs) -> ExitCode {
             source,
         }) => {
             // The measurements are not lost: the table goes to the terminal all the same.
-            print!("{}", report::table::render(&result));
-            eprintln!("error: cannot write {path}: {source}");
-            eprintln!(
+            loadtest::out!("{}", report::table::render(&result));
+            loadtest::errln!("error: cannot write {path}: {source}");
+            loadtest::errln!(
                 "error: not every report file was written (see above); the table above is the result"
             );
             ExitCode::from(1)
         }
         Err(RunError::Interrupted) => {
-            eprintln!(
+            loadtest::errln!(
                 "interrupted before the target was ready: nothing was measured, so no report was written"
             );
             ExitCode::from(130)
         }
         Err(e @ RunError::UnknownModel { .. }) => {
-            eprintln!("error: {e}");
+            loadtest::errln!("error: {e}");
             // A 404 for the route itself (not `unknown_model`) usually means a path in the target URL:
             // it is a prefix put before /v1/models/..., for a gateway served under one.
             let route_missing = matches!(&e, RunError::UnknownModel { body, target, .. }
                 if body.contains("unknown_route")
                     || target.trim_start_matches("http://").contains('/'));
             if route_missing {
-                eprintln!(
+                loadtest::errln!(
                     "hint: a path in the target URL is a prefix put before /v1/models/...: give the gateway's base URL (e.g. http://127.0.0.1:8080) unless it is served under that prefix"
                 );
             } else {
-                eprintln!(
+                loadtest::errln!(
                     "hint: check `model` in {}, or point --target at a gateway that serves it",
                     path.display()
                 );
@@ -297,16 +297,16 @@ fn run(args: RunArgs) -> ExitCode {
             ExitCode::from(1)
         }
         Err(e @ RunError::Unauthorized { .. }) => {
-            eprintln!("error: {e}");
+            loadtest::errln!("error: {e}");
             ExitCode::from(1)
         }
         Err(e @ (RunError::Unreachable { .. } | RunError::NotReady { .. })) => {
-            eprintln!("error: {e}");
-            eprintln!("hint: start the gateway first, or point --target at a running one");
+            loadtest::errln!("error: {e}");
+            loadtest::errln!("hint: start the gateway first, or point --target at a running one");
             ExitCode::from(1)
         }
         Err(e) => {
-            eprintln!("error: {e}");
+            loadtest::errln!("error: {e}");
             ExitCode::from(1)
         }
     }
@@ -362,7 +362,7 @@ fn serve_floor(addr: SocketAddr, scores: usize, threads: usize, for_s: u64) -> a
             .await
             .with_context(|| format!("cannot listen on {addr} (--bind)"))?;
         let local = listener.local_addr().context("listener address")?;
-        println!("floor listening on http://{local} (stops after {for_s} s or on Ctrl-C)");
+        loadtest::outln!("floor listening on http://{local} (stops after {for_s} s or on Ctrl-C)");
         let stop = async move {
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => {}

@@ -177,7 +177,7 @@ pub async fn wait_ready(pool: &Pool, wait: Duration, cancel: &Cancel) -> Result<
         match probe {
             Ok(r) if r.status.is_success() => return Ok(()),
             Ok(r) if r.status.as_u16() == 404 => {
-                eprintln!("note: {target} has no /v2/health/ready; assuming it is ready");
+                crate::errln!("note: {target} has no /v2/health/ready; assuming it is ready");
                 return Ok(());
             }
             Ok(r) => last_status = r.status.as_u16(),
@@ -307,7 +307,7 @@ pub async fn probe_model(pool: &Pool, s: &Scenario, cancel: &Cancel) -> Result<(
             })
         }
         Ok(r) if !r.status.is_success() => {
-            eprintln!(
+            crate::errln!(
                 "note: the probe predict to {} answered HTTP {}{}; running anyway",
                 pool.target(),
                 r.status.as_u16(),
@@ -317,7 +317,7 @@ pub async fn probe_model(pool: &Pool, s: &Scenario, cancel: &Cancel) -> Result<(
         }
         Ok(_) => Ok(()),
         Err(e) => {
-            eprintln!(
+            crate::errln!(
                 "note: the probe predict to {} failed ({e}); running anyway",
                 pool.target()
             );
@@ -369,7 +369,7 @@ pub async fn run(
 
     check_out_dir(&opts.out_dir)?;
     if let Some(w) = fd_limit_warning(&scenario) {
-        eprintln!("note: {w}");
+        crate::errln!("note: {w}");
     }
     if let Some(url) = &opts.redis_url {
         // One GET now, so a Redis that is not there is found before the load, not after it.
@@ -693,7 +693,7 @@ impl Runner {
                     ex.phases.push(p);
                     ex.headline = Some(ex.phases.len() - 1);
                 } else if max <= 0.0 {
-                    eprintln!(
+                    crate::errln!(
                         "note: no request succeeded during the sweep; skipping the open-loop phase"
                     );
                 }
@@ -791,14 +791,14 @@ fn spawn_progress(collector: SharedCollector, stop: Cancel, bound: Duration) -> 
             if let Some(p) = p {
                 let line = progress_line(&p);
                 if tty {
-                    eprint!("\r\x1b[2K{line}");
+                    crate::err!("\r\x1b[2K{line}");
                 } else {
-                    eprintln!("{line}");
+                    crate::errln!("{line}");
                 }
             }
         }
         if tty {
-            eprint!("\r\x1b[2K");
+            crate::err!("\r\x1b[2K");
         }
     })
 }
@@ -1057,6 +1057,15 @@ fn assemble(
         };
         if let Some(w) = failure_warning(&who, &step.hydrant, note) {
             warnings.push(w);
+        }
+        // The floor's steps too: the floor's max, and so the ratio to it, counts only its
+        // successful answers.
+        if let Some(f) = &step.floor {
+            let who = format!("floor, step {}", step.label);
+            let note = "; the floor's max throughput, and the ratio to it, count only the successful answers";
+            if let Some(w) = failure_warning(&who, f, note) {
+                warnings.push(w);
+            }
         }
     }
     // A floor that fails is no floor: the ratios to it compare against errors.

@@ -364,6 +364,52 @@ async fn a_sweep_step_that_fails_is_warned_about_and_listed() {
     }
 }
 
+/// A floor that fails in one step of the sweep is warned about by step: the floor's max, and so the
+/// ratio to it, would otherwise rest on a step whose failures nobody saw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_floor_step_that_fails_is_warned_about() {
+    let gw = FakeGateway::start(FakeConfig {
+        delay: Duration::from_millis(2),
+        ..FakeConfig::default()
+    })
+    .await;
+    let floor = FakeGateway::start(FakeConfig {
+        delay: Duration::from_millis(2),
+        overloaded_above: Some(1),
+        ..FakeConfig::default()
+    })
+    .await;
+    let load = "mode = \"max-then-fraction\"\nconcurrency = [1, 8]\nstep_s = 1\nfraction = 0.2\nduration_s = 0.5";
+    let s = scenario(
+        &gw.url(),
+        load,
+        &format!("\n[floor]\nenabled = true\nurl = \"{}\"", floor.url()),
+    );
+    let out = run(s, &quiet(temp_dir("failing-floor-step")), Cancel::new())
+        .await
+        .expect("run");
+    let r = &out.result;
+    let floor8 = r.steps[1]
+        .floor
+        .as_ref()
+        .expect("the floor ran in the sweep");
+    assert!(floor8.error_rate > 0.5, "the fake floor fails: {floor8:?}");
+    assert_eq!(r.steps[1].hydrant.errors, 0, "{:?}", r.steps[1].hydrant);
+    let warned: Vec<&String> = r
+        .warnings
+        .iter()
+        .filter(|w| w.starts_with("floor, step concurrency 8") && w.contains("503"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{:?}", r.warnings);
+    assert!(
+        !r.warnings
+            .iter()
+            .any(|w| w.starts_with("floor, step concurrency 1")),
+        "the clean step is not warned about: {:?}",
+        r.warnings
+    );
+}
+
 /// The binary holds every measured step of a closed-loop sweep to `max_error_rate`, not only the
 /// highest-throughput one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -400,6 +446,39 @@ async fn binary_fails_a_closed_loop_sweep_whose_step_exceeds_max_error_rate() {
         stderr.contains("concurrency 8") && stderr.contains("max_error_rate"),
         "{stderr}"
     );
+}
+
+/// `loadtest run … | head`: the terminal has gone by the time the table is written. The run's
+/// status is still the run's, not a panic's (101), and the report files are there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_with_its_terminal_gone_keeps_the_runs_status() {
+    let gw = FakeGateway::start(FakeConfig {
+        delay: Duration::from_millis(1),
+        ..FakeConfig::default()
+    })
+    .await;
+    let dir = temp_dir("bin-closed-pipe");
+    let mut cmd = run_command(
+        "1",
+        &gw.url(),
+        &dir.join("out"),
+        &crate_path("scenarios/smoke.toml"),
+    );
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let status = tokio::task::spawn_blocking(move || {
+        let mut child = cmd.spawn().expect("start the binary");
+        // Both read ends closed before the binary writes a byte.
+        drop(child.stdout.take());
+        drop(child.stderr.take());
+        child.wait()
+    })
+    .await
+    .expect("join")
+    .expect("wait");
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    assert!(dir.join("out/smoke.json").is_file());
+    assert!(dir.join("out/smoke.html").is_file());
 }
 
 /// Ctrl-C in the first hydrant half of a sweep's first step: the floor never ran, so it has no
