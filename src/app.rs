@@ -194,9 +194,10 @@ impl Application {
         let prefetcher = Prefetcher::new(config.prefetch.max_concurrent);
         let auth = crate::auth::Auth::load(&config.auth)
             .map_err(anyhow::Error::msg)?
+            .map(ArcSwap::from_pointee)
             .map(Arc::new);
         if let Some(auth) = &auth {
-            tracing::info!("authentication on: {auth:?}");
+            tracing::info!("authentication on: {:?}", auth.load());
         }
         let listener = crate::serve::listen(config.server.bind)
             .await
@@ -268,6 +269,13 @@ impl Application {
         let _abort_watch = AbortOnDrop(tokio::spawn(crate::registrar::watch_folder(
             self.gateway.clone(),
         )));
+        let _abort_auth = self.gateway.auth.clone().map(|tokens| {
+            AbortOnDrop(tokio::spawn(crate::auth::watch_files(
+                self.gateway.config.auth.clone(),
+                tokens,
+                self.gateway.telemetry.clone(),
+            )))
+        });
         let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
         let limits = crate::serve::ConnLimits::from(&self.gateway.config.server);
         let server = crate::serve::serve(self.listener, self.routes, limits, async move {

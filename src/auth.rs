@@ -2,16 +2,26 @@
 //! health and readiness checks and `/metrics` needs `Authorization: Bearer <token>`, and the routes that change
 //! stored rows or the registered schemas need an admin token.
 //!
-//! Tokens are read once, at start-up, from files of one token per line (`#` starts a comment), as a
-//! secrets volume provides them; they never go into the config struct, which is logged and printed.
-//! A token is compared in time independent of where it differs, against every configured token.
+//! Tokens are read at start-up from files of one token per line (`#` starts a comment), as a secrets
+//! volume provides them; they never go into the config struct, which is logged and printed. The files
+//! are read again every `auth.reload_interval` ([`watch_files`]): a change that holds still for two
+//! reads and is valid replaces the tokens in force, so tokens rotate without a restart; one that is
+//! not keeps the tokens in force and is logged once. A token is compared in time independent of where
+//! it differs, against every configured token.
 
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 
+use arc_swap::ArcSwap;
 use axum::http::{HeaderMap, Method, header};
 
 use crate::config::AuthConfig;
 use crate::error::ApiError;
+use crate::telemetry::Telemetry;
+
+/// The tokens in force, swapped whole by [`watch_files`].
+pub type Tokens = Arc<ArcSwap<Auth>>;
 
 /// Shortest and longest token: shorter ones are guessable, longer ones are a pasted file.
 pub const MIN_TOKEN_BYTES: usize = 16;
@@ -48,10 +58,11 @@ pub fn need(route: &str, path: &str, method: &Method) -> Need {
 }
 
 /// The configured tokens.
-#[derive(Default)]
 pub struct Auth {
     clients: Vec<Box<[u8]>>,
     admins: Vec<Box<[u8]>>,
+    /// What the files held when these tokens were read from them: [`watch_files`] compares with it.
+    source: Texts,
 }
 
 impl std::fmt::Debug for Auth {
@@ -70,12 +81,21 @@ impl Auth {
     /// The tokens of `cfg`, or `None` when no token file is named (authentication off). An error names
     /// the config key, the file and the line.
     pub fn load(cfg: &AuthConfig) -> Result<Option<Self>, String> {
-        let clients = read_tokens("auth.token_file", &cfg.token_file)?;
-        let admins = read_tokens("auth.admin_token_file", &cfg.admin_token_file)?;
+        Self::from_texts(cfg, &Texts::read(cfg))
+    }
+
+    /// The tokens of the files' `texts`, as [`Auth::load`] reads them.
+    fn from_texts(cfg: &AuthConfig, texts: &Texts) -> Result<Option<Self>, String> {
+        let clients = parse_tokens(TOKEN_FILE, &cfg.token_file, &texts.clients)?;
+        let admins = parse_tokens(ADMIN_TOKEN_FILE, &cfg.admin_token_file, &texts.admins)?;
         if clients.is_empty() && admins.is_empty() {
             return Ok(None);
         }
-        Ok(Some(Self { clients, admins }))
+        Ok(Some(Self {
+            clients,
+            admins,
+            source: texts.clone(),
+        }))
     }
 
     /// Whether the request's credentials suffice for `need`: a 401 when it has none or an unknown token,
@@ -137,13 +157,50 @@ fn any_equal(tokens: &[Box<[u8]>], sent: &[u8]) -> bool {
     found
 }
 
+const TOKEN_FILE: &str = "auth.token_file";
+const ADMIN_TOKEN_FILE: &str = "auth.admin_token_file";
+
+/// What the two token files held when read: their text, or why they could not be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Texts {
+    clients: Result<String, String>,
+    admins: Result<String, String>,
+}
+
+impl Texts {
+    fn read(cfg: &AuthConfig) -> Self {
+        Self {
+            clients: read_text(TOKEN_FILE, &cfg.token_file),
+            admins: read_text(ADMIN_TOKEN_FILE, &cfg.admin_token_file),
+        }
+    }
+}
+
+/// The text of `path` (empty when the path is empty: that file is not used).
+fn read_text(key: &str, path: &Path) -> Result<String, String> {
+    if path.as_os_str().is_empty() {
+        return Ok(String::new());
+    }
+    crate::config::read_text_file(path, 1 << 20)
+        .map_err(|e| format!("{key}: cannot read {}: {e}", path.display()))
+}
+
 /// The tokens in `path` (nothing when the path is empty).
+#[cfg(test)]
 fn read_tokens(key: &str, path: &Path) -> Result<Vec<Box<[u8]>>, String> {
+    parse_tokens(key, path, &read_text(key, path))
+}
+
+/// The tokens of `text`, read from `path` (nothing when the path is empty).
+fn parse_tokens(
+    key: &str,
+    path: &Path,
+    text: &Result<String, String>,
+) -> Result<Vec<Box<[u8]>>, String> {
     if path.as_os_str().is_empty() {
         return Ok(Vec::new());
     }
-    let text = crate::config::read_text_file(path, 1 << 20)
-        .map_err(|e| format!("{key}: cannot read {}: {e}", path.display()))?;
+    let text = text.as_ref().map_err(Clone::clone)?;
     let mut tokens = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let token = line.trim();
@@ -173,6 +230,68 @@ fn read_tokens(key: &str, path: &Path) -> Result<Vec<Box<[u8]>>, String> {
     Ok(tokens)
 }
 
+/// Reads the token files every `auth.reload_interval` (never when it is 0) and swaps in the tokens
+/// of a change once the files have held still for one more read (a file being written is not taken
+/// half written, which would lock out the callers of a token cut short). A change that cannot be
+/// read, or that fails the start-up checks (a file emptied, deleted, or with a bad line), leaves
+/// the tokens in force and is logged once, naming the key, the file and the line; with
+/// `hydrant_auth_reloads_total{outcome}` counting both. Runs until aborted.
+pub async fn watch_files(cfg: AuthConfig, tokens: Tokens, telemetry: Arc<Telemetry>) {
+    let stats = &telemetry.auth_reloads;
+    let interval = cfg.reload_interval;
+    if interval.is_zero() {
+        return;
+    }
+    let cfg = Arc::new(cfg);
+    let read = |cfg: Arc<AuthConfig>| async move {
+        tokio::task::spawn_blocking(move || Texts::read(&cfg))
+            .await
+            .ok()
+    };
+    // What the tokens in force (or the last refusal) were read from.
+    let mut acted = tokens.load().source.clone();
+    let mut pending: Option<Texts> = None;
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let Some(now) = read(cfg.clone()).await else {
+            continue;
+        };
+        if now == acted {
+            pending = None;
+            continue;
+        }
+        if pending.as_ref() != Some(&now) {
+            pending = Some(now);
+            continue;
+        }
+        pending = None;
+        match Auth::from_texts(&cfg, &now) {
+            Ok(Some(auth)) => {
+                tracing::info!("auth: the token files changed; now in force: {auth:?}");
+                tokens.store(Arc::new(auth));
+                stats.applied.fetch_add(1, Relaxed);
+            }
+            Ok(None) => {
+                // Unreachable while a named file must hold a token; never turns authentication off.
+                tracing::error!(
+                    "auth: the token files changed and hold no token; the tokens in force stay"
+                );
+                stats.refused.fetch_add(1, Relaxed);
+            }
+            Err(e) => {
+                tracing::error!(
+                    "auth: the token files changed and are refused ({e}); the tokens in force stay"
+                );
+                stats.refused.fetch_add(1, Relaxed);
+            }
+        }
+        acted = now;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,6 +309,10 @@ mod tests {
         let auth = Auth {
             clients: vec![b"client-token-0123456789".as_slice().into()],
             admins: vec![b"admin-token-0123456789ab".as_slice().into()],
+            source: Texts {
+                clients: Ok(String::new()),
+                admins: Ok(String::new()),
+            },
         };
         let client = headers("Bearer client-token-0123456789");
         let admin = headers("bearer  admin-token-0123456789ab ");

@@ -57,13 +57,26 @@ pub struct Config {
 }
 
 /// Bearer tokens ([`crate::auth`]): off while both paths are empty.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthConfig {
     /// A file of client tokens, one per line: scoring, features, prefetch, stats, schema reads.
     pub token_file: PathBuf,
     /// A file of admin tokens: all of that, and writing rows and registering schemas.
     pub admin_token_file: PathBuf,
+    /// How often the token files are read again, so tokens rotate without a restart. `0s`: never.
+    #[serde(with = "duration")]
+    pub reload_interval: Duration,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            token_file: PathBuf::new(),
+            admin_token_file: PathBuf::new(),
+            reload_interval: Duration::from_secs(10),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -704,6 +717,7 @@ impl Config {
                 prefetch.hot_flush_interval,
                 ms(10),
             ),
+            ("auth.reload_interval", self.auth.reload_interval, ms(0)),
         ] {
             if d < min {
                 return Err((key, format!("must be at least {}", duration::format(min))));
@@ -715,15 +729,27 @@ impl Config {
                 ));
             }
         }
-        let reload = self.registry.reload_interval;
-        if !reload.is_zero() && reload < ms(100) {
-            return Err((
+        for (key, reload, what) in [
+            (
                 "registry.reload_interval",
-                format!(
-                    "{} reads the schemas folder too often: expected 0s (never) or at least 100ms",
-                    duration::quoted(reload)
-                ),
-            ));
+                self.registry.reload_interval,
+                "the schemas folder",
+            ),
+            (
+                "auth.reload_interval",
+                self.auth.reload_interval,
+                "the token files",
+            ),
+        ] {
+            if !reload.is_zero() && reload < ms(100) {
+                return Err((
+                    key,
+                    format!(
+                        "{} reads {what} too often: expected 0s (never) or at least 100ms",
+                        duration::quoted(reload)
+                    ),
+                ));
+            }
         }
         for (key, path) in [
             ("store.embedded.path", &self.store.embedded.path),
@@ -1423,18 +1449,30 @@ mod tests {
     }
 
     #[test]
-    fn the_folder_is_read_never_or_at_most_ten_times_a_second() {
-        let e = load_err(&[("HYDRANT_REGISTRY__RELOAD_INTERVAL", "10ms")]);
-        assert!(
-            e.contains("HYDRANT_REGISTRY__RELOAD_INTERVAL")
-                && e.contains("expected 0s (never) or at least 100ms"),
-            "{e}"
-        );
-        for (value, want) in [("0s", 0), ("100ms", 100), ("2s", 2000)] {
-            let c = Config::load(None, env(&[("HYDRANT_REGISTRY__RELOAD_INTERVAL", value)]))
-                .expect("a valid interval");
-            assert_eq!(c.registry.reload_interval, Duration::from_millis(want));
+    fn the_folder_and_token_files_are_read_never_or_at_most_ten_times_a_second() {
+        for (var, what) in [
+            ("HYDRANT_REGISTRY__RELOAD_INTERVAL", "the schemas folder"),
+            ("HYDRANT_AUTH__RELOAD_INTERVAL", "the token files"),
+        ] {
+            let e = load_err(&[(var, "10ms")]);
+            assert!(
+                e.contains(var)
+                    && e.contains(what)
+                    && e.contains("expected 0s (never) or at least 100ms"),
+                "{e}"
+            );
+            for (value, want) in [("0s", 0), ("100ms", 100), ("2s", 2000)] {
+                let c = Config::load(None, env(&[(var, value)])).expect("a valid interval");
+                let got = if var.contains("AUTH") {
+                    c.auth.reload_interval
+                } else {
+                    c.registry.reload_interval
+                };
+                assert_eq!(got, Duration::from_millis(want));
+            }
         }
+        let c = Config::load(None, env(&[])).expect("defaults");
+        assert_eq!(c.auth.reload_interval, Duration::from_secs(10));
     }
 
     #[test]
@@ -1447,6 +1485,7 @@ mod tests {
             "HYDRANT_STORE__REDIS__COMMAND_TIMEOUT",
             "HYDRANT_STORE__REDIS__WRITE_TIMEOUT",
             "HYDRANT_PREFETCH__WARM_TIMEOUT",
+            "HYDRANT_AUTH__RELOAD_INTERVAL",
             "HYDRANT_PREFETCH__HOT_FLUSH_INTERVAL",
             "HYDRANT_REGISTRY__RELOAD_INTERVAL",
         ] {

@@ -64,7 +64,7 @@ pub struct Gateway {
     /// What the schemas folder's watch last refused ([`crate::registrar::watch_folder`]).
     pub folder: crate::registrar::FolderState,
     /// Bearer tokens (`[auth]`); `None` when authentication is off.
-    pub auth: Option<Arc<crate::auth::Auth>>,
+    pub auth: Option<crate::auth::Tokens>,
 }
 
 impl Gateway {

@@ -82,7 +82,7 @@ pub struct RequestLayer {
 struct Shared {
     telemetry: Arc<Telemetry>,
     /// Bearer tokens, when `[auth]` names a token file.
-    auth: Option<Arc<crate::auth::Auth>>,
+    auth: Option<crate::auth::Tokens>,
     /// The running catalog: the `model` label is one of its model names, or empty for an unknown name.
     catalog: Catalogs,
     /// The backstop: `limits.request_timeout` + [`TIMEOUT_GRACE`].
@@ -96,7 +96,7 @@ impl RequestLayer {
         telemetry: Arc<Telemetry>,
         catalog: Catalogs,
         request_timeout: Duration,
-        auth: Option<Arc<crate::auth::Auth>>,
+        auth: Option<crate::auth::Tokens>,
     ) -> Self {
         Self {
             shared: Arc::new(Shared {
@@ -212,7 +212,7 @@ impl Shared {
         // A request without the credentials its route needs goes no further: no handler, no body read.
         let refused = self.auth.as_ref().and_then(|auth| {
             let need = crate::auth::need(route, req.uri().path(), req.method());
-            auth.check(need, req.headers()).err()
+            auth.load().check(need, req.headers()).err()
         });
         let inner = match refused {
             Some(_) => None,

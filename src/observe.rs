@@ -314,6 +314,22 @@ pub fn prometheus(gw: &Gateway) -> String {
     }
     header(
         &mut out,
+        "hydrant_auth_reloads_total",
+        "counter",
+        "Changes found in the token files (auth.reload_interval), applied or refused.",
+    );
+    for (outcome, c) in [
+        ("applied", &t.auth_reloads.applied),
+        ("refused", &t.auth_reloads.refused),
+    ] {
+        let _ = writeln!(
+            out,
+            "hydrant_auth_reloads_total{{outcome=\"{outcome}\"}} {}",
+            c.load(Relaxed)
+        );
+    }
+    header(
+        &mut out,
         "hydrant_warm_start_incomplete_total",
         "counter",
         "Warm starts cut short by prefetch.warm_timeout or a store failure.",

@@ -591,6 +591,8 @@ pub struct Telemetry {
     pub prefetch: PrefetchStats,
     pub invalidation: InvalidationStats,
     pub reloads: ReloadStats,
+    /// Changes of the token files (`auth.reload_interval`): `hydrant_auth_reloads_total{outcome}`.
+    pub auth_reloads: ReloadStats,
 }
 
 /// When the telemetry (so the gateway) started.

@@ -55,6 +55,12 @@ async fn age_of_u_auth(app: &TestApp) -> Json {
 }
 
 async fn guarded() -> (TestApp, tempfile::TempDir) {
+    guarded_with(|_| {}).await
+}
+
+async fn guarded_with(
+    change: impl FnOnce(&mut hydrant::config::Config),
+) -> (TestApp, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let clients = dir.path().join("clients");
     std::fs::write(&clients, format!("# product services\n{CLIENT}\n")).expect("write");
@@ -63,6 +69,7 @@ async fn guarded() -> (TestApp, tempfile::TempDir) {
     let mut c = test_config();
     c.auth.token_file = clients;
     c.auth.admin_token_file = admins;
+    change(&mut c);
     let (store, store_dir) = demo_store().await;
     (TestApp::spawn_with(c, store, Some(store_dir)).await, dir)
 }
@@ -164,4 +171,116 @@ async fn a_bad_token_file_stops_start_up_naming_the_key_and_line() {
         e.contains("auth.token_file") && e.contains("line 2") && !e.contains(CLIENT),
         "{e}"
     );
+}
+
+/// `GET /v1/schemas` with `token`: its status, polled until it is `want` (or 10 s have passed).
+async fn status_becomes(app: &TestApp, token: &str, want: u16) -> u16 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (status, _, _) =
+            send(app, reqwest::Method::GET, "/v1/schemas", None, Some(token)).await;
+        if status == want || std::time::Instant::now() > deadline {
+            return status;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// `hydrant_auth_reloads_total{outcome}` from `/metrics`.
+async fn auth_reloads(app: &TestApp, outcome: &str) -> u64 {
+    let text = app
+        .client
+        .get(format!("{}/metrics", app.addr))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    let prefix = format!("hydrant_auth_reloads_total{{outcome=\"{outcome}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no {prefix} in /metrics"))
+}
+
+/// Tokens rotate without a restart: a token file replaced (as a secrets volume replaces it) is read
+/// within `auth.reload_interval`, the new token is good and the old one is not. A replacement that
+/// fails the start-up checks keeps the tokens in force, and both are counted.
+#[tokio::test]
+async fn token_files_are_read_again_and_a_bad_change_keeps_the_tokens_in_force() {
+    let (app, dir) = guarded_with(|c| {
+        c.auth.reload_interval = std::time::Duration::from_millis(100);
+    })
+    .await;
+    app.wait_ready().await;
+    let replace = |text: String| {
+        let tmp = dir.path().join("clients.new");
+        std::fs::write(&tmp, text).expect("write");
+        std::fs::rename(&tmp, dir.path().join("clients")).expect("rename");
+    };
+    assert_eq!(status_becomes(&app, CLIENT, 200).await, 200);
+    const ROTATED: &str = "rotated-0123456789abcdef01234567";
+    replace(format!("{ROTATED}\n"));
+    assert_eq!(
+        status_becomes(&app, ROTATED, 200).await,
+        200,
+        "the new token"
+    );
+    assert_eq!(
+        status_becomes(&app, CLIENT, 401).await,
+        401,
+        "the old token"
+    );
+    assert_eq!(
+        status_becomes(&app, ADMIN, 200).await,
+        200,
+        "admins unchanged"
+    );
+    assert_eq!(auth_reloads(&app, "applied").await, 1);
+
+    // A line the start-up check refuses: the rotated token stays good, the old one stays refused.
+    replace(format!("{CLIENT}\nshort\n"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while auth_reloads(&app, "refused").await == 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(auth_reloads(&app, "refused").await, 1);
+    let (status, _, _) = send(
+        &app,
+        reqwest::Method::GET,
+        "/v1/schemas",
+        None,
+        Some(ROTATED),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, _, _) = send(
+        &app,
+        reqwest::Method::GET,
+        "/v1/schemas",
+        None,
+        Some(CLIENT),
+    )
+    .await;
+    assert_eq!(status, 401);
+    // A file deleted is refused the same way: authentication is never turned off by a reload.
+    std::fs::remove_file(dir.path().join("clients")).expect("remove");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while auth_reloads(&app, "refused").await < 2 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(auth_reloads(&app, "refused").await, 2);
+    let (status, _, _) = send(&app, reqwest::Method::GET, "/v1/schemas", None, None).await;
+    assert_eq!(status, 401);
+    let (status, _, _) = send(
+        &app,
+        reqwest::Method::GET,
+        "/v1/schemas",
+        None,
+        Some(ROTATED),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(auth_reloads(&app, "applied").await, 1);
 }
