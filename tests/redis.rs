@@ -770,6 +770,85 @@ async fn a_sentinel_url_reaches_the_master_it_names() {
     assert_eq!((values, statuses), (vec![u5], vec!["PRESENT".to_owned()]));
 }
 
+/// A sentinel failover: the master is killed, the sentinel promotes its replica, and the gateway,
+/// which knows only the sentinel, reads and writes on the new master without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_failover_moves_the_gateway_to_the_promoted_replica() {
+    let mut master = RedisServer::start();
+    let replica = RedisServer::start();
+    let port = master.port().to_string();
+    replica.cmd(&["REPLICAOF", "127.0.0.1", &port]);
+    let sentinel = Sentinel::start_quick_to_fail_over(&master);
+    let mut c = config_for(&master);
+    c.store.redis.url = format!(
+        "redis-sentinel://127.0.0.1:{}/0?sentinelServiceName=mymaster",
+        sentinel.port
+    );
+    c.store.redis.connect_timeout = Duration::from_millis(500);
+    let store = open_store(&c)
+        .await
+        .expect("the master, through the sentinel");
+    load_demo_rows(store.as_ref()).await;
+    // Every row on the replica before the master goes, and the sentinel knows the replica.
+    let synced = master.cmd(&["WAIT", "1", "5000"]);
+    assert_eq!(synced, Reply::Int(1), "the replica did not catch up");
+    eventually(
+        Duration::from_secs(15),
+        "the sentinel sees the replica",
+        || async {
+            matches!(
+                sentinel.cmd(&["SENTINEL", "replicas", "mymaster"]),
+                Ok(Reply::Array(ref r)) if r.len() == 1
+            )
+        },
+    )
+    .await;
+    let app = gateway_over(c, store).await;
+    let expected = |user: &str| {
+        demo_rows("user_profile", "user_id")[user]["age"]
+            .as_i64()
+            .expect("age")
+    };
+    assert_eq!(ages(&app, &["u_5"]).await.0, vec![expected("u_5")]);
+
+    master.stop();
+    let moved = eventually(
+        Duration::from_secs(30),
+        "the sentinel promotes the replica",
+        || async { sentinel.master_port() == Some(replica.port()) },
+    )
+    .await;
+    // A key never read before, so it comes from the store, not the cache.
+    let served = eventually(
+        Duration::from_secs(30),
+        "the gateway reads the new master",
+        || async {
+            let (values, statuses, _) = ages(&app, &["u_6"]).await;
+            statuses == ["PRESENT"] && values == [expected("u_6")]
+        },
+    )
+    .await;
+    let body = json!({"rows": [{"user_id": "u_failover", "age": 41, "country": "fr", "is_premium": false}]});
+    eventually(
+        Duration::from_secs(30),
+        "the gateway writes to the new master",
+        || async {
+            app.post_json("/v1/views/user_profile/rows", &body)
+                .await
+                .status
+                == 200
+        },
+    )
+    .await;
+    assert_eq!(
+        replica.cmd(&["EXISTS", "hy:user_profile:u_failover"]),
+        Reply::Int(1),
+        "the row went to the promoted replica"
+    );
+    assert_eq!(ages(&app, &["u_failover"]).await.0, vec![41]);
+    eprintln!("failover: promoted after {moved:?}, served {served:?} later");
+}
+
 #[tokio::test]
 async fn start_up_fails_clearly_when_redis_is_unreachable_or_refuses_the_password() {
     let mut redis = RedisServer::start();

@@ -313,6 +313,18 @@ pub struct Sentinel {
 
 impl Sentinel {
     pub fn start(master: &RedisServer) -> Self {
+        Self::start_with(master, "")
+    }
+
+    /// A sentinel that calls the master down after 500 ms without an answer and fails over at once.
+    pub fn start_quick_to_fail_over(master: &RedisServer) -> Self {
+        Self::start_with(
+            master,
+            "sentinel down-after-milliseconds mymaster 500\nsentinel failover-timeout mymaster 5000\n",
+        )
+    }
+
+    fn start_with(master: &RedisServer, extra: &str) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let port = free_port();
         // Sentinel rewrites its config file, so it gets one of its own.
@@ -320,7 +332,7 @@ impl Sentinel {
         std::fs::write(
             &conf,
             format!(
-                "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor mymaster 127.0.0.1 {} 1\n",
+                "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor mymaster 127.0.0.1 {} 1\n{extra}",
                 dir.path().display(),
                 master.port
             ),
@@ -350,6 +362,22 @@ impl Sentinel {
                 "the sentinel did not start: {answer:?}"
             );
             std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Sentinel {
+    /// A command to the sentinel.
+    pub fn cmd(&self, args: &[&str]) -> Result<Reply, String> {
+        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        Conn::open(self.port, None)?.call(&args)
+    }
+
+    /// The port of the master the sentinel names now.
+    pub fn master_port(&self) -> Option<u16> {
+        match self.cmd(&["SENTINEL", "get-master-addr-by-name", "mymaster"]) {
+            Ok(Reply::Array(a)) if a.len() == 2 => a[1].text().parse().ok(),
+            _ => None,
         }
     }
 }
