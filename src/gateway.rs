@@ -501,6 +501,9 @@ impl Gateway {
                     crate::store::StoreError::Timeout => {
                         format!("the store did not confirm the write in time ({e}): {MAY_HAVE_LANDED}")
                     }
+                    crate::store::StoreError::Partial(detail) => {
+                        format!("the store wrote only some of the rows ({detail}); sending them all again is safe")
+                    }
                     e => format!("the rows were not written: {e}"),
                 })
             })?;

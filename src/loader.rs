@@ -92,6 +92,9 @@ pub struct FailedBatch {
     /// announces its keys to the replicas, in case), and later rows of its keys are not sent in this load.
     /// Loading the file again from this batch's first line on is safe.
     pub unconfirmed: bool,
+    /// The store wrote some of the batch's rows and not the others (a cluster's pipelined SETs; the
+    /// reason says how many). Loading the file again from this batch's first line on is safe.
+    pub partial: bool,
 }
 
 /// Why a row was refused, and the field it is about when it is one field's fault.
@@ -428,6 +431,7 @@ impl<'a> Writer<'a> {
                         "not sent: it writes keys of lines {first}-{last}, whose batch timed out and may still be applied over it"
                     ),
                     unconfirmed: false,
+                    partial: false,
                 }),
             );
             return;
@@ -587,6 +591,7 @@ async fn write_batch(store: &dyn Store, b: Batch, ttl: Option<Duration>) -> Batc
             rows,
             reason: e.to_string(),
             unconfirmed: matches!(e, StoreError::Timeout),
+            partial: matches!(e, StoreError::Partial(_)),
         };
         return (keys, b.first_line, Err(failed));
     }
@@ -779,11 +784,9 @@ pub async fn write_through(
     };
     stats.writes.record(outcome, keys.len(), us_since(started));
     if let Err(e) = result {
-        if matches!(e, StoreError::Timeout) {
-            // The batch may still be applied: drop the keys here too (the store announces them to the
-            // other replicas).
-            h.invalidate(&keys);
-        }
+        // The batch may have landed in part (a cluster's pipelined SETs), or may still land (a
+        // timeout): drop the keys here too; the store announces them to the other replicas.
+        h.invalidate(&keys);
         return Err(e);
     }
     h.invalidate(&keys);

@@ -222,6 +222,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 for b in &report.failed {
                     let what = if b.unconfirmed {
                         "not confirmed, may have been written"
+                    } else if b.partial {
+                        "written in part"
                     } else {
                         "not written"
                     };
@@ -239,6 +241,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
                 let (unconfirmed, not_written): (Vec<_>, Vec<_>) =
                     report.failed.iter().partition(|b| b.unconfirmed);
+                let (partial, not_written): (Vec<_>, Vec<_>) =
+                    not_written.into_iter().partition(|b| b.partial);
                 if !unconfirmed.is_empty() {
                     eprintln!(
                         "{}: {} batch(es) timed out (store.redis.write_timeout): they may still be applied, so later rows of their keys were not sent. Once Redis answers in time, load the file again from line {} on: that writes each key's last row last",
@@ -255,8 +259,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     );
                 }
                 let rows = |v: &[&hydrant::loader::FailedBatch]| v.iter().map(|b| b.rows).sum::<usize>();
+                let partial = if partial.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        ", {} in batches written in part (listed above; loading them again is safe)",
+                        rows(&partial)
+                    )
+                };
                 println!(
-                    "{}: {} rows written to view `{view}`, {} rejected, {} not written, {} not confirmed",
+                    "{}: {} rows written to view `{view}`, {} rejected, {} not written, {} not confirmed{partial}",
                     file.display(),
                     report.written,
                     report.rejected_rows,

@@ -1537,6 +1537,64 @@ async fn on_a_cluster_requests_across_hash_slots_are_served_and_invalidated() {
     .await;
 }
 
+/// On a cluster a batch is pipelined SETs, which can fail in part. The part that landed must not
+/// stay hidden behind cached values: the writer drops the keys, and the other replicas are told.
+/// The partial failure is real: the writer's Redis user may write one of the two keys only (ACL).
+#[tokio::test]
+async fn a_cluster_batch_that_fails_in_part_still_announces_its_keys() {
+    let redis = RedisServer::start_cluster();
+    seeded(&redis).await;
+    let r = redis.cmd(&[
+        "ACL",
+        "SETUSER",
+        "limited",
+        "on",
+        ">limited-pw-0123",
+        "%R~*",
+        "%W~hy:user_profile:u_11",
+        "&*",
+        "+@all",
+    ]);
+    assert_eq!(r, Reply::Status("OK".into()), "{r:?}");
+    let a = gateway(&redis, |c| {
+        c.store.redis.url = format!(
+            "redis-cluster://limited:limited-pw-0123@127.0.0.1:{}",
+            redis.port()
+        );
+    })
+    .await;
+    let b = gateway(&redis, |_| {}).await;
+    let before = ages(&b, &["u_11", "u_12"]).await;
+    assert_eq!(before.1, ["PRESENT", "PRESENT"]);
+    assert_eq!(
+        ages(&a, &["u_11", "u_12"]).await.0,
+        before.0,
+        "a has them cached"
+    );
+
+    let body = json!({"rows": [{"user_id": "u_11", "age": 99}, {"user_id": "u_12", "age": 98}]});
+    let r = a.post_json("/v1/views/user_profile/rows", &body).await;
+    assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
+    let error = &r.json()["error"];
+    assert_eq!(error["code"], "store_unavailable", "{error}");
+    let message = error["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("only some of the rows")
+            && message
+                .contains("1 of 2 keys stored; 1 not, the first of them hy:user_profile:u_12"),
+        "{message}"
+    );
+    // u_11 landed, u_12 did not: both gateways serve what is stored, not what they had cached.
+    let stored = vec![99, before.0[1]];
+    assert_eq!(ages(&a, &["u_11", "u_12"]).await.0, stored, "the writer");
+    eventually(
+        Duration::from_secs(2),
+        "b drops the announced keys",
+        || async { ages(&b, &["u_11", "u_12"]).await.0 == stored },
+    )
+    .await;
+}
+
 // ------------------------------------------------------------------------------------------------------
 // TLS
 

@@ -32,6 +32,10 @@ pub enum StoreError {
     Timeout,
     #[error("store I/O error: {0}")]
     Io(String),
+    /// A batch of writes that failed for some keys and was stored for the others (a cluster's
+    /// pipelined SETs): the message says how many of each, and why.
+    #[error("batch written in part: {0}")]
+    Partial(String),
 }
 
 /// A batch of writes: full key, encoded record.

@@ -222,7 +222,8 @@ impl RedisStore {
         !self.closed.swap(true, Relaxed)
     }
 
-    /// Writes a batch, or answers [`StoreError::Timeout`] after `write_timeout`. A timed-out batch may
+    /// Writes a batch, or answers [`StoreError::Timeout`] after `write_timeout`. A batch that failed once
+    /// sent may have landed in part, so its keys are announced all the same. A timed-out batch may
     /// still be applied later (fred keeps it queued for the reconnection), so the write goes on in its own
     /// task and its keys are announced twice: at once, and again when the write ends, so a replica that
     /// re-read a key in between drops the old value then.
@@ -245,7 +246,18 @@ impl RedisStore {
         let clustered = self.clustered;
         let mut task = tokio::spawn(write_batch(client, clustered, writes, ttl));
         match tokio::time::timeout(self.write_timeout, &mut task).await {
-            Ok(Ok(r)) => r,
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(e))) => {
+                // Failed, but not necessarily whole: a cluster's pipelined SETs land key by key, and a
+                // transaction whose EXEC answer was lost may have run. Announce the keys (best effort,
+                // not awaited), so no replica keeps serving a value older than what may be stored.
+                let (pool, channel) = (self.pool.clone(), self.channel.clone());
+                tokio::spawn(async move {
+                    let _: Result<i64, _> =
+                        pool.next().publish(channel.as_str(), keys.join("\n")).await;
+                });
+                Err(e)
+            }
             Ok(Err(e)) => Err(StoreError::Io(format!("the write task failed: {e}"))),
             Err(_) => {
                 let (pool, channel) = (self.pool.clone(), self.channel.clone());
@@ -621,12 +633,26 @@ async fn write_batch(
 ) -> Result<(), StoreError> {
     let expire = ttl.map(|t| Expiration::PX(i64::try_from(t.as_millis()).unwrap_or(i64::MAX)));
     if clustered {
+        let keys: Vec<String> = writes.iter().map(|(k, _)| k.clone()).collect();
         let pipeline = client.pipeline();
         queue_sets(&pipeline, writes, expire).await?;
-        for r in pipeline.try_all::<Value>().await {
-            r.map_err(store_error)?;
+        let results = pipeline.try_all::<Value>().await;
+        let mut failed = results
+            .iter()
+            .zip(&keys)
+            .filter_map(|(r, k)| Some((k, r.as_ref().err()?)));
+        let Some((key, first)) = failed.next() else {
+            return Ok(());
+        };
+        let failed = 1 + failed.count();
+        if failed == results.len() {
+            return Err(store_error(first.clone()));
         }
-        return Ok(());
+        return Err(StoreError::Partial(format!(
+            "{} of {} keys stored; {failed} not, the first of them {key}: {first}",
+            results.len() - failed,
+            results.len()
+        )));
     }
     let tx = client.multi();
     queue_sets(&tx, writes, expire).await?;
