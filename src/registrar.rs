@@ -193,6 +193,17 @@ fn apply(
         &removed,
         reload,
     )?;
+    // Start-up refuses a schemas folder without a schema file (a mistyped registry.schemas, most
+    // often): a change must not leave one that a restart would refuse.
+    if plan.sources.is_empty() {
+        return Err(ApiError::Conflict {
+            code: "registry_would_be_empty",
+            message: format!(
+                "this would remove the last schema file from {}, and the gateway refuses to start on a schemas folder without one: register another document first",
+                schemas_dir.display()
+            ),
+        });
+    }
     let registry = Registry::compile(&plan.sources, models_dir).map_err(|e| {
         ApiError::Internal(format!(
             "the change checked, but not once placed in its files: {e}"
@@ -222,6 +233,9 @@ fn apply(
     let _lock = lock_folder(schemas_dir, true)?;
     unchanged_since_planned(&plan, schemas_dir, reload)?;
     write_files(&plan.writes, &plan.read)?;
+    // The folder watch checks the folder against what runs again: a change that puts the files back
+    // as the watch last saw them (a checkout, a config-map sync) is not the folder it last checked.
+    gw.folder.written.fetch_add(1, Relaxed);
     let files: Vec<String> = plan
         .writes
         .iter()
@@ -338,6 +352,8 @@ fn lock_folder(dir: &Path, exclusive: bool) -> Result<Option<std::fs::File>, Api
 #[derive(Debug, Default)]
 pub struct FolderState {
     refused: parking_lot::Mutex<Option<serde_json::Value>>,
+    /// Registrations that wrote the folder: the watch forgets what it last checked when this moves.
+    written: std::sync::atomic::AtomicU64,
 }
 
 impl FolderState {
@@ -365,8 +381,15 @@ pub async fn watch_folder(gw: Arc<Gateway>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     let mut watch = Watch::default();
+    let mut written = gw.folder.written.load(Relaxed);
     loop {
         tick.tick().await;
+        let now_written = gw.folder.written.load(Relaxed);
+        if now_written != written {
+            // What was checked last is not what a registration wrote since: compare with what runs.
+            written = now_written;
+            watch.seen = None;
+        }
         // Read in the registrations' turn, so what is read is never older than what runs.
         let g = gw.clone();
         let before = watch.clone();
@@ -821,11 +844,15 @@ fn submitted_texts(body: &str) -> Result<HashMap<(Kind, String), Submitted>, Api
         let Some((kind, name)) = Kind::of_document(value) else {
             continue;
         };
+        // A document that begins on its `---` line (`--- !!map`, `--- &anchor`) is written as the parser
+        // read it: kept as sent, that line would make its file one the next edit cannot cut.
         let text = match cut
             .as_ref()
             .and_then(|c| c.piece_of(i).map(|p| &c.pieces[p]))
+            .map(|piece| bare(piece))
+            .filter(|text| !text.starts_with("---"))
         {
-            Some(piece) => bare(piece),
+            Some(text) => text,
             None => serde_yaml::to_string(value).map_err(|e| {
                 ApiError::Internal(format!("cannot write {} `{name}`: {e}", kind.as_str()))
             })?,

@@ -691,6 +691,38 @@ async fn odd_schema_files_block_only_changes_to_themselves() {
     assert_eq!(j["document"]["description"], "Someone signed in.");
 }
 
+/// A body whose document begins on its `---` line (`--- !!map`, `--- &a`, `--- {...}`) registered into
+/// a file shared with another document: the file stays one the next edit can cut, so both of its
+/// documents can still be registered, and a restart loads them.
+#[tokio::test]
+async fn a_document_begun_on_its_marker_line_leaves_its_file_editable() {
+    let dir = copy_of_schemas();
+    let app = spawn(&dir, true).await;
+    for (i, body) in [
+        "--- !!map\nkind: entity\nname: item_id\ndtype: string\ndescription: tagged\n",
+        "--- &a\nkind: entity\nname: item_id\ndtype: string\ndescription: anchored\n",
+        "--- {kind: entity, name: item_id, dtype: string, description: flow}\n",
+    ]
+    .iter()
+    .enumerate()
+    {
+        ok(&put(&app, "/v1/schemas/entities/item_id", body).await);
+        let user = format!("kind: entity\nname: user_id\ndtype: string\ndescription: edit {i}\n");
+        ok(&put(&app, "/v1/schemas/entities/user_id", &user).await);
+        let text = std::fs::read_to_string(dir.path().join("entities.yaml")).expect("read");
+        assert!(
+            !text.contains("--- !!map") && !text.contains("--- &a") && !text.contains("--- {"),
+            "{text}"
+        );
+    }
+    app.stop().await;
+    let app = spawn(&dir, true).await;
+    let j = ok(&app.get("/v1/schemas/entities/item_id").await);
+    assert_eq!(j["document"]["description"], "flow");
+    let j = ok(&app.get("/v1/schemas/entities/user_id").await);
+    assert_eq!(j["document"]["description"], "edit 2");
+}
+
 /// A 409 `schema_file_changed` whose message holds each of `words`.
 fn assert_file_changed(r: &Reply, words: &[&str]) {
     assert_eq!((r.status, r.code().as_str()), (409, "schema_file_changed"));
@@ -866,6 +898,77 @@ async fn refusal(app: &TestApp, what: &str) -> String {
     })
     .await;
     j["folder"]["refused"]["problems"].to_string()
+}
+
+/// A registration, then the file put back as it was before the folder watch read it again (a
+/// checkout, a config-map sync): the folder is the one the watch checked last, but no longer what
+/// runs. The watch checks it against what runs, as any change, rather than never looking again:
+/// version 1 is kept, so going back to it is a rollback, and the folder's version is served (as a
+/// restart would serve it), and registering works again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_undone_in_the_folder_before_the_watch_looks_is_still_checked() {
+    let dir = copy_of_schemas();
+    let app = spawn_configured(&dir, |c| {
+        c.registry.writes = true;
+        c.registry.reload_interval = std::time::Duration::from_millis(1500);
+    })
+    .await;
+    // Two reads: the watch has checked the folder as it is.
+    tokio::time::sleep(std::time::Duration::from_millis(3500)).await;
+    let profile = dir.path().join("user_profile.yaml");
+    let v1 = std::fs::read_to_string(&profile).expect("user_profile.yaml");
+    ok(&put(
+        &app,
+        "/v1/schemas/views/user_profile",
+        &with_tenure_days(&v1),
+    )
+    .await);
+    std::fs::write(&profile, &v1).expect("put version 1 back");
+    wait_for(
+        &app,
+        "/v1/schemas/views/user_profile",
+        "the folder's version 1 served",
+        |j| j["document"]["version"] == 1,
+    )
+    .await;
+    let applied = "hydrant_schema_reloads_total{outcome=\"applied\"}";
+    assert_eq!(metric(&app, applied).await, 1.0);
+    let v3 = with_tenure_days(&v1).replacen("version: 2", "version: 3", 1);
+    ok(&put(&app, "/v1/schemas/views/user_profile", &v3).await);
+}
+
+/// Deleting the last document would leave a schemas folder the gateway refuses to start on.
+#[tokio::test]
+async fn the_last_schema_file_cannot_be_deleted() {
+    let dir = copy_of_schemas();
+    let app = spawn(&dir, true).await;
+    for path in [
+        "/v1/schemas/models/ctr",
+        "/v1/schemas/views/item_stats",
+        "/v1/schemas/views/user_profile",
+        "/v1/schemas/entities/item_id",
+    ] {
+        ok(&delete(&app, path).await);
+    }
+    let r = delete(&app, "/v1/schemas/entities/user_id").await;
+    assert_eq!(
+        (r.status, r.code().as_str()),
+        (409, "registry_would_be_empty"),
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("last schema file")),
+        "{}",
+        r.json()
+    );
+    // Still served, and the folder still starts a gateway.
+    ok(&app.get("/v1/schemas/entities/user_id").await);
+    drop(app);
+    let again = spawn(&dir, true).await;
+    ok(&again.get("/v1/schemas/entities/user_id").await);
 }
 
 /// With `registry.reload_interval`, a change made in the schemas folder (by a person, a deploy, or
