@@ -308,6 +308,20 @@ fn parse_body_tracked<T: DeserializeOwned + Positional>(
                             path,
                         )
                     }
+                    // Reading from memory fails only at the end of the body: a value cut short, or
+                    // a string, array or map length that promises more than follows.
+                    rmp_serde::decode::Error::InvalidMarkerRead(_)
+                    | rmp_serde::decode::Error::InvalidDataRead(_) => {
+                        let at = at_field(&path);
+                        malformed(
+                            "invalid_msgpack",
+                            format!(
+                                "the body is not valid MessagePack{at}: it ends (at byte {}) in the middle of a value: cut short, or a length that promises more than follows",
+                                body.len()
+                            ),
+                            path,
+                        )
+                    }
                     other => malformed(
                         "invalid_msgpack",
                         format!("the body is not valid MessagePack: {other}"),
@@ -459,6 +473,10 @@ fn path_text(
     let mut out = String::new();
     let mut inner: &'static [&'static str] = &[];
     for (depth, segment) in path.iter().enumerate() {
+        // A map key that could not be read (not UTF-8, say) has no name: the field is its map.
+        if matches!(segment, Segment::Unknown) {
+            break;
+        }
         let name = match (depth, segment) {
             (0, Segment::Seq { index }) => fields.get(*index).map(|&(name, sub)| {
                 inner = sub;
@@ -1903,6 +1921,35 @@ mod tests {
                 "entities",
                 "the reserved byte 0xc1",
             ),
+            // Cut short inside a string, and a list whose length promises more than follows.
+            (
+                [
+                    &[0x82u8, 0xa8][..],
+                    b"entities",
+                    &[0x81, 0xa7],
+                    b"user_id",
+                    &[0xa4],
+                    b"u_",
+                ]
+                .concat(),
+                "invalid_msgpack",
+                "in entities.user_id",
+                "it ends (at byte 22) in the middle of a value",
+            ),
+            (
+                [
+                    &[0x81u8, 0xa8][..],
+                    b"entities",
+                    &[0x81, 0xa7],
+                    b"user_id",
+                    &[0xdb, 0x7f, 0xff, 0xff, 0xff],
+                    b"u",
+                ]
+                .concat(),
+                "invalid_msgpack",
+                "in entities.user_id",
+                "a length that promises more than follows",
+            ),
         ] {
             let e = parse_body::<PredictRequest>(Format::Msgpack, &body).expect_err(says);
             let text = e.to_string();
@@ -1910,6 +1957,25 @@ mod tests {
             assert!(text.contains(field) && text.contains(says), "{text}");
             assert!(!text.contains("newtype"), "{text}");
         }
+        // A map key that is not UTF-8 has no name: the field is its map, not `entities.?`.
+        let body = [
+            &[0x81u8, 0xa8][..],
+            b"entities",
+            &[0x81, 0xa2, 0xff, 0xfe, 0xa3],
+            b"u_1",
+        ]
+        .concat();
+        let e = parse_body::<PredictRequest>(Format::Msgpack, &body).expect_err("key not UTF-8");
+        assert_eq!(e.code(), "invalid_msgpack");
+        assert!(
+            matches!(&e, ApiError::Malformed { field: Some(f), .. } if f == "entities"),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string()
+                .contains("in entities: a string that is not UTF-8"),
+            "{e}"
+        );
         // A number where a map is read by serde's typed path (a u64 visitor meeting a string).
         let e = parse_body::<FeaturesRequest>(
             Format::Msgpack,

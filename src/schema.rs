@@ -900,11 +900,20 @@ fn compile_features(
                 }
                 Ok(v) => v,
                 Err(e) => {
-                    errs.push(
-                        file,
-                        &format!("{at}.default"),
-                        format!("does not match dtype {dtype}: {e}"),
-                    );
+                    // YAML reads a number too large for a float (`1e400`) as text: say so, not
+                    // "got a string".
+                    let message = match v {
+                        serde_yaml::Value::String(t)
+                            if dtype != Dtype::String
+                                && t.trim().parse::<f64>().is_ok_and(f64::is_infinite) =>
+                        {
+                            format!(
+                                "`{t}` is beyond the range of a 64-bit float, and so of dtype {dtype}"
+                            )
+                        }
+                        _ => format!("does not match dtype {dtype}: {e}"),
+                    };
+                    errs.push(file, &format!("{at}.default"), message);
                     failed.insert(f.name);
                     continue;
                 }
@@ -1652,6 +1661,21 @@ features:
         )
         .expect_err("bad default");
         assert_eq!(e.0[0].path, "features[0].default");
+        // A number too large for any float, which YAML reads as text.
+        let huge = VIEW.replace("default: 30", "default: 1e400");
+        let e = Registry::compile(
+            &[
+                (PathBuf::from("e.yaml"), ENTITIES.into()),
+                (PathBuf::from("v.yaml"), huge),
+            ],
+            Path::new("."),
+        )
+        .expect_err("huge default");
+        assert_eq!(e.0[0].path, "features[0].default");
+        assert!(
+            e.0[0].message.contains("`1e400` is beyond the range"),
+            "{e}"
+        );
         // fill_missing of the wrong type, in a chain.
         let e = compile(&model(
             "  - {feature: user_profile:age, transform: [{fill_missing: {value: x}}, log1p]}\n",

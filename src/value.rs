@@ -51,10 +51,16 @@ impl Dtype {
                     .strip_prefix("float32[")
                     .and_then(|r| r.strip_suffix(']'))
                     .ok_or_else(|| format!("unknown dtype `{s}`: {expected}"))?;
-                let n: usize = n
-                    .trim()
-                    .parse()
-                    .map_err(|_| format!("`{s}`: the list length must be a positive integer"))?;
+                // Digits only, as the dtype is printed back: `float32[ 3 ]`, `[+3]` or `[03]` would
+                // register as `float32[3]` and read back as something other than what was sent.
+                let plain = !n.is_empty()
+                    && n.bytes().all(|b| b.is_ascii_digit())
+                    && !(n.len() > 1 && n.starts_with('0'));
+                let n: usize = n.parse().ok().filter(|_| plain).ok_or_else(|| {
+                    format!(
+                        "`{s}`: the list length must be a positive integer in digits, without sign, spaces or leading zeros (e.g. float32[4])"
+                    )
+                })?;
                 if n == 0 || n > 65_536 {
                     return Err(format!(
                         "`{s}`: the list length must be between 1 and 65536"
@@ -575,5 +581,16 @@ mod tests {
         );
         assert!(Dtype::parse("float32[0]").is_err());
         assert!(Dtype::parse("float32[x]").is_err());
+        for odd in [
+            "float32[+3]",
+            "float32[ 3 ]",
+            "float32[03]",
+            "float32[]",
+            "float32[-1]",
+        ] {
+            let e = Dtype::parse(odd).expect_err(odd);
+            assert!(e.contains("in digits"), "{odd}: {e}");
+        }
+        assert_eq!(Dtype::parse("float32[10]"), Ok(Dtype::Float32List(10)));
     }
 }
