@@ -805,8 +805,18 @@ fn parse_doc<T: serde::de::DeserializeOwned>(
         Ok(d) => Some(d),
         Err(e) => {
             let path = e.path().to_string();
+            // A map key that is no string (`1: x`, `~: x`, `[a, b]: x`) has no name (`?`): the field is
+            // its map, and the message says it is about a key.
+            let (path, about_key) = match path.find('?') {
+                Some(at) => (path[..at].trim_end_matches('.').to_owned(), true),
+                None => (path, false),
+            };
             let path = if path == "." { "" } else { &path };
-            errs.push(file, path, e.inner().to_string());
+            let mut message = e.inner().to_string();
+            if about_key {
+                message.push_str(" (as a map key: keys are names, written as text)");
+            }
+            errs.push(file, path, message);
             None
         }
     }
@@ -1631,6 +1641,22 @@ features:
         assert_eq!(e.0[0].file, PathBuf::from("m.yaml"));
         assert_eq!(e.0[0].path, "inputs[1].feature");
         assert!(e.0[0].message.contains("user_profile:agee"), "{e}");
+    }
+
+    #[test]
+    fn a_map_key_that_is_not_text_is_reported_at_its_map() {
+        let view = VIEW.replace("default: 30}", "default: 30, ? [a, b] : c}");
+        assert_ne!(view, VIEW);
+        let e = Registry::compile(
+            &[
+                (PathBuf::from("e.yaml"), ENTITIES.into()),
+                (PathBuf::from("v.yaml"), view),
+            ],
+            Path::new("."),
+        )
+        .expect_err("a list as a key");
+        assert_eq!(e.0[0].path, "features[0]", "{e}");
+        assert!(e.0[0].message.contains("as a map key"), "{e}");
     }
 
     #[test]
