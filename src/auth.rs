@@ -268,18 +268,15 @@ pub async fn watch_files(cfg: AuthConfig, tokens: Tokens, telemetry: Arc<Telemet
             continue;
         }
         pending = None;
-        match Auth::from_texts(&cfg, &now) {
-            Ok(Some(auth)) => {
+        // No tokens at all would turn authentication off, which a reload never does (a named file
+        // must hold a token, so this is refused before).
+        let changed = Auth::from_texts(&cfg, &now)
+            .and_then(|auth| auth.ok_or_else(|| "the token files hold no token".to_owned()));
+        match changed {
+            Ok(auth) => {
                 tracing::info!("auth: the token files changed; now in force: {auth:?}");
                 tokens.store(Arc::new(auth));
                 stats.applied.fetch_add(1, Relaxed);
-            }
-            Ok(None) => {
-                // Unreachable while a named file must hold a token; never turns authentication off.
-                tracing::error!(
-                    "auth: the token files changed and hold no token; the tokens in force stay"
-                );
-                stats.refused.fetch_add(1, Relaxed);
             }
             Err(e) => {
                 tracing::error!(

@@ -257,6 +257,15 @@ fn parse_body_tracked<T: DeserializeOwned + Positional>(
             Ok(v)
         }
         Format::Msgpack => {
+            // Where the body breaks, in the field it breaks in.
+            let broken = |path: String, what: String| {
+                let at = at_field(&path);
+                malformed(
+                    "invalid_msgpack",
+                    format!("the body is not valid MessagePack{at}: {what}"),
+                    path,
+                )
+            };
             let mut de = rmp_serde::Deserializer::new(std::io::Cursor::new(body));
             let v: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
                 let path = path_text(e.path(), T::FIELDS);
@@ -272,16 +281,10 @@ fn parse_body_tracked<T: DeserializeOwned + Positional>(
                         malformed("invalid_field", field_message(&path, &m), path)
                     }
                     // 0xc1 is no value at all: the body is broken there, not a value of the wrong type.
-                    rmp_serde::decode::Error::TypeMismatch(rmp::Marker::Reserved) => {
-                        let at = at_field(&path);
-                        malformed(
-                            "invalid_msgpack",
-                            format!(
-                                "the body is not valid MessagePack{at}: the reserved byte 0xc1 stands where a value should"
-                            ),
-                            path,
-                        )
-                    }
+                    rmp_serde::decode::Error::TypeMismatch(rmp::Marker::Reserved) => broken(
+                        path,
+                        "the reserved byte 0xc1 stands where a value should".to_owned(),
+                    ),
                     // A well-formed value of the wrong type where a number or boolean was read.
                     rmp_serde::decode::Error::TypeMismatch(marker) => malformed(
                         "invalid_field",
@@ -301,27 +304,18 @@ fn parse_body_tracked<T: DeserializeOwned + Positional>(
                         path,
                     ),
                     rmp_serde::decode::Error::Utf8Error(e) => {
-                        let at = at_field(&path);
-                        malformed(
-                            "invalid_msgpack",
-                            format!("the body is not valid MessagePack{at}: a string that is not UTF-8 ({e})"),
-                            path,
-                        )
+                        broken(path, format!("a string that is not UTF-8 ({e})"))
                     }
                     // Reading from memory fails only at the end of the body: a value cut short, or
                     // a string, array or map length that promises more than follows.
                     rmp_serde::decode::Error::InvalidMarkerRead(_)
-                    | rmp_serde::decode::Error::InvalidDataRead(_) => {
-                        let at = at_field(&path);
-                        malformed(
-                            "invalid_msgpack",
-                            format!(
-                                "the body is not valid MessagePack{at}: it ends (at byte {}) in the middle of a value: cut short, or a length that promises more than follows",
-                                body.len()
-                            ),
-                            path,
-                        )
-                    }
+                    | rmp_serde::decode::Error::InvalidDataRead(_) => broken(
+                        path,
+                        format!(
+                            "it ends (at byte {}) in the middle of a value: cut short, or a length that promises more than follows",
+                            body.len()
+                        ),
+                    ),
                     other => malformed(
                         "invalid_msgpack",
                         format!("the body is not valid MessagePack: {other}"),
@@ -465,7 +459,9 @@ impl Positional for FeaturesRequest {
 }
 
 /// A field path as the error names it, `[i]` of a struct read by position replaced by the field's name.
-fn path_text(
+/// It ends at a map key that could not be read (`?`): the field is that key's map. With no `fields`
+/// it reads as `serde_path_to_error` prints a path.
+pub(crate) fn path_text(
     path: &serde_path_to_error::Path,
     fields: &'static [(&'static str, &'static [&'static str])],
 ) -> String {
@@ -1921,7 +1917,7 @@ mod tests {
                 "entities",
                 "the reserved byte 0xc1",
             ),
-            // Cut short inside a string, and a list whose length promises more than follows.
+            // Cut short inside a string, and a string whose length promises more than follows.
             (
                 [
                     &[0x82u8, 0xa8][..],

@@ -2,6 +2,7 @@
 //! encode), timing each. HTTP handlers call [`Gateway::predict`] and [`Gateway::features`] and nothing else.
 
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
@@ -545,10 +546,11 @@ fn unscorable(model: &Model, plan: &crate::decode::Plan, output: &str, row: usiz
         };
         if let Some(key) = key {
             let sep = if entities.is_empty() { "" } else { ", " };
-            entities.push_str(&format!(
+            let _ = write!(
+                entities,
                 "{sep}{} `{key}` (view `{}`)",
                 view.entity.name, view.name
-            ));
+            );
         }
     }
     let candidate = plan

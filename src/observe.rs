@@ -19,6 +19,19 @@ fn header(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
 
+/// Writes a counter family whose one label is `outcome`.
+fn outcomes(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    counters: &[(&str, &std::sync::atomic::AtomicU64)],
+) {
+    header(out, name, "counter", help);
+    for (outcome, c) in counters {
+        let _ = writeln!(out, "{name}{{outcome=\"{outcome}\"}} {}", c.load(Relaxed));
+    }
+}
+
 /// Writes one histogram: cumulative `counts` per upper bound (the last is +Inf), and the sum.
 fn buckets(
     out: &mut String,
@@ -276,56 +289,36 @@ pub fn prometheus(gw: &Gateway) -> String {
         }
     }
     let p = &t.prefetch;
-    header(
+    outcomes(
         &mut out,
         "hydrant_prefetch_total",
-        "counter",
         "Prefetched keys (POST /v1/prefetch and warm start) by outcome.",
+        &[
+            ("accepted", &p.accepted),
+            ("rejected", &p.rejected),
+            ("fetched", &p.fetched),
+            ("cached", &p.cached),
+            ("failed", &p.failed),
+            ("warm", &p.warm_keys),
+        ],
     );
-    for (outcome, c) in [
-        ("accepted", &p.accepted),
-        ("rejected", &p.rejected),
-        ("fetched", &p.fetched),
-        ("cached", &p.cached),
-        ("failed", &p.failed),
-        ("warm", &p.warm_keys),
+    for (name, help, stats) in [
+        (
+            "hydrant_schema_reloads_total",
+            "Changes found in the schemas folder (registry.reload_interval), applied or refused.",
+            &t.reloads,
+        ),
+        (
+            "hydrant_auth_reloads_total",
+            "Changes found in the token files (auth.reload_interval), applied or refused.",
+            &t.auth_reloads,
+        ),
     ] {
-        let _ = writeln!(
-            out,
-            "hydrant_prefetch_total{{outcome=\"{outcome}\"}} {}",
-            c.load(Relaxed)
-        );
-    }
-    header(
-        &mut out,
-        "hydrant_schema_reloads_total",
-        "counter",
-        "Changes found in the schemas folder (registry.reload_interval), applied or refused.",
-    );
-    for (outcome, c) in [
-        ("applied", &t.reloads.applied),
-        ("refused", &t.reloads.refused),
-    ] {
-        let _ = writeln!(
-            out,
-            "hydrant_schema_reloads_total{{outcome=\"{outcome}\"}} {}",
-            c.load(Relaxed)
-        );
-    }
-    header(
-        &mut out,
-        "hydrant_auth_reloads_total",
-        "counter",
-        "Changes found in the token files (auth.reload_interval), applied or refused.",
-    );
-    for (outcome, c) in [
-        ("applied", &t.auth_reloads.applied),
-        ("refused", &t.auth_reloads.refused),
-    ] {
-        let _ = writeln!(
-            out,
-            "hydrant_auth_reloads_total{{outcome=\"{outcome}\"}} {}",
-            c.load(Relaxed)
+        outcomes(
+            &mut out,
+            name,
+            help,
+            &[("applied", &stats.applied), ("refused", &stats.refused)],
         );
     }
     header(

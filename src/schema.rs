@@ -804,13 +804,13 @@ fn parse_doc<T: serde::de::DeserializeOwned>(
     match serde_path_to_error::deserialize::<_, T>(body) {
         Ok(d) => Some(d),
         Err(e) => {
-            let path = e.path().to_string();
-            // A map key that is no string (`1: x`, `~: x`, `[a, b]: x`) has no name (`?`): the field is
-            // its map, and the message says it is about a key.
-            let (path, about_key) = match path.find('?') {
-                Some(at) => (path[..at].trim_end_matches('.').to_owned(), true),
-                None => (path, false),
-            };
+            // A map key that is no string (`1: x`, `~: x`, `[a, b]: x`) has no name: the field is its
+            // map, and the message says it is about a key.
+            let path = crate::decode::path_text(e.path(), &[]);
+            let about_key = e
+                .path()
+                .iter()
+                .any(|s| matches!(s, serde_path_to_error::Segment::Unknown));
             let path = if path == "." { "" } else { &path };
             let mut message = e.inner().to_string();
             if about_key {
@@ -1647,14 +1647,7 @@ features:
     fn a_map_key_that_is_not_text_is_reported_at_its_map() {
         let view = VIEW.replace("default: 30}", "default: 30, ? [a, b] : c}");
         assert_ne!(view, VIEW);
-        let e = Registry::compile(
-            &[
-                (PathBuf::from("e.yaml"), ENTITIES.into()),
-                (PathBuf::from("v.yaml"), view),
-            ],
-            Path::new("."),
-        )
-        .expect_err("a list as a key");
+        let e = compile_view(view).expect_err("a list as a key");
         assert_eq!(e.0[0].path, "features[0]", "{e}");
         assert!(e.0[0].message.contains("as a map key"), "{e}");
     }
@@ -1678,25 +1671,11 @@ features:
         assert!(e.to_string().contains("take strings"), "{e}");
         // A default that does not match the dtype.
         let bad_view = VIEW.replace("default: 30", "default: thirty");
-        let e = Registry::compile(
-            &[
-                (PathBuf::from("e.yaml"), ENTITIES.into()),
-                (PathBuf::from("v.yaml"), bad_view),
-            ],
-            Path::new("."),
-        )
-        .expect_err("bad default");
+        let e = compile_view(bad_view).expect_err("bad default");
         assert_eq!(e.0[0].path, "features[0].default");
         // A number too large for any float, which YAML reads as text.
         let huge = VIEW.replace("default: 30", "default: 1e400");
-        let e = Registry::compile(
-            &[
-                (PathBuf::from("e.yaml"), ENTITIES.into()),
-                (PathBuf::from("v.yaml"), huge),
-            ],
-            Path::new("."),
-        )
-        .expect_err("huge default");
+        let e = compile_view(huge).expect_err("huge default");
         assert_eq!(e.0[0].path, "features[0].default");
         assert!(
             e.0[0].message.contains("`1e400` is beyond the range"),
@@ -1805,24 +1784,10 @@ features:
     #[test]
     fn policies_are_checked() {
         let v = VIEW.replace("refresh_after: 1m", "refresh_after: 10m");
-        let e = Registry::compile(
-            &[
-                (PathBuf::from("e.yaml"), ENTITIES.into()),
-                (PathBuf::from("v.yaml"), v),
-            ],
-            Path::new("."),
-        )
-        .expect_err("refresh_after >= ttl");
+        let e = compile_view(v).expect_err("refresh_after >= ttl");
         assert_eq!(e.0[0].path, "cache.refresh_after");
         let v = VIEW.replace("max_age: 30d", "max_age: a month");
-        let e = Registry::compile(
-            &[
-                (PathBuf::from("e.yaml"), ENTITIES.into()),
-                (PathBuf::from("v.yaml"), v),
-            ],
-            Path::new("."),
-        )
-        .expect_err("duration");
+        let e = compile_view(v).expect_err("duration");
         assert!(
             e.to_string().contains("max_age") && e.to_string().contains("not a valid duration"),
             "{e}"
@@ -1833,14 +1798,7 @@ features:
     fn reserved_view_names_are_refused() {
         for name in [CONTEXT, HOT_VIEW] {
             let v = VIEW.replace("name: user_profile", &format!("name: {name}"));
-            let e = Registry::compile(
-                &[
-                    (PathBuf::from("e.yaml"), ENTITIES.into()),
-                    (PathBuf::from("v.yaml"), v),
-                ],
-                Path::new("."),
-            )
-            .expect_err("reserved");
+            let e = compile_view(v).expect_err("reserved");
             assert_eq!(e.0[0].path, "name", "{e}");
             assert!(e.to_string().contains("reserved"), "{e}");
         }

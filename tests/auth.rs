@@ -173,12 +173,18 @@ async fn a_bad_token_file_stops_start_up_naming_the_key_and_line() {
     );
 }
 
+/// The status of `GET /v1/schemas` with `token`, if any.
+async fn schemas_status(app: &TestApp, token: Option<&str>) -> u16 {
+    send(app, reqwest::Method::GET, "/v1/schemas", None, token)
+        .await
+        .0
+}
+
 /// `GET /v1/schemas` with `token`: its status, polled until it is `want` (or 10 s have passed).
 async fn status_becomes(app: &TestApp, token: &str, want: u16) -> u16 {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
-        let (status, _, _) =
-            send(app, reqwest::Method::GET, "/v1/schemas", None, Some(token)).await;
+        let status = schemas_status(app, Some(token)).await;
         if status == want || std::time::Instant::now() > deadline {
             return status;
         }
@@ -188,20 +194,24 @@ async fn status_becomes(app: &TestApp, token: &str, want: u16) -> u16 {
 
 /// `hydrant_auth_reloads_total{outcome}` from `/metrics`.
 async fn auth_reloads(app: &TestApp, outcome: &str) -> u64 {
-    let text = app
-        .client
-        .get(format!("{}/metrics", app.addr))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let text = String::from_utf8(app.get("/metrics").await.body).expect("metrics text");
     let prefix = format!("hydrant_auth_reloads_total{{outcome=\"{outcome}\"}} ");
     text.lines()
         .find_map(|l| l.strip_prefix(prefix.as_str()))
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no {prefix} in /metrics"))
+}
+
+/// `auth_reloads(app, "refused")`, polled until it reaches `n` (or 10 s have passed).
+async fn refusals_reach(app: &TestApp, n: u64) -> u64 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let refused = auth_reloads(app, "refused").await;
+        if refused >= n || std::time::Instant::now() > deadline {
+            return refused;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }
 
 /// Tokens rotate without a restart: a token file replaced (as a secrets volume replaces it) is read
@@ -241,46 +251,13 @@ async fn token_files_are_read_again_and_a_bad_change_keeps_the_tokens_in_force()
 
     // A line the start-up check refuses: the rotated token stays good, the old one stays refused.
     replace(format!("{CLIENT}\nshort\n"));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while auth_reloads(&app, "refused").await == 0 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    assert_eq!(auth_reloads(&app, "refused").await, 1);
-    let (status, _, _) = send(
-        &app,
-        reqwest::Method::GET,
-        "/v1/schemas",
-        None,
-        Some(ROTATED),
-    )
-    .await;
-    assert_eq!(status, 200);
-    let (status, _, _) = send(
-        &app,
-        reqwest::Method::GET,
-        "/v1/schemas",
-        None,
-        Some(CLIENT),
-    )
-    .await;
-    assert_eq!(status, 401);
+    assert_eq!(refusals_reach(&app, 1).await, 1);
+    assert_eq!(schemas_status(&app, Some(ROTATED)).await, 200);
+    assert_eq!(schemas_status(&app, Some(CLIENT)).await, 401);
     // A file deleted is refused the same way: authentication is never turned off by a reload.
     std::fs::remove_file(dir.path().join("clients")).expect("remove");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while auth_reloads(&app, "refused").await < 2 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    assert_eq!(auth_reloads(&app, "refused").await, 2);
-    let (status, _, _) = send(&app, reqwest::Method::GET, "/v1/schemas", None, None).await;
-    assert_eq!(status, 401);
-    let (status, _, _) = send(
-        &app,
-        reqwest::Method::GET,
-        "/v1/schemas",
-        None,
-        Some(ROTATED),
-    )
-    .await;
-    assert_eq!(status, 200);
+    assert_eq!(refusals_reach(&app, 2).await, 2);
+    assert_eq!(schemas_status(&app, None).await, 401);
+    assert_eq!(schemas_status(&app, Some(ROTATED)).await, 200);
     assert_eq!(auth_reloads(&app, "applied").await, 1);
 }

@@ -242,35 +242,43 @@ impl RedisStore {
                 )));
             }
         }
-        let keys: Vec<String> = writes.iter().map(|(k, _)| k.clone()).collect();
+        let keys: Arc<[String]> = writes.iter().map(|(k, _)| k.clone()).collect();
         let clustered = self.clustered;
-        let mut task = tokio::spawn(write_batch(client, clustered, writes, ttl));
+        let mut task = tokio::spawn(write_batch(client, clustered, writes, ttl, keys.clone()));
         match tokio::time::timeout(self.write_timeout, &mut task).await {
             Ok(Ok(Ok(()))) => Ok(()),
             Ok(Ok(Err(e))) => {
                 // Failed, but not necessarily whole: a cluster's pipelined SETs land key by key, and a
-                // transaction whose EXEC answer was lost may have run. Announce the keys (best effort,
-                // not awaited), so no replica keeps serving a value older than what may be stored.
-                let (pool, channel) = (self.pool.clone(), self.channel.clone());
-                tokio::spawn(async move {
-                    let _: Result<i64, _> =
-                        pool.next().publish(channel.as_str(), keys.join("\n")).await;
-                });
+                // transaction whose EXEC answer was lost may have run.
+                self.announce_in_background(&keys, None);
                 Err(e)
             }
             Ok(Err(e)) => Err(StoreError::Io(format!("the write task failed: {e}"))),
             Err(_) => {
-                let (pool, channel) = (self.pool.clone(), self.channel.clone());
-                tokio::spawn(async move {
-                    let message = keys.join("\n");
-                    let _: Result<i64, _> = pool.next().publish(channel.as_str(), &message).await;
-                    // Whatever fred reports (its own timeout included), the batch may have been applied.
-                    let _ = task.await;
-                    let _: Result<i64, _> = pool.next().publish(channel.as_str(), message).await;
-                });
+                // Whatever fred reports when it ends (its own timeout included), the batch may have
+                // been applied.
+                self.announce_in_background(&keys, Some(task));
                 Err(StoreError::Timeout)
             }
         }
+    }
+
+    /// Announces `keys` from a task of its own, best effort, so that no replica keeps serving a value
+    /// older than what may be stored: at once, and, given the `write` still going on, again once it ends.
+    fn announce_in_background(
+        &self,
+        keys: &[String],
+        write: Option<tokio::task::JoinHandle<Result<(), StoreError>>>,
+    ) {
+        let (pool, channel) = (self.pool.clone(), self.channel.clone());
+        let message = keys.join("\n");
+        tokio::spawn(async move {
+            let _: Result<i64, _> = pool.next().publish(channel.as_str(), &message).await;
+            if let Some(write) = write {
+                let _ = write.await;
+                let _: Result<i64, _> = pool.next().publish(channel.as_str(), message).await;
+            }
+        });
     }
 
     async fn publish(&self, keys: &[String]) -> Result<(), StoreError> {
@@ -624,22 +632,23 @@ impl Store for RedisStore {
     }
 }
 
-/// One batch of `SET ... PX`: a `MULTI`/`EXEC` on a standalone server, pipelined `SET`s on a cluster.
+/// One batch of `SET ... PX`: a `MULTI`/`EXEC` on a standalone server, pipelined `SET`s on a cluster,
+/// which can fail for some of `keys` (the batch's, in order) and not others.
 async fn write_batch(
     client: fred::clients::Client,
     clustered: bool,
     writes: Writes,
     ttl: Option<Duration>,
+    keys: Arc<[String]>,
 ) -> Result<(), StoreError> {
     let expire = ttl.map(|t| Expiration::PX(i64::try_from(t.as_millis()).unwrap_or(i64::MAX)));
     if clustered {
-        let keys: Vec<String> = writes.iter().map(|(k, _)| k.clone()).collect();
         let pipeline = client.pipeline();
         queue_sets(&pipeline, writes, expire).await?;
         let results = pipeline.try_all::<Value>().await;
         let mut failed = results
             .iter()
-            .zip(&keys)
+            .zip(keys.iter())
             .filter_map(|(r, k)| Some((k, r.as_ref().err()?)));
         let Some((key, first)) = failed.next() else {
             return Ok(());
