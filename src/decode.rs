@@ -192,14 +192,18 @@ pub fn parse_body<T: DeserializeOwned + Positional>(
             field: None,
         });
     }
-    if format == Format::Msgpack && !msgpack_keys_are_strings(body) {
+    if format == Format::Msgpack
+        && let Some(key) = msgpack_key_not_string(body, T::FIELDS)
+    {
+        let at = at_field(&key.map);
         return Err(ApiError::Malformed {
             code: "invalid_msgpack",
-            message:
-                "a MessagePack map key is not a string: field names are strings (serde would read \
-                      an integer key as a field's position)"
-                    .to_owned(),
-            field: None,
+            message: format!(
+                "a MessagePack map key{at} is not a string ({}): field names are strings (serde \
+                 would read an integer key as a field's position)",
+                key.kind
+            ),
+            field: (!at.is_empty()).then_some(key.map),
         });
     }
     let fast = match format {
@@ -347,25 +351,61 @@ fn at_field(path: &str) -> String {
     }
 }
 
-/// Whether every map key in the MessagePack `body` is a string. One pass over the bytes, no allocation
-/// for bodies nested up to 8 deep. A body that ends early, or nests deeper than any request does, is
-/// left for the decoder to report.
-fn msgpack_keys_are_strings(b: &[u8]) -> bool {
+/// A MessagePack map key that is not a string: the path of the map holding it (empty at the top), in
+/// the terms of [`path_text`], and what the key is.
+#[derive(Debug, PartialEq)]
+struct KeyNotString {
+    map: String,
+    kind: &'static str,
+}
+
+/// A container open in [`msgpack_key_not_string`]'s pass: its length in items (a map's counts keys and
+/// values), the items still to read, whether it is a map (keys at even counts), and where its latest
+/// key's bytes lie.
+#[derive(Clone, Copy)]
+struct Open {
+    len: u64,
+    left: u64,
+    map: bool,
+    key: (usize, usize),
+}
+
+impl Open {
+    fn new(len: u64, map: bool) -> Self {
+        Open {
+            len,
+            left: len,
+            map,
+            key: (0, 0),
+        }
+    }
+}
+
+/// The first map key in the MessagePack `body` that is not a string, if any. One pass over the bytes,
+/// no allocation for bodies nested up to 8 deep unless a key is found. A body that ends early, or nests
+/// deeper than any request does, is left for the decoder to report.
+fn msgpack_key_not_string(
+    b: &[u8],
+    fields: &'static [(&'static str, &'static [&'static str])],
+) -> Option<KeyNotString> {
     const MAX_DEPTH: usize = 64;
-    // Per open container: items still to read, and whether it is a map (keys at even counts).
-    let mut open: SmallVec<[(u64, bool); 8]> = smallvec![(1, false)];
+    let mut open: SmallVec<[Open; 8]> = smallvec![Open::new(1, false)];
     let mut i = 0usize;
     while let Some(top) = open.last_mut() {
-        if top.0 == 0 {
+        if top.left == 0 {
             open.pop();
             continue;
         }
-        let is_key = top.1 && top.0 % 2 == 0;
-        top.0 -= 1;
-        let Some(&m) = b.get(i) else { return true };
+        let is_key = top.map && top.left % 2 == 0;
+        top.left -= 1;
+        // A body that ends here is left for the decoder.
+        let &m = b.get(i)?;
         i += 1;
         if is_key && !matches!(m, 0xa0..=0xbf | 0xd9..=0xdb) {
-            return false;
+            return Some(KeyNotString {
+                map: msgpack_map_path(b, &open, fields),
+                kind: marker_kind(rmp::Marker::from_u8(m)),
+            });
         }
         // A big-endian length of `n` bytes at `i`.
         let len = |i: usize, n: usize| {
@@ -397,17 +437,76 @@ fn msgpack_keys_are_strings(b: &[u8]) -> bool {
             // Integers, nil, booleans, and the never-used 0xc1 (the decoder refuses it).
             _ => (0, 0, None),
         };
-        i = i
-            .saturating_add(header)
-            .saturating_add(usize::try_from(payload).unwrap_or(usize::MAX));
-        if let Some(c) = container {
+        let payload = usize::try_from(payload).unwrap_or(usize::MAX);
+        let start = i.saturating_add(header);
+        if is_key && let Some(top) = open.last_mut() {
+            top.key = (start, payload);
+        }
+        i = start.saturating_add(payload);
+        if let Some((n, map)) = container {
             if open.len() == MAX_DEPTH {
-                return true;
+                return None;
             }
-            open.push(c);
+            open.push(Open::new(n, map));
         }
     }
-    true
+    None
+}
+
+/// The path of the innermost container in `open` (the stack of [`msgpack_key_not_string`], its first
+/// entry the body itself): each map is entered at its latest key, each array at the item being read;
+/// at the top an array is a request written by position, its items named by `fields`.
+fn msgpack_map_path(
+    b: &[u8],
+    open: &[Open],
+    fields: &'static [(&'static str, &'static [&'static str])],
+) -> String {
+    let mut out = String::new();
+    let mut inner: &'static [&'static str] = &[];
+    // The containers that lead to the last one: the body's own (index 1) down.
+    let leading = open.len().saturating_sub(1);
+    for (depth, o) in open.iter().take(leading).skip(1).enumerate() {
+        let &Open {
+            len,
+            left,
+            map,
+            key: (start, n),
+        } = o;
+        if map {
+            let key = b.get(start..start.saturating_add(n)).unwrap_or_default();
+            let key = String::from_utf8_lossy(key);
+            if depth == 0 {
+                inner = fields.iter().find(|(f, _)| *f == key).map_or(&[], |f| f.1);
+            }
+            if !out.is_empty() {
+                out.push('.');
+            }
+            out.push_str(&key);
+            continue;
+        }
+        // The item being read: `left` counts the ones after it.
+        let index = len.saturating_sub(left).saturating_sub(1);
+        let named = usize::try_from(index).ok().and_then(|k| match depth {
+            0 => fields.get(k).map(|&(f, sub)| {
+                inner = sub;
+                f
+            }),
+            1 => inner.get(k).copied(),
+            _ => None,
+        });
+        match named {
+            Some(f) => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(f);
+            }
+            None => {
+                let _ = write!(out, "[{index}]");
+            }
+        }
+    }
+    out
 }
 
 /// The field a "missing field `x`" or "duplicate field `x`" error is about, under `path`: serde names
@@ -1618,27 +1717,71 @@ mod tests {
 
     #[test]
     fn msgpack_map_keys_must_be_strings() {
+        let scan = |b: &[u8]| msgpack_key_not_string(b, PredictRequest::FIELDS);
+        let field = |e: &ApiError| match e {
+            ApiError::Malformed { field, .. } => field.clone(),
+            _ => None,
+        };
+        let found = |map: &str, kind| {
+            Some(KeyNotString {
+                map: map.to_owned(),
+                kind,
+            })
+        };
         let named = rmp_serde::to_vec_named(&serde_json::json!({
             "entities": {"user_id": "u_1"},
             "context": {"hour_of_day": 7, "device": "ios", "w": [0.5, 2.5]},
             "options": {"timings": false, "deadline_ms": 70000},
         }))
         .expect("msgpack");
-        assert!(msgpack_keys_are_strings(&named));
+        assert_eq!(scan(&named), None);
         assert!(parse_body::<PredictRequest>(Format::Msgpack, &named).is_ok());
         // {0: {"user_id": "u_1"}}: serde would read key 0 as the first field, `entities`.
         let by_index = [
             0x81, 0x00, 0x81, 0xa7, b'u', b's', b'e', b'r', b'_', b'i', b'd', 0xa3, b'u', b'_',
             b'1',
         ];
-        assert!(!msgpack_keys_are_strings(&by_index));
+        assert_eq!(scan(&by_index), found("", "an integer"));
         let e = parse_body::<PredictRequest>(Format::Msgpack, &by_index).expect_err("integer key");
         assert_eq!(e.code(), "invalid_msgpack");
-        // ...also inside: {"options": {0: true}}.
+        assert_eq!(field(&e), None);
+        assert!(
+            e.to_string()
+                .contains("a MessagePack map key is not a string (an integer)"),
+            "{e}"
+        );
+        // ...also inside, where the map holding it is the field: {"options": {0: true}}.
         let inner = [
             0x81, 0xa7, b'o', b'p', b't', b'i', b'o', b'n', b's', 0x81, 0x00, 0xc3,
         ];
-        assert!(!msgpack_keys_are_strings(&inner));
+        assert_eq!(scan(&inner), found("options", "an integer"));
+        let e = parse_body::<PredictRequest>(Format::Msgpack, &inner).expect_err("integer key");
+        assert_eq!(field(&e).as_deref(), Some("options"));
+        assert!(
+            e.to_string()
+                .contains("a MessagePack map key in options is not a string (an integer)"),
+            "{e}"
+        );
+        // Deeper, after other keys and inside an array: the second candidate's map, keyed by nil.
+        let deep = rmp_serde::to_vec_named(&serde_json::json!({
+            "entities": {"user_id": "u_1"},
+            "candidates": [{"item_id": "i_1"}, {"item_id": "i_2", "x": 1}],
+        }))
+        .expect("msgpack");
+        let at = deep
+            .windows(2)
+            .rposition(|w| w == [0xa1, b'x'])
+            .expect("the key x");
+        let mut deep = deep;
+        deep.splice(at..at + 2, [0xc0]);
+        assert_eq!(scan(&deep), found("candidates[1]", "nil (null)"));
+        // A request written by position names its fields: [{"user_id": "u_1"}, {}, [], [true, {1: 2}]]
+        // holds the integer key in `options`' second field, `timings`.
+        let positional = [
+            0x94, 0x81, 0xa7, b'u', b's', b'e', b'r', b'_', b'i', b'd', 0xa3, b'u', b'_', b'1',
+            0x80, 0x90, 0x92, 0xc3, 0x81, 0x01, 0x02,
+        ];
+        assert_eq!(scan(&positional), found("options.timings", "an integer"));
         // Strings, binary, extensions and every width of number are skipped correctly.
         let mut mixed = vec![
             0x92, 0xc4, 0x02, 0x00, 0x00, 0xd7, 0x01, 0, 0, 0, 0, 0, 0, 0, 0,
@@ -1647,9 +1790,9 @@ mod tests {
             0x82, 0xd9, 0x01, b'a', 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xa1, b'b', 0xcf,
         ]);
         mixed.extend([0u8; 8]);
-        assert!(msgpack_keys_are_strings(&mixed));
+        assert_eq!(scan(&mixed), None);
         // A body that ends early is left to the decoder.
-        assert!(msgpack_keys_are_strings(&[0x81, 0xa1]));
+        assert_eq!(scan(&[0x81, 0xa1]), None);
     }
 
     #[test]

@@ -583,6 +583,27 @@ async fn bad_requests_get_documented_errors_and_the_gateway_keeps_serving() {
             field: None,
         },
         Case {
+            name: "an integer key in a MessagePack map",
+            path: "/v1/models/ctr/predict",
+            content_type: "application/msgpack",
+            // {"entities": {"user_id": "u_1"}, "context": {7: 1}}
+            body: [
+                &[0x82, 0xa8][..],
+                b"entities",
+                &[0x81, 0xa7],
+                b"user_id",
+                &[0xa3],
+                b"u_1",
+                &[0xa7],
+                b"context",
+                &[0x81, 0x07, 0x01],
+            ]
+            .concat(),
+            status: 400,
+            code: "invalid_msgpack",
+            field: Some("context"),
+        },
+        Case {
             name: "malformed MessagePack",
             path: "/v1/models/ctr/predict",
             content_type: "application/msgpack",
