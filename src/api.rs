@@ -11,6 +11,7 @@ use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, MethodRouter, get, on};
 use axum::{Json, Router};
+use futures::FutureExt as _;
 use http_body_util::{BodyExt as _, LengthLimitError, Limited};
 use percent_encoding::percent_decode_str;
 use serde_json::json;
@@ -96,9 +97,10 @@ impl HotShortcut {
         R: IntoResponse,
     {
         let gw = self.gw.clone();
+        // `map` rather than an async block that awaits the handler's future: such a block holds the
+        // future twice (as captured, and as awaited), and every move of the request's future copies both.
         Box::pin(self.layer.serve(route, req, |req, body_read| {
-            let answer = handler(gw, req, body_read);
-            async move { Ok(answer.await.into_response()) }
+            handler(gw, req, body_read).map(|answer| Ok(answer.into_response()))
         }))
     }
 }
