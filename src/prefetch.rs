@@ -3,15 +3,16 @@
 //!
 //! Hot keys: one lookup in `prefetch.hot_sample_every` records its entity key; every
 //! `prefetch.hot_flush_interval` the sampled counts go to the store in one pipelined round trip (Redis:
-//! `ZINCRBY {prefix}:hot:{view}`, trimmed to the `prefetch.hot_keep` hottest). Sampling costs one atomic
-//! increment per lookup and a short lock one time in N.
+//! `ZINCRBY {prefix}:hot:{view}`, trimmed to the `prefetch.hot_keep` hottest). Each lookup is sampled on
+//! its own, with chance 1/N: a draw from a thread-local generator per lookup, and a short lock one time
+//! in N.
 //!
 //! Warm start: before a new replica reports ready it reads the `prefetch.warm_top_k` hottest keys of every
 //! view into its cache, for at most `prefetch.warm_timeout`; a store that is slow or down only delays
 //! readiness by that much.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -37,7 +38,8 @@ const WARM_BATCH: usize = 1000;
 /// Samples lookups into per-view counts, until the flusher takes them.
 pub struct HotKeys {
     every: u64,
-    counter: AtomicU64,
+    /// A draw at or below this samples the lookup: one draw in `every`.
+    threshold: u64,
     pending: Mutex<Pending>,
 }
 
@@ -70,7 +72,7 @@ impl HotKeys {
     pub fn new(every: u64) -> Self {
         Self {
             every,
-            counter: AtomicU64::new(0),
+            threshold: u64::MAX / every.max(1),
             pending: Mutex::new(Pending::default()),
         }
     }
@@ -79,20 +81,20 @@ impl HotKeys {
         Self::new(0)
     }
 
-    /// Counts lookups of `entity_keys` in `view`, one lookup in N over all calls. One atomic add per call,
-    /// not per key, so a ranking request's hundred items do not bounce the counter's cache line a hundred
-    /// times between the async workers; the lock is taken only when a key in the slice is sampled.
+    /// Counts lookups of `entity_keys` in `view`, each sampled with chance one in N. A random draw per
+    /// lookup, not every Nth lookup of a shared count: requests of one shape (a user and 31 items, with
+    /// N = 32) would otherwise be sampled at the same position every time, and the keys at the other
+    /// positions, however hot, never. The lock is taken only when a key in the slice is sampled.
     pub fn sample<K: AsRef<str>>(&self, view: &str, entity_keys: &[K]) {
         if self.every == 0 || entity_keys.is_empty() {
             return;
         }
-        let start = self.counter.fetch_add(entity_keys.len() as u64, Relaxed);
-        // The lookups numbered start, start + 1, ...: the sampled ones are the multiples of `every`.
-        let first = (self.every - start % self.every) % self.every;
-        let (Ok(first), Ok(step)) = (usize::try_from(first), usize::try_from(self.every)) else {
-            return;
-        };
-        let mut sampled = entity_keys.iter().skip(first).step_by(step).peekable();
+        // One access to the thread's generator per call, then draws from a local copy.
+        let mut rng = fastrand::Rng::new();
+        let mut sampled = entity_keys
+            .iter()
+            .filter(|_| rng.u64(..) <= self.threshold)
+            .peekable();
         if sampled.peek().is_none() {
             return;
         }
@@ -139,8 +141,14 @@ pub async fn flush_hot(h: &Hydrator, keep: usize) {
         return;
     }
     let n: usize = counts.iter().map(|c| c.keys.len()).sum();
+    // The metric counts sampled lookups, as its help says: a key sampled five times is five.
+    let lookups: u64 = counts
+        .iter()
+        .flat_map(|c| &c.keys)
+        .map(|&(_, times)| u64::from(times))
+        .sum();
     let stats = &h.telemetry().prefetch;
-    stats.hot_samples.fetch_add(n as u64, Relaxed);
+    stats.hot_samples.fetch_add(lookups, Relaxed);
     if let Err(e) = h.store().record_hot(&counts, keep).await {
         stats.hot_flush_errors.fetch_add(1, Relaxed);
         tracing::debug!("hot-key flush of {n} keys failed (for the view named, or for all): {e}");
@@ -362,46 +370,61 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sampling_counts_one_lookup_in_n() {
+    fn sampling_counts_about_one_lookup_in_n() {
+        fastrand::seed(7);
         let h = HotKeys::new(4);
-        for _ in 0..40 {
+        for _ in 0..4000 {
             h.sample("user_profile", &["u_1"]);
         }
-        // The 41st lookup is sampled (0, 4, ... 40), the 42nd is not.
-        h.sample("item_stats", &["i_1", "i_2"]);
         let counts = h.take();
-        assert_eq!(
-            counts,
-            vec![
-                HotCounts {
-                    view: "item_stats".into(),
-                    keys: vec![("i_1".into(), 1)],
-                },
-                HotCounts {
-                    view: "user_profile".into(),
-                    keys: vec![("u_1".into(), 10)],
-                },
-            ]
-        );
+        assert_eq!(counts.len(), 1);
+        assert_eq!(counts[0].view, "user_profile");
+        let [(key, n)] = &counts[0].keys[..] else {
+            panic!("one key: {counts:?}")
+        };
+        assert_eq!(key, "u_1");
+        // 1,000 expected; the standard deviation is 27.
+        assert!((850..=1150).contains(n), "{n} of 4000 lookups sampled");
         assert!(h.take().is_empty(), "take empties the samples");
         let off = HotKeys::disabled();
         off.sample("user_profile", &["u_1"]);
         assert!(off.take().is_empty());
+        let all = HotKeys::new(1);
+        all.sample("v", &["a", "b", "a"]);
+        let mut keys = all.take().remove(0).keys;
+        keys.sort();
+        assert_eq!(keys, [("a".to_owned(), 2), ("b".to_owned(), 1)]);
     }
 
     #[test]
-    fn a_slice_is_sampled_like_the_same_lookups_one_at_a_time() {
-        // Slices of uneven lengths, against a counter that does not start at a multiple of N.
-        let keys: Vec<String> = (0..100).map(|i| format!("k{i}")).collect();
-        let h = HotKeys::new(7);
-        h.sample("v", &keys[..3]);
-        h.sample("v", &keys[3..4]);
-        h.sample("v", &keys[4..50]);
-        h.sample("v", &keys[50..]);
-        let mut got: Vec<String> = h.take()[0].keys.iter().map(|(k, _)| k.clone()).collect();
-        got.sort_by_key(|k| k[1..].parse::<u32>().unwrap_or(0));
-        let want: Vec<String> = (0..100).step_by(7).map(|i| format!("k{i}")).collect();
-        assert_eq!(got, want);
+    fn requests_of_one_shape_sample_every_position() {
+        // One user and the same 31 items per request, N = 32: a stride over a shared count of lookups
+        // sampled one position of the 32 in every request, so 30 of the items were never recorded.
+        fastrand::seed(11);
+        let h = HotKeys::new(32);
+        let items: Vec<String> = (0..31).map(|i| format!("i_{i}")).collect();
+        for u in 0..1000 {
+            h.sample("user_profile", &[format!("u_{u}")]);
+            h.sample("item_stats", &items);
+        }
+        let counts = h.take();
+        let items_view = counts
+            .iter()
+            .find(|c| c.view == "item_stats")
+            .expect("items sampled");
+        // Each item: about 31 samples expected; none is missed but with odds below 1e-13.
+        assert_eq!(items_view.keys.len(), 31, "{:?}", items_view.keys);
+        let total: u32 = items_view.keys.iter().map(|(_, n)| n).sum();
+        // 969 expected; the standard deviation is 31.
+        assert!((800..=1150).contains(&total), "{total} item samples");
+        let users = counts
+            .iter()
+            .find(|c| c.view == "user_profile")
+            .map_or(0, |c| c.keys.len());
+        assert!(
+            (10..=60).contains(&users),
+            "{users} users sampled, 31 expected"
+        );
     }
 
     #[test]

@@ -1413,6 +1413,11 @@ async fn a_starting_gateway_loads_the_hottest_keys_before_it_reports_ready() {
     )
     .await;
     hydrant::prefetch::flush_hot(&a.gateway.hydrator, 100).await;
+    assert_eq!(
+        a.gateway.telemetry.prefetch.hot_samples.load(Relaxed),
+        17,
+        "hydrant_hot_key_samples_total counts the 14 + 3 sampled lookups, not the 7 keys"
+    );
     let top = redis.cmd(&["ZREVRANGE", "hy:hot:user_profile", "0", "2"]);
     let top: Vec<String> = match top {
         Reply::Array(items) => items.iter().map(Reply::text).collect(),
