@@ -202,6 +202,7 @@ impl Application {
         let listener = crate::serve::listen(config.server.bind)
             .await
             .with_context(|| format!("cannot listen on {} (server.bind)", config.server.bind))?;
+        telemetry.know_views(registry.views.keys());
         let gateway = Arc::new(Gateway {
             config,
             catalog: Arc::new(ArcSwap::from_pointee(Catalog::new(registry, engines))),

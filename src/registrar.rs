@@ -242,6 +242,7 @@ fn apply(
         .filter(|w| !w.history)
         .map(|w| w.path.display().to_string())
         .collect();
+    gw.telemetry.know_views(registry.views.keys());
     gw.catalog
         .store(Arc::new(Catalog::new(Arc::new(registry), engines)));
     for c in &proposal.changes {
@@ -613,6 +614,7 @@ fn reload(
         .filter(|c| c.change != proposal::Verdict::Unchanged)
         .collect();
     let registry = Arc::new(proposal.registry);
+    gw.telemetry.know_views(registry.views.keys());
     gw.catalog
         .store(Arc::new(Catalog::new(registry.clone(), engines)));
     // A version kept before and now changed in place on disk no longer holds what that version

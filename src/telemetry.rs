@@ -618,6 +618,17 @@ impl Telemetry {
             .clone()
     }
 
+    /// Gives each of `views` its counters now, so `/v1/stats` and `/metrics` list a registered view
+    /// (with zeros) before its first lookup.
+    pub fn know_views<'a>(&self, views: impl IntoIterator<Item = &'a String>) {
+        let mut known = self.views.write();
+        for v in views {
+            if !known.contains_key(v) {
+                known.insert(v.clone(), Arc::default());
+            }
+        }
+    }
+
     /// Forgets the counters of the models `running` says no to (refused or deleted ones).
     pub fn retain_models(&self, running: impl Fn(&str) -> bool) {
         self.models.write().retain(|name, _| running(name));

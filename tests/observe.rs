@@ -161,6 +161,24 @@ async fn metrics_count_the_traffic_that_was_sent() {
 #[tokio::test]
 async fn stats_report_stage_percentiles_beside_hit_rates() {
     let app = TestApp::spawn().await;
+    // Before any lookup, every registered view is listed, with zeros.
+    let s = app.get("/v1/stats").await.json();
+    for view in ["user_profile", "item_stats"] {
+        let v = &s["views"][view];
+        assert_eq!(
+            (&v["hits"], &v["misses"], &v["entries"]),
+            (&json!(0), &json!(0), &json!(0)),
+            "{view}: {s}"
+        );
+    }
+    let m = String::from_utf8(app.get("/metrics").await.body).expect("utf8");
+    assert_eq!(
+        sample(
+            &m,
+            "hydrant_cache_lookups_total{view=\"item_stats\",outcome=\"hit\"}"
+        ),
+        0.0
+    );
     for i in 0..20 {
         let body = json!({"entities": {"user_id": format!("u_{}", i % 4)}, "candidates": [{"item_id": "i_1"}]});
         assert_eq!(app.predict("ctr", &body).await.status, 200);

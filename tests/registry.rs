@@ -626,6 +626,18 @@ async fn models_are_added_deleted_and_restored_and_shared_files_keep_their_other
     let j = ok(&app.get("/v1/schemas/entities/item_id").await);
     assert_eq!(j["document"]["description"], "Anything we recommend.");
     assert_eq!(app.predict("ctr", &predict).await.status, 200);
+
+    // A view registered is listed by /v1/stats, with zeros, before its first lookup.
+    let view = edit(
+        &schema_file("user_profile.yaml"),
+        "name: user_profile",
+        "name: user_twin",
+    );
+    ok(&app
+        .post("/v1/schemas", "application/yaml", view.into_bytes())
+        .await);
+    let s = ok(&app.get("/v1/stats").await);
+    assert_eq!(s["views"]["user_twin"]["misses"], 0, "{s}");
 }
 
 /// A schema file with a byte order mark, or one whose documents its `---` lines do not tell apart, loads;
