@@ -1017,6 +1017,14 @@ fn compile_view(
             MAX_CACHE_DURATION,
             "between 1ms and 365d",
         ),
+        // Every hit would be stale and start a store read: `0s` or `50us` is a typo for a real interval.
+        (
+            "cache.refresh_after",
+            d.cache.refresh_after,
+            ms1,
+            MAX_CACHE_DURATION,
+            "between 1ms and 365d, and shorter than cache.ttl (leave it out for no refresh-ahead)",
+        ),
         (
             "cache.negative_ttl",
             d.cache.negative_ttl,
@@ -1786,6 +1794,15 @@ features:
         let v = VIEW.replace("refresh_after: 1m", "refresh_after: 10m");
         let e = compile_view(v).expect_err("refresh_after >= ttl");
         assert_eq!(e.0[0].path, "cache.refresh_after");
+        for zero in ["0s", "0ms", "500us"] {
+            let v = VIEW.replace("refresh_after: 1m", &format!("refresh_after: {zero}"));
+            let e = compile_view(v).expect_err("refresh_after under 1ms");
+            assert_eq!(e.0.len(), 1, "{e}");
+            assert_eq!(e.0[0].path, "cache.refresh_after");
+            assert!(e.to_string().contains("between 1ms and 365d"), "{e}");
+        }
+        let v = VIEW.replace("refresh_after: 1m", "refresh_after: 1ms");
+        assert!(compile_view(v).is_ok());
         let v = VIEW.replace("max_age: 30d", "max_age: a month");
         let e = compile_view(v).expect_err("duration");
         assert!(
