@@ -185,12 +185,6 @@ fn read_text(key: &str, path: &Path) -> Result<String, String> {
         .map_err(|e| format!("{key}: cannot read {}: {e}", path.display()))
 }
 
-/// The tokens in `path` (nothing when the path is empty).
-#[cfg(test)]
-fn read_tokens(key: &str, path: &Path) -> Result<Vec<Box<[u8]>>, String> {
-    parse_tokens(key, path, &read_text(key, path))
-}
-
 /// The tokens of `text`, read from `path` (nothing when the path is empty).
 fn parse_tokens(
     key: &str,
@@ -292,6 +286,11 @@ pub async fn watch_files(cfg: AuthConfig, tokens: Tokens, telemetry: Arc<Telemet
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The tokens in `path` (nothing when the path is empty), as start-up reads them.
+    fn read_tokens(key: &str, path: &Path) -> Result<Vec<Box<[u8]>>, String> {
+        parse_tokens(key, path, &read_text(key, path))
+    }
 
     fn headers(value: &str) -> HeaderMap {
         let mut h = HeaderMap::new();

@@ -5,6 +5,7 @@
 //! (`candidates[3].item_id`), a missing entity, an unknown entity or context field, an empty or oversized
 //! candidate list, a key that is empty, too long or holds control characters.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt::{self, Write as _};
 
@@ -461,52 +462,22 @@ fn msgpack_map_path(
     open: &[Open],
     fields: &'static [(&'static str, &'static [&'static str])],
 ) -> String {
-    let mut out = String::new();
-    let mut inner: &'static [&'static str] = &[];
     // The containers that lead to the last one: the body's own (index 1) down.
-    let leading = open.len().saturating_sub(1);
-    for (depth, o) in open.iter().take(leading).skip(1).enumerate() {
-        let &Open {
-            len,
-            left,
-            map,
-            key: (start, n),
-        } = o;
-        if map {
+    let leading = open
+        .get(1..open.len().saturating_sub(1))
+        .unwrap_or_default();
+    let steps = leading.iter().map(|o| {
+        if o.map {
+            let (start, n) = o.key;
             let key = b.get(start..start.saturating_add(n)).unwrap_or_default();
-            let key = String::from_utf8_lossy(key);
-            if depth == 0 {
-                inner = fields.iter().find(|(f, _)| *f == key).map_or(&[], |f| f.1);
-            }
-            if !out.is_empty() {
-                out.push('.');
-            }
-            out.push_str(&key);
-            continue;
+            Step::Key(String::from_utf8_lossy(key))
+        } else {
+            // The item being read: `left` counts the ones after it.
+            let index = o.len.saturating_sub(o.left).saturating_sub(1);
+            Step::Index(usize::try_from(index).unwrap_or(usize::MAX))
         }
-        // The item being read: `left` counts the ones after it.
-        let index = len.saturating_sub(left).saturating_sub(1);
-        let named = usize::try_from(index).ok().and_then(|k| match depth {
-            0 => fields.get(k).map(|&(f, sub)| {
-                inner = sub;
-                f
-            }),
-            1 => inner.get(k).copied(),
-            _ => None,
-        });
-        match named {
-            Some(f) => {
-                if !out.is_empty() {
-                    out.push('.');
-                }
-                out.push_str(f);
-            }
-            None => {
-                let _ = write!(out, "[{index}]");
-            }
-        }
-    }
-    out
+    });
+    field_path(steps, fields)
 }
 
 /// The field a "missing field `x`" or "duplicate field `x`" error is about, under `path`: serde names
@@ -565,43 +536,63 @@ pub(crate) fn path_text(
     fields: &'static [(&'static str, &'static [&'static str])],
 ) -> String {
     use serde_path_to_error::Segment;
+    let steps = path.iter().map_while(|segment| match segment {
+        Segment::Seq { index } => Some(Step::Index(*index)),
+        Segment::Map { key } | Segment::Enum { variant: key } => {
+            Some(Step::Key(Cow::Borrowed(key.as_str())))
+        }
+        // A map key that could not be read (not UTF-8, say) has no name: the field is its map.
+        Segment::Unknown => None,
+    });
+    let out = field_path(steps, fields);
+    if out.is_empty() { ".".to_owned() } else { out }
+}
+
+/// One step down a field path: into a map at a key, or into an array at an index.
+enum Step<'a> {
+    Key(Cow<'a, str>),
+    Index(usize),
+}
+
+/// A field path as errors name it (`candidates[1].item_id`), from its steps; empty for none. At the top
+/// an index is a request written by position, named by `fields`, and an index into a field written by
+/// position is named by that field's own fields.
+fn field_path<'a>(
+    steps: impl Iterator<Item = Step<'a>>,
+    fields: &'static [(&'static str, &'static [&'static str])],
+) -> String {
     let mut out = String::new();
     let mut inner: &'static [&'static str] = &[];
-    for (depth, segment) in path.iter().enumerate() {
-        // A map key that could not be read (not UTF-8, say) has no name: the field is its map.
-        if matches!(segment, Segment::Unknown) {
-            break;
-        }
-        let name = match (depth, segment) {
-            (0, Segment::Seq { index }) => fields.get(*index).map(|&(name, sub)| {
-                inner = sub;
-                name
-            }),
-            (0, Segment::Map { key }) => {
-                inner = fields.iter().find(|(n, _)| n == key).map_or(&[], |f| f.1);
-                None
+    for (depth, step) in steps.enumerate() {
+        let name = match step {
+            Step::Key(key) => {
+                if depth == 0 {
+                    inner = fields.iter().find(|(n, _)| *n == key).map_or(&[], |f| f.1);
+                }
+                key
             }
-            (1, Segment::Seq { index }) => inner.get(*index).copied(),
-            _ => None,
+            Step::Index(index) => {
+                let named = match depth {
+                    0 => fields.get(index).map(|&(name, sub)| {
+                        inner = sub;
+                        name
+                    }),
+                    1 => inner.get(index).copied(),
+                    _ => None,
+                };
+                let Some(name) = named else {
+                    let _ = write!(out, "[{index}]");
+                    continue;
+                };
+                Cow::Borrowed(name)
+            }
         };
-        match (name, segment) {
-            (None, Segment::Seq { index }) => {
-                let _ = write!(out, "[{index}]");
-            }
-            (name, other) => {
-                if !out.is_empty() {
-                    out.push('.');
-                }
-                match name {
-                    Some(n) => out.push_str(n),
-                    None => {
-                        let _ = write!(out, "{other}");
-                    }
-                }
-            }
+        if !out.is_empty() {
+            out.push('.');
         }
+        out.push_str(&name);
     }
-    if out.is_empty() { ".".to_owned() } else { out }
+    out
 }
 
 /// What a MessagePack value is, by its first byte, for "invalid type" messages.

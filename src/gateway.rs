@@ -73,6 +73,14 @@ impl Gateway {
         self.ready.load(Relaxed)
     }
 
+    /// Swaps in `registry` and its models' `engines` as the running catalog (a registration, or a
+    /// change found in the schemas folder). Its views are listed in the stats from now on.
+    pub fn put_in_force(&self, registry: Arc<Registry>, engines: HashMap<String, Arc<Engine>>) {
+        self.telemetry.know_views(registry.views.keys());
+        self.catalog
+            .store(Arc::new(Catalog::new(registry, engines)));
+    }
+
     fn deadline(&self, started: Instant, deadline_ms: Option<u64>) -> Instant {
         let limit = self.config.limits.request_timeout;
         let d = deadline_ms.map_or(limit, |ms| Duration::from_millis(ms).min(limit));

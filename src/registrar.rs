@@ -26,7 +26,7 @@ use serde::Deserialize as _;
 use serde_json::json;
 
 use crate::error::ApiError;
-use crate::gateway::{Catalog, Gateway};
+use crate::gateway::Gateway;
 use crate::infer::Engine;
 use crate::proposal::{self, Edit};
 use crate::schema::{Kind, Registry, SchemaErrors};
@@ -242,9 +242,7 @@ fn apply(
         .filter(|w| !w.history)
         .map(|w| w.path.display().to_string())
         .collect();
-    gw.telemetry.know_views(registry.views.keys());
-    gw.catalog
-        .store(Arc::new(Catalog::new(Arc::new(registry), engines)));
+    gw.put_in_force(Arc::new(registry), engines);
     for c in &proposal.changes {
         tracing::info!(kind = c.kind.as_str(), name = %c.name, change = ?c.change, version = ?c.version, "schema registered");
     }
@@ -614,9 +612,7 @@ fn reload(
         .filter(|c| c.change != proposal::Verdict::Unchanged)
         .collect();
     let registry = Arc::new(proposal.registry);
-    gw.telemetry.know_views(registry.views.keys());
-    gw.catalog
-        .store(Arc::new(Catalog::new(registry.clone(), engines)));
+    gw.put_in_force(registry.clone(), engines);
     // A version kept before and now changed in place on disk no longer holds what that version
     // serves: dropped, so that the next registration over it keeps the text that ran.
     // One that holds the new text (written by another replica's registration of it) stays.

@@ -386,8 +386,13 @@ pub async fn run(
             }
         }
     }
-    let hydrant_pool =
-        Arc::new(Pool::new(&scenario.target)?.with_authorization(opts.authorization.clone()));
+    // Every pool sends the run's `Authorization`: the gateway's, the floor's and the stats sampler's.
+    let pool = |target: &TargetUrl| -> Result<Arc<Pool>, ExchangeError> {
+        Ok(Arc::new(
+            Pool::new(target)?.with_authorization(opts.authorization.clone()),
+        ))
+    };
+    let hydrant_pool = pool(&scenario.target)?;
     wait_ready(&hydrant_pool, scenario.ready_timeout, &cancel).await?;
     probe_model(&hydrant_pool, &scenario, &cancel).await?;
 
@@ -410,7 +415,7 @@ pub async fn run(
                     url
                 }
             };
-            let p = Arc::new(Pool::new(&url)?.with_authorization(opts.authorization.clone()));
+            let p = pool(&url)?;
             wait_ready(&p, scenario.ready_timeout, &cancel)
                 .await
                 .map_err(|e| match e {
@@ -444,8 +449,7 @@ pub async fn run(
     };
 
     let stop = Cancel::new();
-    let stats_pool =
-        Arc::new(Pool::new(&scenario.target)?.with_authorization(opts.authorization.clone()));
+    let stats_pool = pool(&scenario.target)?;
     let bound = scenario.planned_duration() * 2 + Duration::from_secs(600);
     let sampler = stats::spawn_sampler(
         stats_pool.clone(),

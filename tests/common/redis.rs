@@ -364,9 +364,7 @@ impl Sentinel {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
-}
 
-impl Sentinel {
     /// A command to the sentinel.
     pub fn cmd(&self, args: &[&str]) -> Result<Reply, String> {
         let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
