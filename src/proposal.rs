@@ -448,6 +448,14 @@ fn compare(
                         "the view's features or entity changed: a view whose stored records change shape needs a new version",
                     );
                     retyped = retyped_under_models(running, proposed, n);
+                } else if let (Some(n), Some(o)) = (n, o)
+                    && o.version != n.version
+                {
+                    // Same features, but a record is read only under the version it was written with.
+                    change.notes.push(format!(
+                        "records stored under version {} are served as DEFAULTED until their rows are written again: a record is read only under the version it was written with, even where the features are unchanged",
+                        o.version
+                    ));
                 }
                 (n.map(|v| v.version), o.map(|v| v.version), reshaped)
             }

@@ -121,6 +121,50 @@ async fn age(app: &TestApp, user: &str) -> (Json, String) {
     )
 }
 
+/// A new version with the same features still leaves the rows stored under the old one unread (a record is
+/// read under the version it was written with), and both the dry run and the registration say so.
+#[tokio::test]
+async fn a_version_bump_alone_says_its_stored_rows_are_served_as_defaults() {
+    let dir = copy_of_schemas();
+    let app = spawn(&dir, true).await;
+    let users = demo_rows("user_profile", "user_id");
+    let present = (users["u_5"]["age"].clone(), "PRESENT".to_owned());
+    assert_eq!(age(&app, "u_5").await, present);
+
+    let v2 = edit(
+        &edit(
+            &schema_file("user_profile.yaml"),
+            "version: 1",
+            "version: 2",
+        ),
+        "description: ",
+        "description: (v2) ",
+    );
+    let note = "records stored under version 1 are served as DEFAULTED until their rows are written again: a record is read only under the version it was written with, even where the features are unchanged";
+    let dry = app
+        .post(
+            "/v1/schemas:validate",
+            "application/yaml",
+            v2.as_bytes().to_vec(),
+        )
+        .await;
+    assert_eq!(
+        ok(&dry)["documents"],
+        json!([{"kind": "view", "name": "user_profile", "change": "changed", "version": 2, "running_version": 1,
+                "notes": [note]}])
+    );
+    let j = ok(&put(&app, "/v1/schemas/views/user_profile", &v2).await);
+    assert_eq!(j["registered"], true);
+    assert_eq!(j["documents"][0]["notes"], json!([note]));
+    assert_eq!(age(&app, "u_5").await, (json!(30), "DEFAULTED".to_owned()));
+
+    // A description edited at the same version changes nothing stored, and says nothing.
+    let v2b = edit(&v2, "description: (v2) ", "description: (v2b) ");
+    let j = ok(&put(&app, "/v1/schemas/views/user_profile", &v2b).await);
+    assert_eq!(j["documents"][0].get("notes"), None, "{j}");
+    app.stop().await;
+}
+
 #[tokio::test]
 async fn a_new_view_version_is_served_at_once_kept_and_rolled_back() {
     let dir = copy_of_schemas();
