@@ -7,6 +7,7 @@
 //! a request does not allocate its input.
 
 use crate::hydrate::Resolved;
+use crate::packed::ValueRef;
 use crate::schema::{Model, Slot, Source, Transform};
 use crate::value::Value;
 
@@ -51,8 +52,25 @@ pub fn assemble(
     buf.resize(rows * model.width, 0.0);
     defaulted.clear();
     defaulted.resize(model.slots.len(), false);
-    for (r, row) in buf.chunks_exact_mut(model.width).enumerate() {
+    let width = model.width;
+    for r in 0..rows {
+        let (done, todo) = buf.split_at_mut(r * width);
+        let row = &mut todo[..width];
+        // The slots of the context and of a view resolved once for all rows (the user of a ranking
+        // request) are the same in every row: written for the first, copied to the rest.
+        let first = (r > 0).then(|| &done[..width]);
         for (si, slot) in model.slots.iter().enumerate() {
+            let shared = match slot.source {
+                Source::View { view, .. } => views[view].len() == 1,
+                Source::Context { .. } => true,
+            };
+            if let Some(first) = first
+                && shared
+            {
+                let at = slot.offset..slot.offset + slot.width;
+                row[at.clone()].copy_from_slice(&first[at]);
+                continue;
+            }
             let raw = match slot.source {
                 Source::View { view, feature } => {
                     let per_view = &views[view];
@@ -61,9 +79,9 @@ pub fn assemble(
                     } else {
                         &per_view[r]
                     };
-                    resolved.found().map(|f| &f.values[feature])
+                    resolved.found().map(|f| f.values.get(feature))
                 }
-                Source::Context { index } => context[index].as_ref(),
+                Source::Context { index } => context[index].as_ref().map(ValueRef::from),
             };
             let out = &mut row[slot.offset..slot.offset + slot.width];
             match raw {
@@ -82,7 +100,7 @@ pub fn assemble(
                 _ => {}
             }
             defaulted[si] = true;
-            write_slot(slot, slot.fallback(), out);
+            write_slot(slot, slot.fallback().into(), out);
         }
     }
     Ok(())
@@ -95,7 +113,7 @@ pub fn fallback_row(model: &Model) -> Vec<f32> {
     for slot in &model.slots {
         write_slot(
             slot,
-            slot.fallback(),
+            slot.fallback().into(),
             &mut row[slot.offset..slot.offset + slot.width],
         );
     }
@@ -105,14 +123,14 @@ pub fn fallback_row(model: &Model) -> Vec<f32> {
 /// Whether `slot`'s fallback (its fill value, else its default) transforms to a number beyond float32.
 pub fn fallback_overflows(slot: &Slot) -> bool {
     let mut out = vec![0f32; slot.width];
-    write_slot(slot, slot.fallback(), &mut out);
+    write_slot(slot, slot.fallback().into(), &mut out);
     !out.iter().all(|x| x.is_finite())
 }
 
 /// Applies `slot`'s transforms to `value`, writing `slot.width` numbers into `out`.
-pub fn write_slot(slot: &Slot, value: &Value, out: &mut [f32]) {
+pub fn write_slot(slot: &Slot, value: ValueRef<'_>, out: &mut [f32]) {
     match value {
-        Value::Str(s) => {
+        ValueRef::Str(s) => {
             // Validation guarantees a one_hot or hash_bucket turns the string into numbers.
             let Some(at) = slot
                 .steps
@@ -125,7 +143,11 @@ pub fn write_slot(slot: &Slot, value: &Value, out: &mut [f32]) {
             match &slot.steps[at] {
                 Transform::OneHot { vocabulary } => {
                     for (o, word) in out.iter_mut().zip(vocabulary.iter()) {
-                        *o = if **word == **s { 1.0 } else { 0.0 };
+                        *o = if word.as_bytes() == s.as_bytes() {
+                            1.0
+                        } else {
+                            0.0
+                        };
                     }
                 }
                 Transform::HashBucket { buckets } => {
@@ -140,15 +162,15 @@ pub fn write_slot(slot: &Slot, value: &Value, out: &mut [f32]) {
                 }
             }
         }
-        Value::List(l) => {
+        ValueRef::List(l) => {
             for (o, x) in out.iter_mut().zip(l.iter()) {
-                *o = numeric(&slot.steps, f64::from(*x)) as f32;
+                *o = numeric(&slot.steps, f64::from(x)) as f32;
             }
         }
-        Value::Bool(b) => out[0] = numeric(&slot.steps, if *b { 1.0 } else { 0.0 }) as f32,
-        Value::Int(i) => out[0] = numeric(&slot.steps, *i as f64) as f32,
-        Value::Float(f) => out[0] = numeric(&slot.steps, *f) as f32,
-        Value::Null => out.fill(0.0),
+        ValueRef::Bool(b) => out[0] = numeric(&slot.steps, if b { 1.0 } else { 0.0 }) as f32,
+        ValueRef::Int(i) => out[0] = numeric(&slot.steps, i as f64) as f32,
+        ValueRef::Float(f) => out[0] = numeric(&slot.steps, f) as f32,
+        ValueRef::Null => out.fill(0.0),
     }
 }
 
@@ -189,7 +211,7 @@ mod tests {
 
     fn run(s: &Slot, v: Value) -> Vec<f32> {
         let mut out = vec![f32::NAN; s.width];
-        write_slot(s, &v, &mut out);
+        write_slot(s, (&v).into(), &mut out);
         out
     }
 

@@ -12,16 +12,16 @@ use moka::Expiry;
 use moka::notification::RemovalCause;
 
 use crate::clock::Clock;
+use crate::packed::Packed;
 use crate::schema::View;
 use crate::telemetry::ViewStats;
-use crate::value::Value;
 
 /// A decoded record as cached.
 #[derive(Debug)]
 pub struct Found {
     pub event_ts_ms: i64,
-    /// In the view's feature order, each already of its declared type or null.
-    pub values: Box<[Value]>,
+    /// In the view's feature order, each already of its declared type or null, packed in one allocation.
+    pub values: Packed,
 }
 
 /// What the cache holds for one key.
@@ -36,8 +36,8 @@ pub struct Entry {
     /// [`View::shape`] of the view the record was decoded for: a lookup for another shape of the view
     /// (after a registered change) is a miss.
     shape: u64,
-    /// How long moka keeps the entry: ttl + max_staleness, or negative_ttl.
-    keep: Duration,
+    /// How long moka keeps the entry, in milliseconds: ttl + max_staleness, or negative_ttl.
+    keep_ms: u64,
     weight: u32,
     /// The view's counters: the entry accounts itself in them when inserted and when removed.
     stats: Arc<ViewStats>,
@@ -57,12 +57,12 @@ impl Entry {
         } else {
             policy.negative_ttl
         };
-        // What the entry really costs in memory: every heap allocation as the allocator hands it out
-        // (rounded up to 16 bytes, plus a 16-byte header), plus moka's per-entry bookkeeping (its entry
-        // node, access-order and write-order deque nodes, timer-wheel node and key hash). Calibrated
-        // against resident memory with 1,000,000 cached demo users (scripts/bench-memory.sh) under glibc's
-        // allocator; under mimalloc, which has no per-allocation header, it is an upper bound (610 MiB
-        // estimated, 589 MiB measured), so `cache.max_bytes` errs on the safe side.
+        // What the entry really costs in memory: every heap allocation rounded up to 16 bytes, plus 16
+        // (a margin for the allocator's size classes), plus moka's per-entry bookkeeping (its entry node,
+        // access-order and write-order deque nodes, timer-wheel node, key hash and its share of the hash
+        // table). Calibrated against resident memory with 1,000,000 cached demo users
+        // (scripts/bench-memory.sh: 498 B per entity measured, 528 B estimated), so `cache.max_bytes`
+        // errs on the safe side.
         let alloc = |bytes: usize| {
             if bytes == 0 {
                 0
@@ -70,18 +70,8 @@ impl Entry {
                 bytes.div_ceil(16) * 16 + 16
             }
         };
-        let values: usize = found.as_ref().map_or(0, |f| {
-            alloc(f.values.len() * std::mem::size_of::<Value>())
-                + f.values
-                    .iter()
-                    .map(|v| match v {
-                        Value::Str(s) => alloc(s.len()),
-                        Value::List(l) => alloc(l.len() * 4),
-                        _ => 0,
-                    })
-                    .sum::<usize>()
-        });
-        const MOKA_PER_ENTRY: usize = 288;
+        let values = found.as_ref().map_or(0, |f| alloc(f.values.bytes()));
+        const MOKA_PER_ENTRY: usize = 320;
         let weight =
             alloc(key_len) + alloc(std::mem::size_of::<Entry>() + 16) + values + MOKA_PER_ENTRY;
         Self {
@@ -89,7 +79,8 @@ impl Entry {
             found,
             unreadable: false,
             shape: view.shape(),
-            keep,
+            // Rounded up: moka drops nothing the policy would still serve.
+            keep_ms: u64::try_from(keep.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX),
             weight: u32::try_from(weight).unwrap_or(u32::MAX),
             stats,
         }
@@ -130,7 +121,7 @@ struct Keep;
 
 impl Expiry<Box<str>, Arc<Entry>> for Keep {
     fn expire_after_create(&self, _: &Box<str>, v: &Arc<Entry>, _: Instant) -> Option<Duration> {
-        Some(v.keep)
+        Some(Duration::from_millis(v.keep_ms))
     }
     fn expire_after_update(
         &self,
@@ -139,7 +130,7 @@ impl Expiry<Box<str>, Arc<Entry>> for Keep {
         _: Instant,
         _: Option<Duration>,
     ) -> Option<Duration> {
-        Some(v.keep)
+        Some(Duration::from_millis(v.keep_ms))
     }
 }
 
@@ -229,6 +220,7 @@ mod tests {
     use super::*;
     use crate::schema::Registry;
     use crate::telemetry::Telemetry;
+    use crate::value::Value;
 
     #[test]
     fn the_cache_stays_within_its_byte_budget() {
@@ -240,7 +232,7 @@ mod tests {
         let cache = FeatureCache::new(budget, Clock::default());
         let found = || Found {
             event_ts_ms: 0,
-            values: vec![Value::Str("x".repeat(100).into()), Value::Int(1)].into_boxed_slice(),
+            values: Packed::new(&[Value::Str("x".repeat(100).into()), Value::Int(1)]),
         };
         let weight =
             Entry::new(0, Some(found()), view, 20, telemetry.view("user_profile")).weight();

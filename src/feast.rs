@@ -26,8 +26,9 @@ use crate::decode::{
 use crate::encode::BodyWriter;
 use crate::error::ApiError;
 use crate::hydrate::{Resolved, Status};
+use crate::packed::ValueRef;
 use crate::schema::{Registry, Source, View};
-use crate::value::{Dtype, Value};
+use crate::value::Dtype;
 
 /// Set to `true` on an answer that has values served stale, or none at all, because the store failed
 /// (Feast's statuses have no word for it).
@@ -270,11 +271,11 @@ pub enum FieldStatus {
 }
 
 /// One cell: the value (or `None` for null), its status and its event time.
-fn cell(resolved: &Resolved, feature: usize) -> (Option<&Value>, FieldStatus, i64) {
+fn cell(resolved: &Resolved, feature: usize) -> (Option<ValueRef<'_>>, FieldStatus, i64) {
     match resolved.status {
         Status::Present | Status::Stale => match resolved.found() {
-            Some(f) if !f.values[feature].is_null() => (
-                Some(&f.values[feature]),
+            Some(f) if !f.values.get(feature).is_null() => (
+                Some(f.values.get(feature)),
                 FieldStatus::Present,
                 f.event_ts_ms,
             ),
@@ -437,7 +438,9 @@ impl Serialize for Cells<'_, '_> {
             match self.1 {
                 Part::Value => match value {
                     // Stored rounded to float32 already, so this loses nothing.
-                    Some(Value::Float(f)) if col.float32 => seq.serialize_element(&(*f as f32))?,
+                    Some(ValueRef::Float(f)) if col.float32 => {
+                        seq.serialize_element(&(f as f32))?
+                    }
                     other => seq.serialize_element(&other)?,
                 },
                 Part::Status => seq.serialize_element(&status)?,

@@ -22,10 +22,10 @@ use crate::error::ApiError;
 use crate::feast::{OnlineBody, OnlineFeaturesRequest};
 use crate::hydrate::{Hydrated, Hydrator, Status};
 use crate::infer::Engine;
+use crate::packed::ValueRef;
 use crate::postprocess::{FeatureStatus, InputRows, Outputs, defaulted};
 use crate::schema::{Model, Registry, View};
 use crate::telemetry::{Laps, Stage, Telemetry, Timings};
-use crate::value::Value;
 
 /// What is registered and running: the compiled schemas and each model's engine. Registering a change
 /// builds a new catalog and swaps it in whole ([`crate::registrar`]); a request takes the catalog once
@@ -275,7 +275,7 @@ impl Gateway {
         let hydrated = self.hydrate(&lookups, deadline).await;
         t.set(Stage::Hydrate, laps.lap());
 
-        let mut columns: Vec<(String, Column)> = Vec::new();
+        let mut columns: Vec<(String, Column<'_>)> = Vec::new();
         for ((view, _, wanted), resolved) in plan.views.iter().zip(&hydrated.views) {
             for &fi in wanted {
                 let feature = &view.features[fi];
@@ -285,12 +285,10 @@ impl Gateway {
                     float32: feature.dtype == crate::value::Dtype::Float32,
                 };
                 for r in resolved {
-                    let (v, st) = match r.found() {
-                        Some(f) if !f.values[fi].is_null() => {
-                            (f.values[fi].clone(), r.status.into())
-                        }
-                        Some(_) => (feature.default.clone(), FeatureStatusName::NullValue),
-                        None => (feature.default.clone(), r.status.into()),
+                    let (v, st) = match r.found().map(|f| f.values.get(fi)) {
+                        Some(v) if !v.is_null() => (v, r.status.into()),
+                        Some(_) => ((&feature.default).into(), FeatureStatusName::NullValue),
+                        None => ((&feature.default).into(), r.status.into()),
                     };
                     col.values.push(v);
                     col.statuses.push(st);
@@ -377,15 +375,15 @@ impl From<Status> for FeatureStatusName {
     }
 }
 
-struct Column {
-    values: Vec<Value>,
+struct Column<'a> {
+    values: Vec<ValueRef<'a>>,
     statuses: Vec<FeatureStatusName>,
     /// The feature is float32: its values are written as float32 (`2.893027`, not the float64 digits
     /// of the same number, `2.8930270671844482`).
     float32: bool,
 }
 
-impl Serialize for Column {
+impl Serialize for Column<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
         let mut st = s.serialize_struct("Column", 2)?;
@@ -399,16 +397,16 @@ impl Serialize for Column {
     }
 }
 
-struct Float32Values<'a>(&'a [Value]);
+struct Float32Values<'a, 'b>(&'a [ValueRef<'b>]);
 
-impl Serialize for Float32Values<'_> {
+impl Serialize for Float32Values<'_, '_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeSeq;
         let mut seq = s.serialize_seq(Some(self.0.len()))?;
         for v in self.0 {
             match v {
                 // Stored rounded to float32 already, so this loses nothing.
-                Value::Float(f) => seq.serialize_element(&(*f as f32))?,
+                ValueRef::Float(f) => seq.serialize_element(&(*f as f32))?,
                 other => seq.serialize_element(other)?,
             }
         }
@@ -416,9 +414,9 @@ impl Serialize for Float32Values<'_> {
     }
 }
 
-struct ColumnsBody<'a>(&'a [(String, Column)]);
+struct ColumnsBody<'a, 'b>(&'a [(String, Column<'b>)]);
 
-impl Serialize for ColumnsBody<'_> {
+impl Serialize for ColumnsBody<'_, '_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
         let mut m = s.serialize_map(Some(self.0.len()))?;

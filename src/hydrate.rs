@@ -28,6 +28,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::cache::{Entry, FeatureCache, Found, Lookup};
+use crate::packed::Packed;
 use crate::prefetch::HotKeys;
 use crate::schema::View;
 use crate::store::{Invalidation, Store, StoreError, write_key};
@@ -611,7 +612,7 @@ pub fn decode_record(view: &View, bytes: &[u8]) -> Result<Found, String> {
     }
     Ok(Found {
         event_ts_ms: record.event_ts_ms,
-        values: values.into_boxed_slice(),
+        values: Packed::new(&values),
     })
 }
 
@@ -722,7 +723,7 @@ mod tests {
     }
 
     fn age(h: &Hydrated, i: usize) -> Option<Value> {
-        h.views[0][i].found().map(|f| f.values[0].clone())
+        h.views[0][i].found().map(|f| f.values.get(0).to_value())
     }
 
     fn soon() -> Instant {

@@ -28,7 +28,7 @@
 //! - [`prefetch`]: warming the cache ahead of requests: the prefetch API, hot-key sampling, warm start.
 //! - [`store`]: the storage backends (Redis, embedded redb file) behind the `Store` trait, and the
 //!   invalidations replicas send each other through it; [`value`]: feature values and the stored record
-//!   format.
+//!   format; [`packed`]: a cached record's values, packed in one allocation.
 //! - [`schema`]: the schema registry: parsing, validation and compilation of entities, views and models;
 //!   [`proposal`]: a proposed change checked against the running registry (`POST /v1/schemas:validate`);
 //!   [`registrar`]: registering changes while serving, with kept versions and rollback.
@@ -59,6 +59,7 @@ pub mod loader;
 pub mod middleware;
 pub mod observe;
 pub mod oip;
+pub mod packed;
 pub mod postprocess;
 pub mod prefetch;
 pub mod proposal;

@@ -314,7 +314,10 @@ async fn concurrent_misses_of_one_key_share_one_store_read() {
     for r in results {
         let resolved = &r.views[0][0];
         assert_eq!(resolved.status, Status::Present);
-        assert_eq!(resolved.found().expect("found").values[0], Value::Int(want));
+        assert_eq!(
+            resolved.found().expect("found").values.get(0).to_value(),
+            Value::Int(want)
+        );
     }
 }
 
