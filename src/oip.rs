@@ -223,7 +223,7 @@ async fn run_infer(
     let width = engine.model().width;
     if req.inputs.len() != 1 {
         return Err(bad(format!(
-            "the model takes exactly one input, `{}`; got {}",
+            "inputs: the model takes exactly one input, `{}`; got {}",
             info.input_name,
             req.inputs.len()
         )));
@@ -231,19 +231,19 @@ async fn run_infer(
     let input = &req.inputs[0];
     if input.name != info.input_name {
         return Err(bad(format!(
-            "unknown input `{}`: the model takes `{}`",
+            "inputs[0].name: unknown input `{}`: the model takes `{}`",
             input.name, info.input_name
         )));
     }
     if !DATATYPES.contains(&input.datatype.as_str()) {
         return Err(bad(format!(
-            "`{}` is not a datatype of the protocol",
+            "inputs[0].datatype: `{}` is not a datatype of the protocol",
             input.datatype
         )));
     }
     if input.datatype != "FP32" {
         return Err(bad(format!(
-            "input `{}` is FP32; got {}",
+            "inputs[0].datatype: input `{}` is FP32; got {}",
             input.name, input.datatype
         )));
     }
@@ -252,20 +252,20 @@ async fn run_infer(
         [n, w] if *w == width as i64 && *n >= 1 => usize::try_from(*n).unwrap_or(usize::MAX),
         [_, w] if *w != width as i64 => {
             return Err(bad(format!(
-                "input `{}` has shape [batch, {width}]; got {:?}",
+                "inputs[0].shape: input `{}` has shape [batch, {width}]; got {:?}",
                 input.name, input.shape
             )));
         }
         _ => {
             return Err(bad(format!(
-                "input `{}` has shape [batch, {width}] with batch >= 1; got {:?}",
+                "inputs[0].shape: input `{}` has shape [batch, {width}] with batch >= 1; got {:?}",
                 input.name, input.shape
             )));
         }
     };
     if rows > max_rows {
         return Err(bad(format!(
-            "{rows} rows is more than the limit of {max_rows} (limits.max_candidates)"
+            "inputs[0].shape[0]: {rows} rows is more than the limit of {max_rows} (limits.max_candidates)"
         )));
     }
     // Every check that needs no buffer comes before one is taken from the pool.
@@ -285,7 +285,7 @@ async fn run_infer(
         }
         Some(outs) => {
             let mut v = Vec::with_capacity(outs.len());
-            for o in outs {
+            for (j, o) in outs.iter().enumerate() {
                 let i = info
                     .outputs
                     .iter()
@@ -293,13 +293,16 @@ async fn run_infer(
                     .ok_or_else(|| {
                         let names: Vec<_> = info.outputs.iter().map(|x| x.name.as_str()).collect();
                         bad(format!(
-                            "unknown output `{}` (outputs: {})",
+                            "outputs[{j}].name: unknown output `{}` (outputs: {})",
                             o.name,
                             names.join(", ")
                         ))
                     })?;
                 if v.contains(&i) {
-                    return Err(bad(format!("output `{}` is requested twice", o.name)));
+                    return Err(bad(format!(
+                        "outputs[{j}].name: output `{}` is requested twice",
+                        o.name
+                    )));
                 }
                 v.push(i);
             }
@@ -311,13 +314,13 @@ async fn run_infer(
     buf.clear();
     if let Err(e) = flatten(&input.data, &mut buf, expected, width) {
         engine.give_buffer(buf);
-        return Err(bad(format!("input `{}` data: {e}", input.name)));
+        return Err(bad(format!("inputs[0].data: input `{}`: {e}", input.name)));
     }
     if buf.len() != expected {
         let n = buf.len();
         engine.give_buffer(buf);
         return Err(bad(format!(
-            "input `{}` has {n} elements; shape {:?} needs {expected}",
+            "inputs[0].data: input `{}` has {n} elements; shape {:?} needs {expected}",
             input.name, input.shape
         )));
     }

@@ -247,7 +247,7 @@ async fn v2_infer_rejects_bad_tensors_with_the_reason() {
         (
             "wrong shape",
             json!({"inputs": [{"name": "features", "shape": [1, 26], "datatype": "FP32", "data": vec![0.5f32; 26]}]}),
-            "[batch, 27]",
+            "inputs[0].shape: input `features` has shape [batch, 27]; got [1, 26]",
         ),
         (
             "rank 1",
@@ -262,7 +262,7 @@ async fn v2_infer_rejects_bad_tensors_with_the_reason() {
         (
             "wrong datatype",
             json!({"inputs": [{"name": "features", "shape": [1, 27], "datatype": "INT64", "data": row}]}),
-            "FP32",
+            "inputs[0].datatype: input `features` is FP32; got INT64",
         ),
         (
             "unknown datatype",
@@ -272,7 +272,7 @@ async fn v2_infer_rejects_bad_tensors_with_the_reason() {
         (
             "too few elements",
             json!({"inputs": [{"name": "features", "shape": [2, 27], "datatype": "FP32", "data": row}]}),
-            "needs 54",
+            "inputs[0].data: input `features` has 27 elements; shape [2, 27] needs 54",
         ),
         (
             "too many elements",
@@ -282,7 +282,7 @@ async fn v2_infer_rejects_bad_tensors_with_the_reason() {
         (
             "unknown input",
             json!({"inputs": [{"name": "x", "shape": [1, 27], "datatype": "FP32", "data": row}]}),
-            "unknown input `x`",
+            "inputs[0].name: unknown input `x`",
         ),
         (
             "a string element",
@@ -312,7 +312,7 @@ async fn v2_infer_rejects_bad_tensors_with_the_reason() {
         (
             "an output asked for twice",
             json!({"inputs": [{"name": "features", "shape": [1, 27], "datatype": "FP32", "data": row}], "outputs": [{"name": "score"}, {"name": "score"}]}),
-            "requested twice",
+            "outputs[1].name: output `score` is requested twice",
         ),
         (
             "out of float32 range",
@@ -406,7 +406,7 @@ async fn v2_infer_rejects_bad_tensors_with_the_reason() {
     assert!(r.body.len() < 6_000, "{} bytes", r.body.len());
     let e = r.json()["error"].as_str().unwrap_or_default().to_owned();
     assert!(
-        e.starts_with("unknown input `xxx") && e.ends_with(" more bytes)"),
+        e.starts_with("inputs[0].name: unknown input `xxx") && e.ends_with(" more bytes)"),
         "{}",
         &e[..100.min(e.len())]
     );
