@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use serde_json::{Map, Value as Json, json};
 
 use crate::gateway::Gateway;
-use crate::telemetry::{BUCKETS_S, Histogram, ROW_BUCKETS, Stage, WINDOW_S};
+use crate::telemetry::{BUCKETS_S, Histogram, ROW_BUCKETS, Stage};
 
 fn esc(v: &str) -> String {
     v.replace('\\', "\\\\")
@@ -394,6 +394,11 @@ fn ratio(a: u64, b: u64) -> f64 {
     if b == 0 { 0.0 } else { a as f64 / b as f64 }
 }
 
+/// Seconds to the millisecond.
+fn millis(s: f64) -> f64 {
+    (s * 1000.0).round() / 1000.0
+}
+
 /// The `/v1/stats` document.
 pub fn stats(gw: &Gateway) -> Json {
     let t = &gw.telemetry;
@@ -426,6 +431,7 @@ pub fn stats(gw: &Gateway) -> Json {
                 "rejected": rejected,
                 "rows": m.rows.load(Relaxed),
                 "rps": recent as f64 / span,
+                "window_s": millis(span),
                 "error_rate": ratio(errors, requests + errors + rejected),
                 "queue_depth": catalog.engines.get(&name).map_or(0, |e| e.queue_depth()),
                 "shed": {
@@ -483,7 +489,7 @@ pub fn stats(gw: &Gateway) -> Json {
     let inv = &t.invalidation;
     json!({
         "uptime_s": t.uptime_s(),
-        "window_s": WINDOW_S,
+        "window_s": millis(t.window_s()),
         "store": gw.hydrator.store().backend(),
         "stores": stores,
         "prefetch": {

@@ -292,8 +292,19 @@ pub fn percentiles(hs: &[&FineHistogram], qs: &[f64]) -> Vec<u64> {
 /// window always holds at least the last minute (60 to 70 s of it; the rate divides by the span held).
 pub const SLOT_S: u64 = 10;
 pub const SLOTS: usize = 7;
-/// The least the window covers once it has filled: what `/v1/stats` reports as `window_s`.
+/// The least the window covers once it has filled.
 pub const WINDOW_S: u64 = SLOT_S * (SLOTS as u64 - 1);
+
+/// The seconds a window started at `start` holds now: from the start of its oldest live slot (or from
+/// `start`, in its first minute) to now. `/v1/stats` reports it as `window_s`.
+pub fn window_span_s(start: std::time::Instant) -> f64 {
+    let elapsed = start.elapsed();
+    // Slots are numbered from 1 (see `Window::epoch`); the live ones are the current one and the six
+    // before it, so the oldest starts SLOTS slots before the current number.
+    let epoch = elapsed.as_secs() / SLOT_S + 1;
+    let oldest = epoch.saturating_sub(SLOTS as u64);
+    (elapsed.as_secs_f64() - (oldest * SLOT_S) as f64).max(1e-3)
+}
 
 /// One slot of the window: stage and total latencies, request and row counts.
 #[derive(Debug, Default)]
@@ -378,10 +389,7 @@ impl Window {
     /// the process) to now.
     pub fn requests(&self) -> (u64, f64) {
         let n = self.live().map(|s| s.requests.load(Relaxed)).sum();
-        let elapsed = self.start.elapsed().as_secs_f64();
-        let oldest = self.epoch().saturating_sub(SLOTS as u64);
-        let span = elapsed - (oldest * SLOT_S) as f64;
-        (n, span.max(1e-3))
+        (n, window_span_s(self.start))
     }
 }
 
@@ -683,6 +691,11 @@ impl Telemetry {
         self.started.0.elapsed().as_secs_f64()
     }
 
+    /// The seconds the recent windows of the models served since start-up hold ([`window_span_s`]).
+    pub fn window_s(&self) -> f64 {
+        window_span_s(self.started.0)
+    }
+
     /// The round-trip counters of a store backend, created on first use.
     pub fn store(&self, backend: &'static str) -> Arc<StoreStats> {
         if let Some(s) = self.stores.read().get(backend) {
@@ -782,6 +795,24 @@ mod tests {
         let (n, span) = w.requests();
         assert_eq!(n, 61);
         assert!((61.0..62.0).contains(&span), "{span}");
+    }
+
+    /// In its first minute a window holds the time since it started; after that, 60 to 70 s.
+    #[test]
+    fn a_window_spans_its_age_then_60_to_70_seconds() {
+        let now = std::time::Instant::now();
+        for (age, want) in [
+            (30, 30.0..31.0),
+            (65, 65.0..66.0),
+            (75, 65.0..66.0),
+            (129, 69.0..70.0),
+        ] {
+            let Some(start) = now.checked_sub(std::time::Duration::from_secs(age)) else {
+                return; // a clock too close to its origin
+            };
+            let span = window_span_s(start);
+            assert!(want.contains(&span), "{age} s: {span}");
+        }
     }
 
     /// V2 infer has no hydrate, assemble or postprocess: they are not observed (as 0) for it.
