@@ -27,7 +27,7 @@ struct Cli {
 enum Command {
     /// Run a scenario and write <out-dir>/<scenario>.json and .html.
     Run(RunArgs),
-    /// Serve the floor: a bare axum server answering predict with a fixed body.
+    /// Serve the floor: the cheapest server on hydrant's own HTTP stack, answering predict with a fixed body.
     Floor {
         /// Address to listen on (loopback only), e.g. 127.0.0.1:9100.
         #[arg(long)]

@@ -455,7 +455,7 @@ pub struct Candidates {
     pub distinct: bool,
 }
 
-/// The floor: a bare axum server driven with the same mix, for comparison.
+/// The floor: the cheapest server on hydrant's own HTTP stack, driven with the same mix, for comparison.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Floor {
     /// An already running floor (`loadtest floor`); `None` spawns one in-process.

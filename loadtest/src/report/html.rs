@@ -268,7 +268,7 @@ pub fn render(r: &RunResult) -> String {
     if r.floor.is_some() {
         let _ = write!(
             out,
-            "<p class=\"note\">Floor: a bare axum server answering a fixed body, driven with the same mix and load shape (hydrant half / floor / hydrant half). Throughput ratio {} (hydrant {} / floor {}).</p>",
+            "<p class=\"note\">Floor: the cheapest server on hydrant's own HTTP stack, answering a fixed body, driven with the same mix and load shape (hydrant half / floor / hydrant half). Throughput ratio {} (hydrant {} / floor {}).</p>",
             fmt_ratio(r.ratio_to_floor),
             r.max_rps
                 .or(Some(h.achieved_rps))
