@@ -61,6 +61,8 @@ pub struct Rejected {
 #[derive(Debug, Default)]
 pub struct Report {
     pub written: usize,
+    /// Rows before the load's first line (`--from-line`), read past and not written.
+    pub skipped: usize,
     /// The first [`MAX_LISTED_REJECTS`] rejected rows, in file order.
     pub rejected: Vec<Rejected>,
     /// All rejected rows, listed or not.
@@ -308,11 +310,14 @@ pub async fn load<R: BufRead>(
     store: &dyn Store,
 ) -> anyhow::Result<Report> {
     let never = std::sync::atomic::AtomicBool::new(false);
-    load_until(view, prefix, reader, csv, limits, store, &never).await
+    load_until(view, prefix, reader, csv, limits, store, 1, &never).await
 }
 
-/// [`load`], stopping at the next row once `stop` is set (Ctrl-C, SIGTERM): the batches in flight are
-/// finished and the report says where it stopped.
+/// [`load`] from the row that starts on line `from_line` on (the rows before it are read past, neither
+/// checked nor written: a load resumed where an earlier one's writes timed out), stopping at the next
+/// row once `stop` is set (Ctrl-C, SIGTERM): the batches in flight are finished and the report says
+/// where it stopped.
+#[allow(clippy::too_many_arguments)]
 pub async fn load_until<R: BufRead>(
     view: &View,
     prefix: &str,
@@ -320,6 +325,7 @@ pub async fn load_until<R: BufRead>(
     csv: bool,
     limits: &LimitsConfig,
     store: &dyn Store,
+    from_line: usize,
     stop: &std::sync::atomic::AtomicBool,
 ) -> anyhow::Result<Report> {
     let now = crate::value::now_ms();
@@ -348,6 +354,10 @@ pub async fn load_until<R: BufRead>(
             break;
         }
         last_read = line;
+        if line < from_line {
+            report.skipped += 1;
+            continue;
+        }
         match parsed.and_then(|m| parse_row(view, prefix, &m, now, limits).map_err(String::from)) {
             Ok((k, record)) => {
                 if batch.writes.is_empty() {
@@ -1254,6 +1264,7 @@ mod tests {
             false,
             &LimitsConfig::default(),
             &store,
+            1,
             &stop,
         )
         .await

@@ -51,6 +51,10 @@ enum Command {
         /// Files to load.
         #[arg(required = true)]
         files: Vec<PathBuf>,
+        /// Start at the row that begins on this line of the file (one file only), as a load whose
+        /// writes timed out says to: the rows before it are read past, not checked or written.
+        #[arg(long, value_name = "LINE")]
+        from_line: Option<usize>,
     },
 }
 
@@ -124,7 +128,21 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        Command::Load { view, files } => rt.block_on(async {
+        Command::Load {
+            view,
+            files,
+            from_line,
+        } => rt.block_on(async {
+            if from_line == Some(0) {
+                anyhow::bail!("--from-line: lines are numbered from 1 (nothing was loaded)");
+            }
+            if from_line.is_some() && files.len() > 1 {
+                anyhow::bail!(
+                    "--from-line names a line of one file, and {} files were given: load the others separately (nothing was loaded)",
+                    files.len()
+                );
+            }
+            let from_line = from_line.unwrap_or(1);
             let registry = Registry::load_dir(&config.registry.schemas, &config.registry.models)?;
             let v = registry.views.get(&view).ok_or_else(|| {
                 let known = hydrant::schema::known_names(registry.views.keys().map(String::as_str));
@@ -204,6 +222,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     hydrant::loader::is_csv(&file),
                     &config.limits,
                     store.as_ref(),
+                    from_line,
                     &stop,
                 )
                 .await
@@ -245,10 +264,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     not_written.into_iter().partition(|b| b.partial);
                 if !unconfirmed.is_empty() {
                     eprintln!(
-                        "{}: {} batch(es) timed out (store.redis.write_timeout): they may still be applied, so later rows of their keys were not sent. Once Redis answers in time, load the file again from line {} on: that writes each key's last row last",
+                        "{}: {} batch(es) timed out (store.redis.write_timeout): they may still be applied, so later rows of their keys were not sent. Once Redis answers in time, load the file again from line {} on (hydrant load --view {view} --from-line {} {}): that writes each key's last row last",
                         file.display(),
                         unconfirmed.len(),
-                        unconfirmed[0].first_line
+                        unconfirmed[0].first_line,
+                        unconfirmed[0].first_line,
+                        file.display()
                     );
                 }
                 if report.unannounced > 0 {
@@ -267,8 +288,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         rows(&partial)
                     )
                 };
+                let skipped = if report.skipped > 0 {
+                    format!(" ({} rows before line {from_line} skipped)", report.skipped)
+                } else {
+                    String::new()
+                };
                 println!(
-                    "{}: {} rows written to view `{view}`, {} rejected, {} not written, {} not confirmed{partial}",
+                    "{}: {} rows written to view `{view}`, {} rejected, {} not written, {} not confirmed{partial}{skipped}",
                     file.display(),
                     report.written,
                     report.rejected_rows,

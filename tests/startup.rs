@@ -455,6 +455,86 @@ fn a_bad_csv_header_in_a_later_file_loads_nothing() {
     );
 }
 
+/// `--from-line` resumes a load where an earlier one's writes timed out: the rows before the line are
+/// read past (a bad one among them is not reported), the rest are written. It names a line of one file.
+#[test]
+fn a_load_resumed_from_a_line_writes_only_the_rows_from_it_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rows = dir.path().join("rows.jsonl");
+    std::fs::write(
+        &rows,
+        "{\"user_id\": \"u_a\", \"age\": 1}\n{\"user_id\": \"u_b\", \"age\": \"not a number\"}\n{\"user_id\": \"u_c\", \"age\": 3}\n{\"user_id\": \"u_d\", \"age\": \"bad too\"}\n",
+    )
+    .expect("write");
+    let store = dir.path().join("s.redb");
+    let load = |extra: &[&str]| {
+        hydrant(&root())
+            .env("HYDRANT_STORE__EMBEDDED__PATH", &store)
+            .args(["load", "--view", "user_profile"])
+            .args(extra)
+            .arg(&rows)
+            .output()
+            .expect("runs")
+    };
+    let out = load(&["--from-line", "3"]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "line 4 is still bad: {said} {err}"
+    );
+    assert!(
+        said.contains("1 rows written to view `user_profile`, 1 rejected")
+            && said.contains("(2 rows before line 3 skipped)"),
+        "{said}"
+    );
+    assert!(
+        err.contains("rows.jsonl:4: rejected") && !err.contains("rows.jsonl:2:"),
+        "{err}"
+    );
+    // From the first line, the whole file, as without the flag.
+    let out = load(&["--from-line", "1"]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("2 rows written to view `user_profile`, 2 rejected")
+            && !said.contains("skipped"),
+        "{said}"
+    );
+
+    let err = fails(
+        hydrant(&root())
+            .env(
+                "HYDRANT_STORE__EMBEDDED__PATH",
+                dir.path().join("other.redb"),
+            )
+            .args(["load", "--view", "user_profile", "--from-line", "0"])
+            .arg(&rows),
+    );
+    assert!(
+        err.contains("--from-line: lines are numbered from 1"),
+        "{err}"
+    );
+    let err = fails(
+        hydrant(&root())
+            .env(
+                "HYDRANT_STORE__EMBEDDED__PATH",
+                dir.path().join("other.redb"),
+            )
+            .args(["load", "--view", "user_profile", "--from-line", "3"])
+            .arg(&rows)
+            .arg(&rows),
+    );
+    assert!(
+        err.contains("--from-line names a line of one file, and 2 files were given"),
+        "{err}"
+    );
+    assert!(
+        !dir.path().join("other.redb").exists(),
+        "nothing was opened"
+    );
+}
+
 /// A compressed data file is refused by name before anything is opened, the store included, rather
 /// than read as text and refused line by line as "not UTF-8".
 #[test]
