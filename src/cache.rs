@@ -57,23 +57,18 @@ impl Entry {
         } else {
             policy.negative_ttl
         };
-        // What the entry really costs in memory: every heap allocation rounded up to 16 bytes, plus 16
-        // (a margin for the allocator's size classes), plus moka's per-entry bookkeeping (its entry node,
-        // access-order and write-order deque nodes, timer-wheel node, key hash and its share of the hash
-        // table). Calibrated against resident memory with 1,000,000 cached demo users
-        // (scripts/bench-memory.sh: 498 B per entity measured, 528 B estimated), so `cache.max_bytes`
+        // What the entry really costs in memory: every heap allocation at the size the allocator hands
+        // out ([`allocated`]), plus moka's per-entry bookkeeping (its entry node, access-order and
+        // write-order deque nodes, timer-wheel node, key hash and its share of the hash table), with a
+        // margin. Calibrated against resident memory with 1,000,000 cached demo users
+        // (scripts/bench-memory.sh: 533 B per entity measured, 544 B estimated), so `cache.max_bytes`
         // errs on the safe side.
-        let alloc = |bytes: usize| {
-            if bytes == 0 {
-                0
-            } else {
-                bytes.div_ceil(16) * 16 + 16
-            }
-        };
-        let values = found.as_ref().map_or(0, |f| alloc(f.values.bytes()));
-        const MOKA_PER_ENTRY: usize = 320;
-        let weight =
-            alloc(key_len) + alloc(std::mem::size_of::<Entry>() + 16) + values + MOKA_PER_ENTRY;
+        let values = found.as_ref().map_or(0, |f| allocated(f.values.bytes()));
+        const MOKA_PER_ENTRY: usize = 384;
+        let weight = allocated(key_len)
+            + allocated(std::mem::size_of::<Entry>() + 16)
+            + values
+            + MOKA_PER_ENTRY;
         Self {
             fetched_at_ms,
             found,
@@ -102,6 +97,21 @@ impl Entry {
 
     pub fn weight(&self) -> u32 {
         self.weight
+    }
+}
+
+/// The bytes an allocation of `bytes` takes from mimalloc: up to 64 bytes, a multiple of 8; above, four
+/// size classes per doubling (a request of 1,037 bytes gets a block of 1,280). A packed record is one
+/// allocation, so a large one lands in a coarse class, and the weight must count the class.
+fn allocated(bytes: usize) -> usize {
+    match bytes {
+        0 => 0,
+        1..=64 => bytes.div_ceil(8) * 8,
+        _ => {
+            // Within (2^k, 2^(k+1)], classes are 2^(k-2) apart.
+            let step = bytes.next_power_of_two() / 8;
+            bytes.div_ceil(step) * step
+        }
     }
 }
 
@@ -221,6 +231,27 @@ mod tests {
     use crate::schema::Registry;
     use crate::telemetry::Telemetry;
     use crate::value::Value;
+
+    #[test]
+    fn allocations_are_weighed_at_the_allocators_size_classes() {
+        for (asked, got) in [
+            (0, 0),
+            (1, 8),
+            (55, 56),
+            (64, 64),
+            (65, 80),
+            (80, 80),
+            (81, 96),
+            (129, 160),
+            (324, 384),
+            (1024, 1024),
+            (1037, 1280),
+            (1281, 1536),
+            (4097, 5120),
+        ] {
+            assert_eq!(allocated(asked), got, "{asked} bytes");
+        }
+    }
 
     #[test]
     fn the_cache_stays_within_its_byte_budget() {

@@ -273,15 +273,13 @@ pub enum FieldStatus {
 /// One cell: the value (or `None` for null), its status and its event time.
 fn cell(resolved: &Resolved, feature: usize) -> (Option<ValueRef<'_>>, FieldStatus, i64) {
     match resolved.status {
-        Status::Present | Status::Stale => match resolved.found() {
-            Some(f) if !f.values.get(feature).is_null() => (
-                Some(f.values.get(feature)),
-                FieldStatus::Present,
-                f.event_ts_ms,
-            ),
-            Some(f) => (None, FieldStatus::NullValue, f.event_ts_ms),
-            None => (None, FieldStatus::NotFound, 0),
-        },
+        Status::Present | Status::Stale => {
+            match resolved.found().map(|f| (f.values.get(feature), f)) {
+                Some((v, f)) if !v.is_null() => (Some(v), FieldStatus::Present, f.event_ts_ms),
+                Some((_, f)) => (None, FieldStatus::NullValue, f.event_ts_ms),
+                None => (None, FieldStatus::NotFound, 0),
+            }
+        }
         Status::NotFound => (None, FieldStatus::NotFound, 0),
         // `found()` is for values to serve; the record is still there, and its time made it too old.
         Status::OutsideMaxAge => {

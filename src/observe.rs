@@ -404,6 +404,9 @@ pub fn stats(gw: &Gateway) -> Json {
     let t = &gw.telemetry;
     let catalog = gw.catalog.load();
     let mut models = Map::new();
+    // The longest of the models' windows (those loaded at start-up began with it, give or take their
+    // load); the process's own age before any model is loaded.
+    let mut window_s: Option<f64> = None;
     for (name, m) in t.models() {
         let p = m.window.stage_percentiles();
         let mut stages = Map::new();
@@ -420,6 +423,7 @@ pub fn stats(gw: &Gateway) -> Json {
             json!({"p50_us": p50, "p95_us": p95, "p99_us": p99}),
         );
         let (recent, span) = m.window.requests();
+        window_s = Some(window_s.map_or(span, |w| w.max(span)));
         let requests = m.requests.load(Relaxed);
         let errors = m.errors.load(Relaxed);
         let rejected = m.rejected.load(Relaxed);
@@ -489,7 +493,7 @@ pub fn stats(gw: &Gateway) -> Json {
     let inv = &t.invalidation;
     json!({
         "uptime_s": t.uptime_s(),
-        "window_s": millis(t.window_s()),
+        "window_s": millis(window_s.unwrap_or_else(|| t.window_s())),
         "store": gw.hydrator.store().backend(),
         "stores": stores,
         "prefetch": {

@@ -44,8 +44,8 @@ impl Packed {
         let n = values.len();
         let tail: usize = values.iter().map(|v| encoding(v).1).sum();
         let slots = HEAD + n;
-        let mut out = vec![0u8; slots + 4 * n];
-        out.reserve_exact(tail);
+        let mut out = Vec::with_capacity(slots + 4 * n + tail);
+        out.resize(slots + 4 * n, 0u8);
         out[..HEAD].copy_from_slice(&u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes());
         for (i, v) in values.iter().enumerate() {
             let (tag, _) = encoding(v);

@@ -295,10 +295,15 @@ pub const SLOTS: usize = 7;
 /// The least the window covers once it has filled.
 pub const WINDOW_S: u64 = SLOT_S * (SLOTS as u64 - 1);
 
-/// The seconds a window started at `start` holds now: from the start of its oldest live slot (or from
-/// `start`, in its first minute) to now. `/v1/stats` reports it as `window_s`.
+/// The seconds a window started at `start` holds now ([`span_after`]). `/v1/stats` reports it as
+/// `window_s`.
 pub fn window_span_s(start: std::time::Instant) -> f64 {
-    let elapsed = start.elapsed();
+    span_after(start.elapsed())
+}
+
+/// The seconds a window holds `elapsed` after it started: from the start of its oldest live slot (or
+/// from its start, in its first minute) to now.
+fn span_after(elapsed: std::time::Duration) -> f64 {
     // Slots are numbered from 1 (see `Window::epoch`); the live ones are the current one and the six
     // before it, so the oldest starts SLOTS slots before the current number.
     let epoch = elapsed.as_secs() / SLOT_S + 1;
@@ -691,7 +696,7 @@ impl Telemetry {
         self.started.0.elapsed().as_secs_f64()
     }
 
-    /// The seconds the recent windows of the models served since start-up hold ([`window_span_s`]).
+    /// The seconds a window started with the process would hold now ([`window_span_s`]).
     pub fn window_s(&self) -> f64 {
         window_span_s(self.started.0)
     }
@@ -800,18 +805,16 @@ mod tests {
     /// In its first minute a window holds the time since it started; after that, 60 to 70 s.
     #[test]
     fn a_window_spans_its_age_then_60_to_70_seconds() {
-        let now = std::time::Instant::now();
-        for (age, want) in [
-            (30, 30.0..31.0),
-            (65, 65.0..66.0),
-            (75, 65.0..66.0),
-            (129, 69.0..70.0),
+        for (age_ms, want) in [
+            (0, 0.001),
+            (30_500, 30.5),
+            (65_000, 65.0),
+            (70_000, 60.0),
+            (75_250, 65.25),
+            (129_999, 69.999),
         ] {
-            let Some(start) = now.checked_sub(std::time::Duration::from_secs(age)) else {
-                return; // a clock too close to its origin
-            };
-            let span = window_span_s(start);
-            assert!(want.contains(&span), "{age} s: {span}");
+            let span = span_after(std::time::Duration::from_millis(age_ms));
+            assert!((span - want).abs() < 1e-9, "{age_ms} ms: {span}");
         }
     }
 
