@@ -125,11 +125,6 @@ impl Packed {
     pub fn iter(&self) -> impl ExactSizeIterator<Item = ValueRef<'_>> {
         (0..self.len()).map(|i| self.get(i))
     }
-
-    /// The values, unpacked.
-    pub fn to_values(&self) -> Vec<Value> {
-        self.iter().map(|v| v.to_value()).collect()
-    }
 }
 
 impl std::fmt::Debug for Packed {
@@ -314,7 +309,7 @@ mod tests {
     fn round_trip(values: Vec<Value>) -> Packed {
         let p = Packed::new(&values);
         assert_eq!(p.len(), values.len());
-        assert_eq!(p.to_values(), values);
+        assert_eq!(p.iter().map(|v| v.to_value()).collect::<Vec<_>>(), values);
         for (i, v) in values.iter().enumerate() {
             assert_eq!(p.get(i), ValueRef::from(v), "value {i}");
         }

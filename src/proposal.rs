@@ -436,26 +436,24 @@ fn compare(
                 let n = proposed.views.get(name);
                 let o = running.views.get(name);
                 let mut reshaped = None;
-                if let (Some(n), Some(o)) = (n, o)
-                    && (o.layout != n.layout || o.entity.name != n.entity.name)
-                {
-                    change.notes.extend(feature_notes(o, n));
-                    change.notes.push(format!(
-                        "records stored under version {}'s features are served as DEFAULTED until their rows are written again",
-                        o.version
-                    ));
-                    reshaped = Some(
-                        "the view's features or entity changed: a view whose stored records change shape needs a new version",
-                    );
-                    retyped = retyped_under_models(running, proposed, n);
-                } else if let (Some(n), Some(o)) = (n, o)
-                    && o.version != n.version
-                {
-                    // Same features, but a record is read only under the version it was written with.
-                    change.notes.push(format!(
-                        "records stored under version {} are served as DEFAULTED until their rows are written again: a record is read only under the version it was written with, even where the features are unchanged",
-                        o.version
-                    ));
+                if let (Some(n), Some(o)) = (n, o) {
+                    if o.layout != n.layout || o.entity.name != n.entity.name {
+                        change.notes.extend(feature_notes(o, n));
+                        change.notes.push(format!(
+                            "records stored under version {}'s features are served as DEFAULTED until their rows are written again",
+                            o.version
+                        ));
+                        reshaped = Some(
+                            "the view's features or entity changed: a view whose stored records change shape needs a new version",
+                        );
+                        retyped = retyped_under_models(running, proposed, n);
+                    } else if o.version != n.version {
+                        // Same features, but a record is read only under the version it was written with.
+                        change.notes.push(format!(
+                            "records stored under version {} are served as DEFAULTED until their rows are written again: a record is read only under the version it was written with, even where the features are unchanged",
+                            o.version
+                        ));
+                    }
                 }
                 (n.map(|v| v.version), o.map(|v| v.version), reshaped)
             }

@@ -292,9 +292,6 @@ pub fn percentiles(hs: &[&FineHistogram], qs: &[f64]) -> Vec<u64> {
 /// window always holds at least the last minute (60 to 70 s of it; the rate divides by the span held).
 pub const SLOT_S: u64 = 10;
 pub const SLOTS: usize = 7;
-/// The least the window covers once it has filled.
-pub const WINDOW_S: u64 = SLOT_S * (SLOTS as u64 - 1);
-
 /// The seconds a window started at `start` holds now ([`span_after`]). `/v1/stats` reports it as
 /// `window_s`.
 pub fn window_span_s(start: std::time::Instant) -> f64 {

@@ -502,33 +502,26 @@ fn a_load_resumed_from_a_line_writes_only_the_rows_from_it_on() {
         "{said}"
     );
 
-    let err = fails(
-        hydrant(&root())
-            .env(
-                "HYDRANT_STORE__EMBEDDED__PATH",
-                dir.path().join("other.redb"),
-            )
-            .args(["load", "--view", "user_profile", "--from-line", "0"])
-            .arg(&rows),
-    );
-    assert!(
-        err.contains("--from-line: lines are numbered from 1"),
-        "{err}"
-    );
-    let err = fails(
-        hydrant(&root())
-            .env(
-                "HYDRANT_STORE__EMBEDDED__PATH",
-                dir.path().join("other.redb"),
-            )
-            .args(["load", "--view", "user_profile", "--from-line", "3"])
-            .arg(&rows)
-            .arg(&rows),
-    );
-    assert!(
-        err.contains("--from-line names a line of one file, and 2 files were given"),
-        "{err}"
-    );
+    // Refused before anything is opened: line 0, and a line of several files.
+    for (line, files, why) in [
+        ("0", 1, "--from-line: lines are numbered from 1"),
+        (
+            "3",
+            2,
+            "--from-line names a line of one file, and 2 files were given",
+        ),
+    ] {
+        let err = fails(
+            hydrant(&root())
+                .env(
+                    "HYDRANT_STORE__EMBEDDED__PATH",
+                    dir.path().join("other.redb"),
+                )
+                .args(["load", "--view", "user_profile", "--from-line", line])
+                .args(std::iter::repeat_n(&rows, files)),
+        );
+        assert!(err.contains(why), "{err}");
+    }
     assert!(
         !dir.path().join("other.redb").exists(),
         "nothing was opened"
