@@ -187,7 +187,12 @@ pub async fn serve(
         tokio::spawn(async move {
             let mut conn = pin!(conn);
             let stopping = tokio::select! {
-                _ = conn.as_mut() => false,
+                r = conn.as_mut() => {
+                    if r.is_err_and(|e| e.is_parse_version_h2()) {
+                        activity.http2.store(true, Relaxed);
+                    }
+                    false
+                }
                 r = stop.wait_for(|s| *s) => r.is_ok(),
                 _ = activity.idle(idle_timeout) => false, // dropping `conn` closes the socket
             };
@@ -361,6 +366,9 @@ struct Activity {
     /// The last answer refused a request that had a body: it may have gone out before the body was
     /// read, whose rest the client may still be sending.
     linger: AtomicBool,
+    /// The client opened with the HTTP/2 preface (prior knowledge, as gRPC clients and
+    /// `curl --http2-prior-knowledge` do): the socket answers in HTTP/2 that it takes HTTP/1.1 only.
+    http2: AtomicBool,
 }
 
 impl Activity {
@@ -503,6 +511,31 @@ struct Held {
     _open: watch::Receiver<()>,
 }
 
+/// What a client that opened with the HTTP/2 preface is sent: the server's side of the preface (an empty
+/// SETTINGS frame) and a GOAWAY frame (RFC 9113 §6.8) for stream 0 with the error code
+/// HTTP_1_1_REQUIRED (0xd) and a reason, so that it reports "use HTTP/1.1" rather than a dropped
+/// connection.
+const HTTP2_REFUSAL: [u8; 9 + 9 + 8 + HTTP2_REASON.len()] = {
+    let mut f = [0u8; 9 + 9 + 8 + HTTP2_REASON.len()];
+    // SETTINGS: length 0, type 0x4, no flags, stream 0.
+    f[3] = 0x4;
+    // GOAWAY: length, type 0x7, no flags, stream 0; then the last stream id (0) and the error code.
+    let len = 8 + HTTP2_REASON.len();
+    f[9] = (len >> 16) as u8;
+    f[10] = (len >> 8) as u8;
+    f[11] = len as u8;
+    f[12] = 0x7;
+    f[18 + 7] = 0xd;
+    let mut i = 0;
+    while i < HTTP2_REASON.len() {
+        f[26 + i] = HTTP2_REASON[i];
+        i += 1;
+    }
+    f
+};
+
+const HTTP2_REASON: &[u8] = b"hydrant serves HTTP/1.1 only";
+
 /// The longest a closing connection keeps reading what its client still sends.
 const LINGER: Duration = Duration::from_secs(5);
 
@@ -576,6 +609,19 @@ impl Drop for Socket {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
+        if self.activity.http2.load(Relaxed) {
+            rt.spawn(async move {
+                use tokio::io::AsyncWriteExt;
+                let mut stream = stream;
+                // Bounded like the linger after it: a client that reads nothing cannot hold it open.
+                let wrote =
+                    tokio::time::timeout(LINGER_QUIET, stream.write_all(&HTTP2_REFUSAL)).await;
+                if matches!(wrote, Ok(Ok(()))) {
+                    linger(stream, held).await;
+                }
+            });
+            return;
+        }
         if self.activity.linger.load(Relaxed) {
             rt.spawn(linger(stream, held));
             return;
@@ -1006,6 +1052,45 @@ mod tests {
             let answer = String::from_utf8_lossy(&buf[..n]);
             assert!(answer.starts_with(status), "{size} bytes: {answer}");
         }
+    }
+
+    /// A client that opens with the HTTP/2 preface is told, in HTTP/2, to use HTTP/1.1: a SETTINGS
+    /// frame, then GOAWAY with HTTP_1_1_REQUIRED, then the end of the stream (not a reset).
+    #[tokio::test]
+    async fn an_http2_client_is_told_to_use_http1() {
+        let (addr, _stop) = start(ConnLimits::default()).await;
+        let mut s = TcpStream::connect(addr).await.expect("connect");
+        // The client preface: the magic string and an empty SETTINGS frame.
+        let mut preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        preface.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+        s.write_all(&preface).await.expect("write");
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut got))
+            .await
+            .expect("the server ends the stream")
+            .expect("ended, not reset");
+        // Frames: a 9-byte header (24-bit length, type, flags, stream id), then the payload.
+        let mut frames = Vec::new();
+        let mut rest = &got[..];
+        while rest.len() >= 9 {
+            let len = usize::from(rest[0]) << 16 | usize::from(rest[1]) << 8 | usize::from(rest[2]);
+            let stream = u32::from_be_bytes([rest[5], rest[6], rest[7], rest[8]]);
+            assert!(rest.len() >= 9 + len, "a whole frame: {got:?}");
+            frames.push((rest[3], stream, rest[9..9 + len].to_vec()));
+            rest = &rest[9 + len..];
+        }
+        assert!(rest.is_empty(), "only whole frames: {got:?}");
+        assert_eq!(frames.len(), 2, "{frames:?}");
+        assert_eq!(
+            (frames[0].0, frames[0].1, frames[0].2.len()),
+            (0x4, 0, 0),
+            "SETTINGS"
+        );
+        let (kind, stream, goaway) = &frames[1];
+        assert_eq!((*kind, *stream), (0x7, 0), "GOAWAY");
+        assert_eq!(&goaway[..4], &[0, 0, 0, 0], "no stream was processed");
+        assert_eq!(&goaway[4..8], &[0, 0, 0, 0xd], "HTTP_1_1_REQUIRED");
+        assert_eq!(&goaway[8..], b"hydrant serves HTTP/1.1 only");
     }
 
     #[test]
