@@ -328,7 +328,9 @@ pub async fn load_until<R: BufRead>(
     from_line: usize,
     stop: &std::sync::atomic::AtomicBool,
 ) -> anyhow::Result<Report> {
-    let now = crate::value::now_ms();
+    // Read again after each batch: a row without an event_timestamp is stamped with (about) the time it
+    // was written, not the time a long load began, and the future-skew check keeps up with the clock.
+    let mut now = crate::value::now_ms();
     let mut report = Report::default();
     let rows: Box<dyn Iterator<Item = std::io::Result<ParsedLine>> + '_> = if csv {
         Box::new(csv_rows(view, reader)?)
@@ -370,6 +372,7 @@ pub async fn load_until<R: BufRead>(
         }
         if batch.writes.len() >= BATCH {
             writer.send(std::mem::take(&mut batch), &mut report).await;
+            now = crate::value::now_ms();
             if report.failed_in_a_row() >= GIVE_UP_AFTER {
                 let last = report.failed.last().map_or("", |b| b.reason.as_str());
                 report.gave_up = Some(format!(
@@ -1027,8 +1030,9 @@ fn csv_row(
                     excerpt(cell)
                 )
             })?,
-            Some(_) => csv_number(cell)
-                .ok_or_else(|| format!("`{h}`: `{}` is not a number", excerpt(cell)))?,
+            Some(_) => {
+                csv_number(cell).map_err(|why| format!("`{h}`: `{}` {why}", excerpt(cell)))?
+            }
             // event_timestamp (the header has no other columns without a type).
             None => serde_json::from_str(cell)
                 .unwrap_or_else(|_| serde_json::Value::String(cell.to_owned())),
@@ -1040,12 +1044,22 @@ fn csv_row(
 
 /// A CSV number as spreadsheets and exporters write it: `21`, `+1`, `021`, `-0`, `.5`, `1.`, `1e3`. Whole
 /// numbers stay integers, so an int64 column keeps all 64 bits; NaN and infinities are not numbers here.
-fn csv_number(cell: &str) -> Option<serde_json::Value> {
+/// The error completes "`cell` ...".
+fn csv_number(cell: &str) -> Result<serde_json::Value, &'static str> {
     if let Ok(i) = cell.parse::<i64>() {
-        return Some(i.into());
+        return Ok(i.into());
     }
-    let f = cell.parse::<f64>().ok().filter(|f| f.is_finite())?;
-    serde_json::Number::from_f64(f).map(serde_json::Value::Number)
+    match cell.parse::<f64>() {
+        Err(_) => Err("is not a number"),
+        Ok(f) if f.is_nan() || cell.to_ascii_lowercase().contains("inf") => {
+            Err("is not a number: NaN and infinities cannot be stored")
+        }
+        // Written with digits, yet past what a 64-bit float holds (about ±1.8e308).
+        Ok(f) if f.is_infinite() => Err("is too large for a number (at most about ±1.8e308)"),
+        Ok(f) => serde_json::Number::from_f64(f)
+            .map(serde_json::Value::Number)
+            .ok_or("is not a number"),
+    }
 }
 
 /// A value as a message shows it: whole when short, else its start and its length, so a rejected
@@ -1491,14 +1505,33 @@ mod tests {
     #[tokio::test]
     async fn csv_numbers_are_read_as_exporters_write_them() {
         let (_dir, store) = store();
-        let csv =
-            "user_id,age,avg_session_minutes\na,+1,.5\nb,021,1.\nc,1e1,-0\nd,inf,1\ne,1,NaN\n";
+        let csv = "user_id,age,avg_session_minutes\na,+1,.5\nb,021,1.\nc,1e1,-0\nd,inf,1\ne,1,NaN\nf,1,-1e400\n";
         let report = load_users(&store, csv.as_bytes(), true)
             .await
             .expect("load");
         assert_eq!(report.written, 3, "{:?}", report.rejected);
-        let lines: Vec<usize> = report.rejected.iter().map(|r| r.line).collect();
-        assert_eq!(lines, vec![5, 6], "infinities and NaN are not numbers");
+        let said: Vec<(usize, &str)> = report
+            .rejected
+            .iter()
+            .map(|r| (r.line, r.reason.as_str()))
+            .collect();
+        assert_eq!(
+            said,
+            vec![
+                (
+                    5,
+                    "`age`: `inf` is not a number: NaN and infinities cannot be stored"
+                ),
+                (
+                    6,
+                    "`avg_session_minutes`: `NaN` is not a number: NaN and infinities cannot be stored"
+                ),
+                (
+                    7,
+                    "`avg_session_minutes`: `-1e400` is too large for a number (at most about ±1.8e308)"
+                ),
+            ]
+        );
         for (user, age) in [("a", 1), ("b", 21), ("c", 10)] {
             assert_eq!(age_of(&store, user).await, Some(Value::Int(age)), "{user}");
         }
