@@ -81,6 +81,11 @@ fn load_config(path: Option<&Path>) -> anyhow::Result<Config> {
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let config = load_config(cli.config.as_deref())?;
+    // What a message that tells the user to run `hydrant` again puts before the subcommand.
+    let global = match &cli.config {
+        Some(c) => format!(" --config {}", shell_word(&c.to_string_lossy())),
+        None => String::new(),
+    };
     hydrant::telemetry::init_logging(&config.telemetry);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -155,37 +160,25 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             // Listening starts before the store is opened, so an interrupted connect also says so.
             let mut stopped = on_signals(None);
             // Every file opens before any is loaded (and before the store is opened, or created): a
-            // typo in the last name must not leave the first files loaded and the rest not.
+            // typo in the last name must not leave the first files loaded and the rest not. Every problem
+            // found here is named, file by file, so that one round of fixes settles them all.
             let mut opened = Vec::with_capacity(files.len());
+            let mut problems = Vec::new();
             for file in &files {
-                let f = std::fs::File::open(file)
-                    .map_err(|e| anyhow::anyhow!("cannot open {}: {e} (nothing was loaded)", file.display()))?;
-                if f.metadata().is_ok_and(|m| m.is_dir()) {
-                    anyhow::bail!(
-                        "{} is a directory: expected a JSON Lines or CSV file (nothing was loaded)",
-                        file.display()
-                    );
+                match open_rows(v, file) {
+                    Ok(f) => opened.push(f),
+                    Err(why) => problems.push(why),
                 }
-                let kind = compressed(&f).map_err(|e| {
-                    anyhow::anyhow!("cannot read {}: {e} (nothing was loaded)", file.display())
-                })?;
-                if let Some(kind) = kind {
-                    anyhow::bail!(
-                        "{} is {kind}-compressed: expected a JSON Lines or CSV file; decompress it first (nothing was loaded)",
-                        file.display()
-                    );
-                }
-                // A CSV header the view cannot take fails its file whole: found now, for every file that
-                // can be read twice (not a pipe), rather than after the files before it were loaded.
-                let mut f = f;
-                if hydrant::loader::is_csv(file) && f.metadata().is_ok_and(|m| m.is_file()) {
-                    hydrant::loader::check_csv_header(v, std::io::BufReader::new(&f))
-                        .map_err(|e| anyhow::anyhow!("{}: {e:#} (nothing was loaded)", file.display()))?;
-                    std::io::Seek::rewind(&mut f).map_err(|e| {
-                        anyhow::anyhow!("cannot read {}: {e} (nothing was loaded)", file.display())
-                    })?;
-                }
-                opened.push(f);
+            }
+            match problems.as_slice() {
+                [] => {}
+                [one] => anyhow::bail!("{one} (nothing was loaded)"),
+                many => anyhow::bail!(
+                    "{} of the {} files cannot be loaded (nothing was loaded):\n  {}",
+                    many.len(),
+                    files.len(),
+                    many.join("\n  ")
+                ),
             }
             // Nothing is written while the store connects: a signal then stops at once.
             let store = tokio::select! {
@@ -264,12 +257,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     not_written.into_iter().partition(|b| b.partial);
                 if !unconfirmed.is_empty() {
                     eprintln!(
-                        "{}: {} batch(es) timed out (store.redis.write_timeout): they may still be applied, so later rows of their keys were not sent. Once Redis answers in time, load the file again from line {} on (hydrant load --view {view} --from-line {} {}): that writes each key's last row last",
+                        "{}: {} batch(es) timed out (store.redis.write_timeout): they may still be applied, so later rows of their keys were not sent. Once Redis answers in time, load the file again from line {} on (hydrant{global} load --view {} --from-line {} {}): that writes each key's last row last",
                         file.display(),
                         unconfirmed.len(),
                         unconfirmed[0].first_line,
+                        shell_word(&view),
                         unconfirmed[0].first_line,
-                        file.display()
+                        shell_word(&file.to_string_lossy())
                     );
                 }
                 if report.unannounced > 0 {
@@ -316,6 +310,44 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 ExitCode::SUCCESS
             })
         }),
+    }
+}
+
+/// Opens a file of rows for `hydrant load` and checks what can be checked before anything is written:
+/// that it is a readable, uncompressed file and, for a CSV file that can be read twice (not a pipe),
+/// that the view takes its header. The error names the file.
+fn open_rows(view: &hydrant::schema::View, file: &Path) -> Result<std::fs::File, String> {
+    let name = file.display();
+    let mut f = std::fs::File::open(file).map_err(|e| format!("cannot open {name}: {e}"))?;
+    if f.metadata().is_ok_and(|m| m.is_dir()) {
+        return Err(format!(
+            "{name} is a directory: expected a JSON Lines or CSV file"
+        ));
+    }
+    if let Some(kind) = compressed(&f).map_err(|e| format!("cannot read {name}: {e}"))? {
+        return Err(format!(
+            "{name} is {kind}-compressed: expected a JSON Lines or CSV file; decompress it first"
+        ));
+    }
+    if hydrant::loader::is_csv(file) && f.metadata().is_ok_and(|m| m.is_file()) {
+        hydrant::loader::check_csv_header(view, std::io::BufReader::new(&f))
+            .map_err(|e| format!("{name}: {e:#}"))?;
+        std::io::Seek::rewind(&mut f).map_err(|e| format!("cannot read {name}: {e}"))?;
+    }
+    Ok(f)
+}
+
+/// `word` as one word for a POSIX shell, to be pasted from a message: as it is when it holds only
+/// characters no shell treats specially, else in single quotes (a `'` inside closes, escapes and reopens).
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b));
+    if plain {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
     }
 }
 
@@ -389,4 +421,29 @@ fn serve(rt: &tokio::runtime::Runtime, config: Config) -> anyhow::Result<ExitCod
         .await?;
         Ok(ExitCode::SUCCESS)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shell_word;
+
+    #[test]
+    fn a_shell_word_pastes_back_as_the_same_single_argument() {
+        for (word, want) in [
+            ("rows/user_profile.jsonl", "rows/user_profile.jsonl"),
+            ("my rows.csv", "'my rows.csv'"),
+            ("it's.csv", r"'it'\''s.csv'"),
+            ("$HOME/x;rm", "'$HOME/x;rm'"),
+            ("", "''"),
+        ] {
+            assert_eq!(shell_word(word), want, "{word:?}");
+            // And a real shell reads it back as the one word it was.
+            let out = std::process::Command::new("sh")
+                .arg("-c")
+                .arg(format!("printf %s {}", shell_word(word)))
+                .output()
+                .expect("sh runs");
+            assert_eq!(String::from_utf8_lossy(&out.stdout), word);
+        }
+    }
 }

@@ -435,6 +435,28 @@ fn a_bad_csv_header_in_a_later_file_loads_nothing() {
         !store.exists(),
         "no store was created, so nothing was written"
     );
+    // Every file's problem is named in the one run, not just the first one found.
+    let other = dir.path().join("other.csv");
+    std::fs::write(&other, "user_id,agee\nu_other,1\n").expect("write");
+    let err = fails(
+        hydrant(&root())
+            .env("HYDRANT_STORE__EMBEDDED__PATH", &store)
+            .args(["load", "--view", "user_profile"])
+            .arg(&bad)
+            .arg(&good)
+            .arg(dir.path().join("missing.jsonl"))
+            .arg(&other),
+    );
+    assert!(
+        err.contains("3 of the 4 files cannot be loaded (nothing was loaded)")
+            && err.contains("later.csv: the CSV header names the column `age` twice")
+            && err.contains("cannot open ")
+            && err.contains("missing.jsonl")
+            && err.contains("other.csv: ")
+            && err.contains("`agee`"),
+        "{err}"
+    );
+    assert!(!store.exists(), "nothing was written");
     // With the header put right, both files load.
     std::fs::write(&bad, "user_id,age\nu_later,1\n").expect("write");
     let out = hydrant(&root())
