@@ -242,8 +242,9 @@ pub async fn watch_files(cfg: AuthConfig, tokens: Tokens, telemetry: Arc<Telemet
             .await
             .ok()
     };
-    // What the tokens in force (or the last refusal) were read from.
-    let mut acted = tokens.load().source.clone();
+    // What the tokens in force were read from, and what was last acted on (they differ after a refusal).
+    let mut in_force = tokens.load().source.clone();
+    let mut acted = in_force.clone();
     let mut pending: Option<Texts> = None;
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -262,6 +263,13 @@ pub async fn watch_files(cfg: AuthConfig, tokens: Tokens, telemetry: Arc<Telemet
             continue;
         }
         pending = None;
+        // A refused change undone: the files hold the tokens in force again, and nothing changes (as
+        // the schemas folder's watch does not count going back to the running registry).
+        if now == in_force {
+            tracing::info!("auth: the token files hold the tokens in force again");
+            acted = now;
+            continue;
+        }
         // No tokens at all would turn authentication off, which a reload never does (a named file
         // must hold a token, so this is refused before).
         let changed = Auth::from_texts(&cfg, &now)
@@ -271,6 +279,7 @@ pub async fn watch_files(cfg: AuthConfig, tokens: Tokens, telemetry: Arc<Telemet
                 tracing::info!("auth: the token files changed; now in force: {auth:?}");
                 tokens.store(Arc::new(auth));
                 stats.applied.fetch_add(1, Relaxed);
+                in_force = now.clone();
             }
             Err(e) => {
                 tracing::error!(

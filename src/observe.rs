@@ -80,7 +80,7 @@ pub fn prometheus(gw: &Gateway) -> String {
         &mut out,
         "hydrant_stage_duration_seconds",
         "histogram",
-        "Time spent in each stage of a predict request.",
+        "Time spent in each stage of a predict or V2 infer request (V2 infer has decode, queue, infer and encode only).",
     );
     for (model, m) in &models {
         for stage in Stage::ALL {
@@ -485,7 +485,7 @@ pub fn stats(gw: &Gateway) -> Json {
                 "writes": w.outcomes.total(),
                 "write_errors": w.outcomes.error.load(Relaxed),
                 "write_timeouts": w.outcomes.timeout.load(Relaxed),
-                "written_keys": w.keys.load(Relaxed),
+                "write_keys": w.keys.load(Relaxed),
             }),
         );
     }

@@ -260,4 +260,20 @@ async fn token_files_are_read_again_and_a_bad_change_keeps_the_tokens_in_force()
     assert_eq!(schemas_status(&app, None).await, 401);
     assert_eq!(schemas_status(&app, Some(ROTATED)).await, 200);
     assert_eq!(auth_reloads(&app, "applied").await, 1);
+    // The file in force put back undoes the refusal: nothing new is put in force or refused. A real
+    // change after it still counts.
+    replace(format!("{ROTATED}\n"));
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    assert_eq!(
+        (
+            auth_reloads(&app, "applied").await,
+            auth_reloads(&app, "refused").await
+        ),
+        (1, 2),
+        "the tokens in force again are not a change"
+    );
+    assert_eq!(schemas_status(&app, Some(ROTATED)).await, 200);
+    replace(format!("{CLIENT}\n"));
+    assert_eq!(status_becomes(&app, CLIENT, 200).await, 200);
+    assert_eq!(auth_reloads(&app, "applied").await, 2);
 }

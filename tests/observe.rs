@@ -245,6 +245,12 @@ async fn stats_report_stage_percentiles_beside_hit_rates() {
         s["stores"]["embedded"]["reads"], 4,
         "one round trip per request with misses: 4 users, the item riding with the first"
     );
+    let st = &s["stores"]["embedded"];
+    assert_eq!(
+        (&st["read_keys"], &st["write_keys"]),
+        (&json!(5), &json!(0)),
+        "{st}"
+    );
 }
 
 #[tokio::test]
