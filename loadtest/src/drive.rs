@@ -199,6 +199,10 @@ fn schedule(
     let planned = (rate * duration.as_secs_f64()).ceil();
     let capped = planned > MAX_REQUESTS_PER_SEGMENT as f64;
     let max_sends = (planned as u64).min(MAX_REQUESTS_PER_SEGMENT);
+    // The body of the next send, built before its time comes (the first before the schedule starts):
+    // building one can take milliseconds (a thousand distinct candidates from a skewed key space),
+    // which would otherwise make its send late and count in its latency.
+    let mut next = Some(wl.next_body());
     let t0 = Instant::now();
     // Completion times are measured from the instant the sends are timed from.
     lock(&d.collector).start_schedule(t0);
@@ -213,7 +217,8 @@ fn schedule(
         let now = Instant::now();
         let mut batch = Vec::new();
         while i < max_sends && due(i) <= now && due(i) < end {
-            batch.push((due(i), wl.next_body()));
+            let body = next.take().unwrap_or_else(|| wl.next_body());
+            batch.push((due(i), body));
             i += 1;
         }
         if !batch.is_empty() && tx.send(batch).is_err() {
@@ -222,6 +227,9 @@ fn schedule(
         if i >= max_sends || due(i) >= end {
             break;
         }
+        if next.is_none() {
+            next = Some(wl.next_body());
+        }
         let wait = due(i).saturating_duration_since(Instant::now());
         if !wait.is_zero() {
             std::thread::sleep(wait.max(MIN_SLEEP).min(MAX_SLEEP));
@@ -229,6 +237,16 @@ fn schedule(
     }
     if capped && i >= max_sends {
         return (span(i).min(duration), span(i));
+    }
+    // The segment lasts its whole duration, not until its last send: the next segment's first send
+    // then comes one interval after this one's last, as the schedule would have had it, rather than
+    // at once (at 2 rps, a warm-up of 1 s would otherwise end at 0.5 s, and send twice in a row).
+    while !d.cancel.is_cancelled() {
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        std::thread::sleep(left.min(MAX_SLEEP));
     }
     (duration, span(i))
 }

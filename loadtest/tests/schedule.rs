@@ -58,6 +58,67 @@ async fn open_loop_measures_the_known_delay() {
     assert_eq!(r.offered_rps, Some(100.0));
 }
 
+/// Bodies that take long to build (here a thousand distinct candidates from a steeply skewed key
+/// space) are built before their send is due, so they are neither late nor charged as latency; and a
+/// warm-up lasts its whole time, so the measured phase's first send comes one interval after the
+/// warm-up's last rather than straight after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_bodies_are_built_ahead_and_a_warm_up_lasts_its_time() {
+    let gw = FakeGateway::start(FakeConfig {
+        delay: Duration::from_millis(5),
+        ..FakeConfig::default()
+    })
+    .await;
+    let text = format!(
+        r#"
+target = "{}"
+model = "ctr"
+candidates = 1000
+ready_timeout_s = 2
+
+[load]
+mode = "open-loop"
+rate = 4
+duration_s = 2
+warm_up_s = 1
+late_threshold_ms = 5
+
+[users]
+keys = 50
+
+[items]
+keys = 1000
+zipf = 3.0
+"#,
+        gw.url()
+    );
+    let s = loadtest::scenario::Scenario::from_toml_str(&text, "test", "test").expect("scenario");
+    let r = run(s, &opts("slow-bodies"), Cancel::new())
+        .await
+        .expect("run")
+        .result;
+    assert_eq!(r.hydrant.errors, 0, "{:?}", r.hydrant.errors_by_kind);
+    assert_eq!(r.hydrant.requests, 8, "2 s at 4/s");
+    assert_eq!(r.hydrant.late_sends, Some(0), "{:?}", r.hydrant);
+    assert!(
+        r.hydrant.p99_us.is_some_and(|p| p < 100_000),
+        "latency is the server's (5 ms), not the body's building: {:?}",
+        r.hydrant
+    );
+    let span = |measured: bool| {
+        r.segments
+            .iter()
+            .find(|s| s.measured == measured)
+            .unwrap_or_else(|| panic!("a segment with measured = {measured}: {:?}", r.segments))
+    };
+    let (warm, measured) = (span(false), span(true));
+    assert!(
+        warm.end_s - warm.start_s >= 0.99 && measured.start_s >= warm.start_s + 0.99,
+        "a 1 s warm-up: {:?}",
+        r.segments
+    );
+}
+
 /// A server that cannot keep up with the schedule: achieved rps is what it delivered, not the offered
 /// rate, though every request is answered in the end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
