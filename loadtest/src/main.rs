@@ -55,7 +55,8 @@ struct RunArgs {
     #[arg(long)]
     target: Option<String>,
     /// Override the measured duration in seconds (warm-up and sweep steps are capped to it).
-    #[arg(long)]
+    // A negative number is taken as the value (and refused with the reason), not as an unknown flag.
+    #[arg(long, allow_negative_numbers = true)]
     duration_s: Option<f64>,
     /// Where to write the result files.
     #[arg(long, default_value = "target/loadtest")]
@@ -179,7 +180,8 @@ fn run(args: RunArgs) -> ExitCode {
         }
     {
         loadtest::errln!("error: {e}");
-        return ExitCode::from(2);
+        let unreachable = matches!(e, loadtest::scenario::ScenarioError::Unresolved { .. });
+        return ExitCode::from(if unreachable { 1 } else { 2 });
     }
     if let Some(d) = duration_s
         && let Err(e) = s.override_duration_s(d)

@@ -170,8 +170,12 @@ pub async fn wait_ready(pool: &Pool, wait: Duration, cancel: &Cancel) -> Result<
         }
         // Raced against Ctrl-C: a target that takes connections but never answers would otherwise
         // hold the interrupt for the probe's whole timeout.
+        // Each try gets 2 s, or what is left of the wait, so the wait ends on time.
+        let try_for = wait
+            .saturating_sub(start.elapsed())
+            .clamp(Duration::from_millis(100), Duration::from_secs(2));
         let probe = tokio::select! {
-            r = pool.get("/v2/health/ready", Duration::from_secs(2)) => r,
+            r = pool.get("/v2/health/ready", try_for) => r,
             _ = cancel.cancelled() => return Err(RunError::Interrupted),
         };
         match probe {
@@ -185,8 +189,9 @@ pub async fn wait_ready(pool: &Pool, wait: Duration, cancel: &Cancel) -> Result<
                 return Err(RunError::Unreachable {
                     target,
                     reason: format!(
-                        "it takes connections but GET /v2/health/ready got {e} in any try over {:.0} s (ready_timeout_s)",
-                        start.elapsed().as_secs_f64()
+                        "it takes connections but GET /v2/health/ready got {e} in every try for {:.1} s (ready_timeout_s = {})",
+                        start.elapsed().as_secs_f64(),
+                        wait.as_secs_f64()
                     ),
                 });
             }

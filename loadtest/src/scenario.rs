@@ -40,6 +40,10 @@ pub enum ScenarioError {
         key: String,
         reason: String,
     },
+    /// A well-formed `--target` whose host name does not resolve: the target cannot be reached
+    /// (exit 1, as for a closed port), not a mistake in the scenario.
+    #[error("target {url} is unreachable: {reason}")]
+    Unresolved { url: String, reason: String },
 }
 
 impl ScenarioError {
@@ -752,10 +756,14 @@ impl Scenario {
             .host()
             .trim_start_matches('[')
             .trim_end_matches(']');
+        let unresolved = |reason: String| ScenarioError::Unresolved {
+            url: url.to_string(),
+            reason,
+        };
         let addr = std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
-            .map_err(|e| fail(format!("cannot resolve {host}: {e}")))?
+            .map_err(|e| unresolved(format!("cannot resolve {host}: {e}")))?
             .next()
-            .ok_or_else(|| fail(format!("{host} resolves to no address")))?;
+            .ok_or_else(|| unresolved(format!("{host} resolves to no address")))?;
         self.target = TargetUrl {
             addr,
             authority: authority.as_str().to_string(),

@@ -119,6 +119,70 @@ async fn unreachable_target_is_an_error() {
     assert!(msg.contains("unreachable") && msg.contains(&url), "{msg}");
 }
 
+/// A `redis-server` of the test's own on a free port, stopped when dropped.
+struct Redis(std::process::Child, u16);
+
+impl Redis {
+    fn start() -> Redis {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server runs (make test installs it)");
+        let redis = Redis(child, port);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        redis
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `--redis-url` measures plain GET round trips in the same run, and the report shows them beside
+/// the gateway's numbers: in the JSON and in the HTML page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_redis_get_floor_is_in_the_json_and_the_html() {
+    let redis = Redis::start();
+    let gw = FakeGateway::start(FakeConfig::default()).await;
+    let opts = RunOptions {
+        redis_url: Some(format!("redis://127.0.0.1:{}", redis.1)),
+        ..quiet(temp_dir("redis-get"))
+    };
+    let s = scenario(
+        &gw.url(),
+        "mode = \"open-loop\"\nrate = 20\nduration_s = 1",
+        "",
+    );
+    let out = run(s, &opts, Cancel::new()).await.expect("run");
+    let g = out.result.redis_get.as_ref().expect("redis_get");
+    assert!(
+        g.samples > 0 && g.p50_us > 0 && g.p50_us <= g.p99_us,
+        "{g:?}"
+    );
+    let html = std::fs::read_to_string(&out.html_path).expect("html file");
+    let at = html
+        .find("<h2>Plain Redis GET</h2>")
+        .expect("a Redis GET section");
+    assert!(
+        html[at..].contains(&format!("{} samples", g.samples)),
+        "{}",
+        &html[at..(at + 400).min(html.len())]
+    );
+}
+
 /// A Redis or a floor that is not there is found before any load is sent, and named as such.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_absent_redis_or_floor_fails_before_the_load() {
@@ -629,9 +693,26 @@ fn shipped_scenarios_are_valid() {
 fn binary_exits_non_zero_on_unreachable_target() {
     let out_dir = temp_dir("bin-unreachable");
     let out = smoke_at_closed_port(&out_dir);
-    assert!(!out.status.success(), "must exit non-zero");
+    assert_eq!(out.status.code(), Some(1), "an unreachable target exits 1");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("unreachable"), "{stderr}");
+    // A host name that does not resolve (`.invalid` never does) is unreachable too, not a mistake in
+    // the scenario (exit 2).
+    let out = run_command(
+        "1",
+        "http://nonexistent.invalid:8080",
+        &out_dir,
+        &crate_path("scenarios/smoke.toml"),
+    )
+    .arg("--allow-remote")
+    .output()
+    .expect("run the binary");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("target http://nonexistent.invalid:8080 is unreachable: cannot resolve"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -210,7 +210,7 @@ pub fn render(r: &RunResult) -> String {
         r.wall_s
     );
     if r.interrupted {
-        out.push_str(r#"<div class="warn">This run was interrupted (Ctrl-C): the numbers cover only what ran before that.</div>"#);
+        out.push_str(r#"<div class="warn">This run was interrupted (Ctrl-C or SIGTERM): the numbers cover only what ran before that.</div>"#);
     }
     if let Some(note) = &r.stats_note {
         let _ = write!(out, r#"<div class="warn">{}</div>"#, esc(note));
@@ -520,6 +520,18 @@ pub fn render(r: &RunResult) -> String {
             );
         }
         out.push_str("</table>");
+    }
+
+    // The store floor.
+    if let Some(g) = &r.redis_get {
+        let _ = write!(
+            out,
+            "<h2>Plain Redis GET</h2><p>The store's own round trip, measured in the same run (<code>--redis-url</code>, {} samples, one at a time): p50 <b>{}</b>, p99 <b>{}</b>, p99.9 <b>{}</b>. Compare it with the gateway's <code>hydrate</code> stage above.</p>",
+            g.samples,
+            fmt_us(g.p50_us as f64),
+            fmt_us(g.p99_us as f64),
+            fmt_us(g.p999_us as f64)
+        );
     }
 
     // Sweep.
