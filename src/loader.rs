@@ -1051,7 +1051,8 @@ fn csv_number(cell: &str) -> Result<serde_json::Value, &'static str> {
     }
     match cell.parse::<f64>() {
         Err(_) => Err("is not a number"),
-        Ok(f) if f.is_nan() || cell.to_ascii_lowercase().contains("inf") => {
+        // `inf` or `infinity` (any case) is written with an `i`; `1e400` only with digits and an `e`.
+        Ok(f) if f.is_nan() || (f.is_infinite() && cell.bytes().any(|b| (b | 0x20) == b'i')) => {
             Err("is not a number: NaN and infinities cannot be stored")
         }
         // Written with digits, yet past what a 64-bit float holds (about ±1.8e308).

@@ -232,7 +232,7 @@ impl<'a> From<&'a Value> for ValueRef<'a> {
 }
 
 impl Serialize for ValueRef<'_> {
-    /// As [`Value`] serializes.
+    /// [`Value`] serializes through this too.
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match *self {
             Self::Null => s.serialize_unit(),

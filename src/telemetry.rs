@@ -301,11 +301,16 @@ pub fn window_span_s(start: std::time::Instant) -> f64 {
 /// The seconds a window holds `elapsed` after it started: from the start of its oldest live slot (or
 /// from its start, in its first minute) to now.
 fn span_after(elapsed: std::time::Duration) -> f64 {
-    // Slots are numbered from 1 (see `Window::epoch`); the live ones are the current one and the six
-    // before it, so the oldest starts SLOTS slots before the current number.
-    let epoch = elapsed.as_secs() / SLOT_S + 1;
-    let oldest = epoch.saturating_sub(SLOTS as u64);
+    // The live slots are the current one and the six before it, so the oldest starts SLOTS slots before
+    // the current number.
+    let oldest = epoch_after(elapsed).saturating_sub(SLOTS as u64);
     (elapsed.as_secs_f64() - (oldest * SLOT_S) as f64).max(1e-3)
+}
+
+/// The number of the slot that is current `elapsed` after a window started: from 1, so no live slot's
+/// number is 0, the value of a never-used slot.
+fn epoch_after(elapsed: std::time::Duration) -> u64 {
+    elapsed.as_secs() / SLOT_S + 1
 }
 
 /// One slot of the window: stage and total latencies, request and row counts.
@@ -335,8 +340,7 @@ impl Default for Window {
 
 impl Window {
     fn epoch(&self) -> u64 {
-        // +1 so no live epoch is 0, the value of a never-used slot.
-        self.start.elapsed().as_secs() / SLOT_S + 1
+        epoch_after(self.start.elapsed())
     }
 
     fn slot(&self) -> &Slot {

@@ -10,7 +10,7 @@
 use std::fmt;
 
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
-use serde::ser::{SerializeSeq, Serializer};
+use serde::ser::Serializer;
 use serde::{Deserialize, Serialize};
 
 /// A feature's declared type.
@@ -226,21 +226,9 @@ impl Value {
 }
 
 impl Serialize for Value {
+    /// As the same value read from a cached record does ([`crate::packed::ValueRef`]).
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            Self::Null => s.serialize_unit(),
-            Self::Bool(b) => s.serialize_bool(*b),
-            Self::Int(i) => s.serialize_i64(*i),
-            Self::Float(f) => s.serialize_f64(*f),
-            Self::Str(v) => s.serialize_str(v),
-            Self::List(l) => {
-                let mut seq = s.serialize_seq(Some(l.len()))?;
-                for x in l.iter() {
-                    seq.serialize_element(x)?;
-                }
-                seq.end()
-            }
-        }
+        crate::packed::ValueRef::from(self).serialize(s)
     }
 }
 

@@ -227,6 +227,7 @@ fn schedule(
         if i >= max_sends || due(i) >= end {
             break;
         }
+        // Built once the due sends are handed over, not among them: building it there would hold them.
         if next.is_none() {
             next = Some(wl.next_body());
         }

@@ -110,7 +110,7 @@ fn main() -> ExitCode {
 fn load(path: &std::path::Path) -> Result<Scenario, ExitCode> {
     Scenario::load(path).map_err(|e| {
         loadtest::errln!("error: {e}");
-        ExitCode::from(2)
+        ExitCode::from(e.exit_code())
     })
 }
 
@@ -180,14 +180,13 @@ fn run(args: RunArgs) -> ExitCode {
         }
     {
         loadtest::errln!("error: {e}");
-        let unreachable = matches!(e, loadtest::scenario::ScenarioError::Unresolved { .. });
-        return ExitCode::from(if unreachable { 1 } else { 2 });
+        return ExitCode::from(e.exit_code());
     }
     if let Some(d) = duration_s
         && let Err(e) = s.override_duration_s(d)
     {
         loadtest::errln!("error: {e}");
-        return ExitCode::from(2);
+        return ExitCode::from(e.exit_code());
     }
     if let Some(u) = &redis_url
         && let Err(e) = loadtest::redis_probe::check_url(u, allow_remote)

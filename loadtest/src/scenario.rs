@@ -47,6 +47,15 @@ pub enum ScenarioError {
 }
 
 impl ScenarioError {
+    /// The exit code the command ends with: 1 for a target that cannot be reached, 2 for a mistake in
+    /// the scenario or its command-line overrides.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            ScenarioError::Unresolved { .. } => 1,
+            _ => 2,
+        }
+    }
+
     /// The dotted key an [`ScenarioError::Invalid`] names (for tests and tooling).
     pub fn key(&self) -> Option<&str> {
         match self {
