@@ -345,7 +345,7 @@ fn parse_body_tracked<T: DeserializeOwned + Positional>(
 
 /// ` in FIELD` for a message about where the body broke, or nothing at the top.
 fn at_field(path: &str) -> String {
-    if path.is_empty() || path == "." || path.contains('?') {
+    if path.is_empty() || path == "." {
         String::new()
     } else {
         format!(" in {path}")
@@ -2156,6 +2156,11 @@ mod tests {
             (
                 br#"{"entities": {"user_id": "u_1"}, "candidates": [{"item_id": "i"}, {"item_id": tru}]}"#,
                 "candidates[1].item_id",
+            ),
+            // A key may hold any character, `?` included.
+            (
+                br#"{"entities": {"user_id": "u_1"}, "context": {"why?": tru}}"#,
+                "context.why?",
             ),
         ] {
             let e = parse_body::<PredictRequest>(Format::Json, body).expect_err(path);

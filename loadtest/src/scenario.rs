@@ -845,28 +845,33 @@ fn validate(
     default_name: &str,
 ) -> Result<Scenario, ScenarioError> {
     let c = Check { origin };
+    // A name starting with `.` (`.`, `..`, or `.toml` from a file named `.toml`) would name hidden or
+    // parent-relative result files.
+    let hidden = |name: &str| name.starts_with('.');
     let name = match raw.name {
         Some(name) => {
             c.name_like("name", &name)?;
+            if hidden(&name) {
+                return c.fail(
+                    "name",
+                    format!("must not start with `.`: it names the result files, which would be hidden (got {name:?})"),
+                );
+            }
             name
         }
         // The name comes from the file: say so, since the user never wrote a `name`.
         None => {
-            c.name_like("name", default_name).or_else(|_| {
-                c.fail(
+            if c.name_like("name", default_name).is_err() || hidden(default_name) {
+                return c.fail(
                     "name",
                     format!(
-                        "is taken from the file name, {default_name:?}, which is not 1-128 characters of A-Z a-z 0-9 _ - . (and names the result files): rename the file or set `name`"
+                        "is taken from the file name, {default_name:?}, which is not 1-128 characters of A-Z a-z 0-9 _ - . not starting with `.` (it names the result files): rename the file or set `name`"
                     ),
-                )
-            })?;
+                );
+            }
             default_name.to_string()
         }
     };
-    // `.` and `..` would name hidden or parent-relative result files.
-    if name.trim_matches('.').is_empty() {
-        return c.fail("name", format!("must not be only dots (got {name:?})"));
-    }
     let target = c.target("target", &raw.target)?;
     c.name_like("model", &raw.model)?;
     let timeout_ms = c.int_in("timeout_ms", raw.timeout_ms.unwrap_or(2_000), 1, 600_000)?;
@@ -1151,6 +1156,32 @@ keys = 2000
         let (key, msg) = invalid(&BASE.replace("rate = 100", "concurrency = [1]"));
         assert_eq!(key, "load.concurrency");
         assert!(msg.contains("not used"), "{msg}");
+    }
+
+    #[test]
+    fn a_name_that_would_hide_the_result_files_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // A file named `.toml` has the stem `.toml`, not an empty one.
+        let path = dir.path().join(".toml");
+        std::fs::write(&path, BASE).expect("write");
+        let err = Scenario::load(&path).expect_err("a hidden name");
+        assert!(
+            err.to_string()
+                .contains("is taken from the file name, \".toml\""),
+            "{err}"
+        );
+        for name in [".", "..", ".hidden"] {
+            let (key, msg) = invalid(&format!("name = \"{name}\"\n{BASE}"));
+            assert_eq!(key, "name");
+            assert!(msg.contains("must not start with `.`"), "{msg}");
+        }
+        // A dot inside is fine.
+        let path = dir.path().join("hot-path.v2.toml");
+        std::fs::write(&path, BASE).expect("write");
+        assert_eq!(
+            Scenario::load(&path).expect("a dotted name").name,
+            "hot-path.v2"
+        );
     }
 
     #[test]
