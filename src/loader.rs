@@ -49,6 +49,12 @@ type ParsedLine = (
     Result<serde_json::Map<String, serde_json::Value>, String>,
 );
 
+/// What a row before `--from-line` is read as: such rows are only counted, so they are not parsed (a
+/// resumed load of a large file would otherwise decode every row it skips). An empty map allocates nothing.
+fn unread() -> serde_json::Map<String, serde_json::Value> {
+    serde_json::Map::new()
+}
+
 /// A row the loader refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rejected {
@@ -333,9 +339,9 @@ pub async fn load_until<R: BufRead>(
     let mut now = crate::value::now_ms();
     let mut report = Report::default();
     let rows: Box<dyn Iterator<Item = std::io::Result<ParsedLine>> + '_> = if csv {
-        Box::new(csv_rows(view, reader)?)
+        Box::new(csv_rows(view, reader, from_line)?)
     } else {
-        Box::new(json_rows(reader))
+        Box::new(json_rows(reader, from_line))
     };
     let mut writer = Writer::new(store, view.policy.key_ttl);
     let mut batch = Batch::default();
@@ -356,6 +362,7 @@ pub async fn load_until<R: BufRead>(
             break;
         }
         last_read = line;
+        // Read as `unread()` by the row readers: counted, never checked or written.
         if line < from_line {
             report.skipped += 1;
             continue;
@@ -525,8 +532,11 @@ impl Report {
 }
 
 /// JSON Lines: one object per line; blank lines are skipped. A line that is not UTF-8 is a bad row, not
-/// the end of the file.
-fn json_rows<R: BufRead>(mut reader: R) -> impl Iterator<Item = std::io::Result<ParsedLine>> {
+/// the end of the file. Rows before `from_line` are counted but not parsed ([`unread`]).
+fn json_rows<R: BufRead>(
+    mut reader: R,
+    from_line: usize,
+) -> impl Iterator<Item = std::io::Result<ParsedLine>> {
     let mut buf = Vec::new();
     let mut line = 0;
     std::iter::from_fn(move || {
@@ -562,6 +572,9 @@ fn json_rows<R: BufRead>(mut reader: R) -> impl Iterator<Item = std::io::Result<
             };
             if text.trim().is_empty() {
                 continue;
+            }
+            if line < from_line {
+                return Some(Ok((line, Ok(unread()))));
             }
             let parsed = match serde_json::from_str::<FiniteRow>(text) {
                 Ok(FiniteRow(m)) => Ok(m),
@@ -828,7 +841,7 @@ pub async fn write_through(
 /// not have, no entity key column), reading no further, so that a command loading several files can
 /// refuse a bad header before it writes any.
 pub fn check_csv_header<R: BufRead>(view: &View, reader: R) -> anyhow::Result<()> {
-    csv_rows(view, reader).map(|_| ())
+    csv_rows(view, reader, 1).map(|_| ())
 }
 
 /// CSV rows as JSON objects typed by the view. The header row names the entity key, `event_timestamp` and
@@ -837,6 +850,7 @@ pub fn check_csv_header<R: BufRead>(view: &View, reader: R) -> anyhow::Result<()
 fn csv_rows<'a, R: BufRead + 'a>(
     view: &'a View,
     reader: R,
+    from_line: usize,
 ) -> anyhow::Result<impl Iterator<Item = std::io::Result<ParsedLine>> + 'a> {
     let mut rdr = csv::ReaderBuilder::new()
         .flexible(true)
@@ -890,6 +904,9 @@ fn csv_rows<'a, R: BufRead + 'a>(
             Ok(false) => None,
             Ok(true) => {
                 let line = line_of(&mut rdr, rec.position());
+                if line < from_line {
+                    return Some(Ok((line, Ok(unread()))));
+                }
                 // A quote left open runs the row on over the lines after it, to the end of the file,
                 // and a string cell would take them all in silence. No feature value spans lines in
                 // CSV (JSON Lines can hold one), so a line break in a cell is refused, naming it.
@@ -1536,6 +1553,36 @@ mod tests {
         for (user, age) in [("a", 1), ("b", 21), ("c", 10)] {
             assert_eq!(age_of(&store, user).await, Some(Value::Int(age)), "{user}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_csv_load_from_a_line_counts_the_rows_before_it_and_writes_the_rest() {
+        let (_dir, store) = store();
+        // Line 2: a bad age; lines 3-4: one row over two lines; lines 5 and 6: good rows.
+        let csv = "user_id,age,country\na,x,de\nb,2,\"two\nlines\"\nc,3,fr\nd,4,us\n";
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let limits = LimitsConfig::default();
+        let view = view();
+        let from = |line| {
+            load_until(
+                &view,
+                "hy",
+                csv.as_bytes(),
+                true,
+                &limits,
+                &store,
+                line,
+                &stop,
+            )
+        };
+        let report = from(6).await.expect("load");
+        assert_eq!((report.skipped, report.written), (3, 1), "{report:?}");
+        assert!(report.rejected.is_empty(), "{:?}", report.rejected);
+        assert_eq!(age_of(&store, "d").await, Some(Value::Int(4)));
+        assert_eq!(age_of(&store, "c").await, None, "before the line");
+        let report = from(5).await.expect("load");
+        assert_eq!((report.skipped, report.written), (2, 2), "{report:?}");
+        assert_eq!(age_of(&store, "c").await, Some(Value::Int(3)));
     }
 
     #[tokio::test]

@@ -81,11 +81,6 @@ fn load_config(path: Option<&Path>) -> anyhow::Result<Config> {
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let config = load_config(cli.config.as_deref())?;
-    // What a message that tells the user to run `hydrant` again puts before the subcommand.
-    let global = match &cli.config {
-        Some(c) => format!(" --config {}", shell_word(&c.to_string_lossy())),
-        None => String::new(),
-    };
     hydrant::telemetry::init_logging(&config.telemetry);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -148,6 +143,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 );
             }
             let from_line = from_line.unwrap_or(1);
+            // What a message that tells the user to run `hydrant` again puts before the subcommand.
+            let global = match &cli.config {
+                Some(c) => format!(" --config {}", shell_word(&c.to_string_lossy())),
+                None => String::new(),
+            };
             let registry = Registry::load_dir(&config.registry.schemas, &config.registry.models)?;
             let v = registry.views.get(&view).ok_or_else(|| {
                 let known = hydrant::schema::known_names(registry.views.keys().map(String::as_str));
