@@ -773,6 +773,40 @@ async fn a_sentinel_url_reaches_the_master_it_names() {
     assert_eq!((values, statuses), (vec![u5], vec!["PRESENT".to_owned()]));
 }
 
+/// Several sentinels in one URL (`node=`), the first of them down: the gateway asks the next one and
+/// starts on the master it names, as a deployment with one sentinel out of three down must.
+#[tokio::test]
+async fn a_sentinel_url_with_its_first_sentinel_down_asks_the_next() {
+    let master = RedisServer::start();
+    let sentinel = Sentinel::start(&master);
+    // A port nothing listens on: the first sentinel is down.
+    let down = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        l.local_addr().expect("its address").port()
+    };
+    let mut c = config_for(&master);
+    c.store.redis.url = format!(
+        "redis-sentinel://127.0.0.1:{down}/0?sentinelServiceName=mymaster&node=127.0.0.1:{}",
+        sentinel.port
+    );
+    c.store.redis.connect_timeout = Duration::from_millis(500);
+    let store = open_store(&c)
+        .await
+        .expect("the master, through the second sentinel");
+    load_demo_rows(store.as_ref()).await;
+    assert_eq!(
+        master.cmd(&["EXISTS", "hy:user_profile:u_7"]),
+        Reply::Int(1),
+        "the rows went to the master"
+    );
+    let app = gateway_over(c, store).await;
+    let (values, statuses, _) = ages(&app, &["u_7"]).await;
+    let u7 = demo_rows("user_profile", "user_id")["u_7"]["age"]
+        .as_i64()
+        .expect("age");
+    assert_eq!((values, statuses), (vec![u7], vec!["PRESENT".to_owned()]));
+}
+
 /// A sentinel failover: the master is killed, the sentinel promotes its replica, and the gateway,
 /// which knows only the sentinel, reads and writes on the new master without a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
