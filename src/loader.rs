@@ -316,24 +316,40 @@ pub async fn load<R: BufRead>(
     store: &dyn Store,
 ) -> anyhow::Result<Report> {
     let never = std::sync::atomic::AtomicBool::new(false);
-    load_until(view, prefix, reader, csv, limits, store, 1, &never).await
+    let input = Input {
+        reader,
+        csv,
+        from_line: 1,
+    };
+    load_until(view, prefix, input, limits, store, &never).await
 }
 
-/// [`load`] from the row that starts on line `from_line` on (the rows before it are read past, neither
+/// What a load reads: a file's lines, its format, and the line the rows to write start on.
+pub struct Input<R> {
+    pub reader: R,
+    /// CSV with a header line; JSON Lines otherwise ([`is_csv`]).
+    pub csv: bool,
+    /// 1 for the whole file; a later line to resume a load (`hydrant load --from-line`).
+    pub from_line: usize,
+}
+
+/// [`load`] from the row that starts on line `input.from_line` on (the rows before it are read past, neither
 /// checked nor written: a load resumed where an earlier one's writes timed out), stopping at the next
 /// row once `stop` is set (Ctrl-C, SIGTERM): the batches in flight are finished and the report says
 /// where it stopped.
-#[allow(clippy::too_many_arguments)]
 pub async fn load_until<R: BufRead>(
     view: &View,
     prefix: &str,
-    reader: R,
-    csv: bool,
+    input: Input<R>,
     limits: &LimitsConfig,
     store: &dyn Store,
-    from_line: usize,
     stop: &std::sync::atomic::AtomicBool,
 ) -> anyhow::Result<Report> {
+    let Input {
+        reader,
+        csv,
+        from_line,
+    } = input;
     // Read again after each batch: a row without an event_timestamp is stamped with (about) the time it
     // was written, not the time a long load began, and the future-skew check keeps up with the clock.
     let mut now = crate::value::now_ms();
@@ -1289,14 +1305,17 @@ mod tests {
                 stop: &stop,
             },
         );
+        let input = Input {
+            reader,
+            csv: false,
+            from_line: 1,
+        };
         let report = load_until(
             &view(),
             "hy",
-            reader,
-            false,
+            input,
             &LimitsConfig::default(),
             &store,
-            1,
             &stop,
         )
         .await
@@ -1564,16 +1583,12 @@ mod tests {
         let limits = LimitsConfig::default();
         let view = view();
         let from = |line| {
-            load_until(
-                &view,
-                "hy",
-                csv.as_bytes(),
-                true,
-                &limits,
-                &store,
-                line,
-                &stop,
-            )
+            let input = Input {
+                reader: csv.as_bytes(),
+                csv: true,
+                from_line: line,
+            };
+            load_until(&view, "hy", input, &limits, &store, &stop)
         };
         let report = from(6).await.expect("load");
         assert_eq!((report.skipped, report.written), (3, 1), "{report:?}");

@@ -208,14 +208,17 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     );
                     break;
                 }
+                let input = hydrant::loader::Input {
+                    reader: std::io::BufReader::new(f),
+                    csv: hydrant::loader::is_csv(&file),
+                    from_line,
+                };
                 let report = hydrant::loader::load_until(
                     v,
                     &config.store.prefix,
-                    std::io::BufReader::new(f),
-                    hydrant::loader::is_csv(&file),
+                    input,
                     &config.limits,
                     store.as_ref(),
-                    from_line,
                     &stop,
                 )
                 .await
