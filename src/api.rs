@@ -692,11 +692,7 @@ async fn ready(State(gw): State<Arc<Gateway>>) -> Response {
 async fn model_metadata(State(gw): State<Arc<Gateway>>, uri: Uri) -> Response {
     let model = path_segment(&uri, 3);
     let Ok(engine) = gw.engine(&model) else {
-        return (
-            StatusCode::NOT_FOUND,
-            Json(json!({"error": format!("model `{model}` is not registered")})),
-        )
-            .into_response();
+        return not_registered(&model);
     };
     let info = engine.info();
     let m = engine.model();
@@ -723,12 +719,17 @@ async fn model_ready(State(gw): State<Arc<Gateway>>, uri: Uri) -> Response {
         )
             .into_response()
     } else {
-        (
-            StatusCode::NOT_FOUND,
-            Json(json!({"error": format!("model `{model}` is not registered")})),
-        )
-            .into_response()
+        not_registered(&model)
     }
+}
+
+/// The V2 routes' 404 for a model name, cut as every error message is (the name comes from the path).
+fn not_registered(model: &str) -> Response {
+    crate::oip::OipError(
+        StatusCode::NOT_FOUND,
+        format!("model `{model}` is not registered"),
+    )
+    .into_response()
 }
 
 async fn method_not_allowed(req: Request) -> Response {

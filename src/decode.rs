@@ -683,8 +683,12 @@ impl<'de> Deserialize<'de> for EntityKey {
 pub fn whole_key(f: f64) -> Result<i64, String> {
     if let Some(i) = crate::value::exact_integer(f) {
         Ok(i)
-    } else if f.fract() == 0.0 && f.abs() >= crate::value::INT64_END {
+    } else if f.fract() == 0.0 && !(-crate::value::INT64_END..crate::value::INT64_END).contains(&f)
+    {
         Err("entity key out of int64 range (write it as a string if it is an id)".to_owned())
+    } else if f == -crate::value::INT64_END {
+        // int64's lower bound as a float, or an integer below the range rounded to it.
+        Err("entity key out of int64 range, or -9223372036854775808 written as a float (past 2^53 a float cannot tell neighbouring integers apart): write it as an integer, or as a string if it is an id".to_owned())
     } else if f.fract() == 0.0 {
         Err(format!(
             "expected an entity key (a string or an integer), got {f} written as a float: past 2^53 a float cannot tell neighbouring integers apart, so write it as an integer or a string"
@@ -1922,6 +1926,8 @@ mod tests {
             ("1.5", "got 1.5, which is not a whole number"),
             ("9007199254740993.0", "write it as an integer or a string"),
             ("-9223372036854775809", "out of int64 range"),
+            ("-9.223372036854775808e18", "written as a float"),
+            ("-1e19", "out of int64 range"),
             ("18446744073709551616", "out of int64 range"),
         ] {
             let e = key(bad).expect_err(bad);

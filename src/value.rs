@@ -111,9 +111,11 @@ impl Dtype {
                 "expected int64, got {f}, which is not a whole number"
             )),
             // An integer past 2^63 arrives here as a float: echoing it would show it rounded.
-            (Self::Int64, Value::Float(f)) if f.abs() >= INT64_END => {
+            (Self::Int64, Value::Float(f)) if !(-INT64_END..INT64_END).contains(&f) => {
                 Err("expected int64, got a number outside its range (-9223372036854775808 to 9223372036854775807)".to_owned())
             }
+            // -2^63 itself is in range, but as a float it is also where integers just below the range round.
+            (Self::Int64, Value::Float(f)) if f == -INT64_END => Err("expected int64, got a number float64 reads as -2^63: an integer below int64's range (-9223372036854775808 to 9223372036854775807), or a whole number written as a float, which must be below 2^53 in magnitude (past it float64 cannot tell neighbouring integers apart)".to_owned()),
             (Self::Int64, Value::Float(f)) => Err(format!(
                 "expected int64, got a number written as a float, {f} as float64 reads it: whole numbers written as floats must be below 2^53 in magnitude (past it float64 cannot tell neighbouring integers apart), and integers within ±2^63"
             )),
@@ -429,6 +431,19 @@ mod tests {
             Dtype::Int64.from_json(&serde_json::json!(i64::MIN)),
             Ok(Value::Int(i64::MIN))
         );
+        // -2^63 as a float is int64's lower bound: not "outside its range", but it may be where an
+        // integer below the range rounded to, and is past 2^53 as a float.
+        for text in ["-9.223372036854775808e18", "-9223372036854775809"] {
+            let low: serde_json::Value = serde_json::from_str(text).expect("json");
+            let e = Dtype::Int64.from_json(&low).expect_err("-2^63 as a float");
+            assert!(
+                e.contains("-2^63") && e.contains("2^53") && !e.contains("outside its range"),
+                "{text}: {e}"
+            );
+        }
+        let below: serde_json::Value = serde_json::from_str("-1e19").expect("json");
+        let e = Dtype::Int64.from_json(&below).expect_err("below -2^63");
+        assert!(e.contains("outside its range"), "{e}");
     }
 
     #[test]

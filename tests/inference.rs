@@ -480,4 +480,21 @@ async fn v2_server_and_health_endpoints_answer_as_the_protocol_specifies() {
         r.json()["error"].is_string(),
         "errors are {{\"error\": \"...\"}} on /v2"
     );
+    // A name from the path is echoed cut, as in every error message.
+    let long = "b".repeat(10_000);
+    for path in [
+        format!("/v2/models/{long}"),
+        format!("/v2/models/{long}/ready"),
+    ] {
+        let r = app.get(&path).await;
+        assert_eq!(r.status, 404, "{}", &path[..20]);
+        let j = r.json();
+        let message = j["error"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with("model `bbb") && message.ends_with(" more bytes)"),
+            "{}…",
+            &message[..message.len().min(40)]
+        );
+        assert!(r.body.len() < 4_300, "{} bytes", r.body.len());
+    }
 }
