@@ -144,23 +144,62 @@ impl Expiry<Box<str>, Arc<Entry>> for Keep {
     }
 }
 
+type Moka = moka::sync::Cache<Box<str>, Arc<Entry>, foldhash::fast::RandomState>;
+
+/// The cache, shared by the clones of a gateway. A flush swaps in an empty moka cache and empties the old
+/// one on a thread of its own ([`FeatureCache::invalidate_all`]).
 #[derive(Clone)]
 pub struct FeatureCache {
-    inner: moka::sync::Cache<Box<str>, Arc<Entry>, foldhash::fast::RandomState>,
+    inner: Arc<arc_swap::ArcSwap<Moka>>,
+    max_bytes: u64,
     clock: Clock,
+}
+
+fn moka(max_bytes: u64) -> Moka {
+    moka::sync::Cache::builder()
+        .max_capacity(max_bytes)
+        .weigher(|_k, v: &Arc<Entry>| v.weight)
+        .expire_after(Keep)
+        // Every removal (expiry, eviction, replacement, invalidation) undoes one insert.
+        .eviction_listener(|_k, v: Arc<Entry>, _cause: RemovalCause| v.stats.removed(v.weight))
+        .build_with_hasher(foldhash::fast::RandomState::default())
+}
+
+/// Empties a cache no longer in use: every entry leaves through the removal listener, so the views'
+/// entries and bytes gauges drop by what it held. First waits for the lookups and inserts that still hold
+/// it (each a few microseconds), so nothing lands in it after it is emptied.
+fn drain(mut old: Arc<Moka>) {
+    let cache = loop {
+        match Arc::try_unwrap(old) {
+            Ok(cache) => break cache,
+            Err(held) => {
+                old = held;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    };
+    cache.invalidate_all();
+    // moka stops each run after 100 ms when a listener is set, with more left to do; a run that removes
+    // nothing ends it (dropping the cache frees the rest, uncounted).
+    let mut left = cache.entry_count();
+    while left > 0 {
+        cache.run_pending_tasks();
+        let now = cache.entry_count();
+        if now >= left {
+            break;
+        }
+        left = now;
+    }
 }
 
 impl FeatureCache {
     /// A cache holding at most `max_bytes` (by the entries' estimated size).
     pub fn new(max_bytes: u64, clock: Clock) -> Self {
-        let inner = moka::sync::Cache::builder()
-            .max_capacity(max_bytes)
-            .weigher(|_k, v: &Arc<Entry>| v.weight)
-            .expire_after(Keep)
-            // Every removal (expiry, eviction, replacement, invalidation) undoes one insert.
-            .eviction_listener(|_k, v: Arc<Entry>, _cause: RemovalCause| v.stats.removed(v.weight))
-            .build_with_hasher(foldhash::fast::RandomState::default());
-        Self { inner, clock }
+        Self {
+            inner: Arc::new(arc_swap::ArcSwap::from_pointee(moka(max_bytes))),
+            max_bytes,
+            clock,
+        }
     }
 
     pub fn clock(&self) -> &Clock {
@@ -171,7 +210,7 @@ impl FeatureCache {
     /// per request rather than per key). An entry decoded for another version or layout of the view is
     /// absent.
     pub fn lookup(&self, key: &str, view: &View, now_ms: i64) -> Lookup {
-        let Some(e) = self.inner.get(key) else {
+        let Some(e) = self.inner.load().get(key) else {
             return Lookup::Absent;
         };
         if e.shape != view.shape() {
@@ -200,32 +239,48 @@ impl FeatureCache {
     /// Stores an entry (accounted in its view's entries and bytes; the removal listener undoes it).
     pub fn insert(&self, key: Box<str>, entry: Arc<Entry>) {
         entry.stats.inserted(entry.weight);
-        self.inner.insert(key, entry);
+        self.inner.load().insert(key, entry);
     }
 
     /// Drops a key, e.g. after a write through hydrant or an invalidation message.
     pub fn invalidate(&self, key: &str) {
-        self.inner.invalidate(key);
+        self.inner.load().invalidate(key);
     }
 
-    /// Drops everything (e.g. after a lost invalidation connection).
+    /// Drops everything (e.g. after a lost invalidation connection): lookups from now on find an empty
+    /// cache. The old entries are removed on a thread of its own. moka would remove them in its upkeep,
+    /// which runs on whichever thread reads or writes the cache next, 100 ms at a time: with a few hundred
+    /// thousand entries cached, that stalled the async workers, and every request with them, for up to
+    /// half a second. Until the old cache is empty, its entries still count in the views' gauges.
     pub fn invalidate_all(&self) {
-        self.inner.invalidate_all();
+        let old = self.inner.swap(Arc::new(moka(self.max_bytes)));
+        let spawned = std::thread::Builder::new()
+            .name("cache-flush".to_owned())
+            .spawn({
+                let old = old.clone();
+                move || drain(old)
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("cannot start a thread to empty the old cache ({e}); emptying it here");
+            drain(old);
+        }
     }
 
     pub fn entry_count(&self) -> u64 {
-        self.inner.entry_count()
+        self.inner.load().entry_count()
     }
 
     /// Runs moka's pending maintenance (expiry, eviction listeners) now; for tests and stats.
     pub fn run_pending_tasks(&self) {
-        self.inner.run_pending_tasks();
+        self.inner.load().run_pending_tasks();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use std::path::Path;
+
+    use std::sync::atomic::Ordering::Relaxed;
 
     use super::*;
     use crate::schema::Registry;
@@ -251,6 +306,44 @@ mod tests {
         ] {
             assert_eq!(allocated(asked), got, "{asked} bytes");
         }
+    }
+
+    #[test]
+    fn a_flush_empties_the_cache_at_once_and_its_gauges_settle_on_what_is_cached_after() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let r = Registry::load_dir(&root.join("schemas"), &root.join("models")).expect("schemas");
+        let view = &*r.views["user_profile"];
+        let telemetry = Arc::new(Telemetry::default());
+        let stats = telemetry.view("user_profile");
+        let cache = FeatureCache::new(1 << 30, Clock::default());
+        let entry = || Arc::new(Entry::new(0, None, view, 20, stats.clone()));
+        let weight = i64::from(entry().weight());
+        for i in 0..20_000 {
+            cache.insert(format!("hy:user_profile:u_{i}").into(), entry());
+        }
+        cache.run_pending_tasks();
+        let gauges = || (stats.entries.load(Relaxed), stats.bytes.load(Relaxed));
+        assert_eq!(gauges(), (20_000, 20_000 * weight));
+        let clone = cache.clone();
+        cache.invalidate_all();
+        // Every clone (each replica's handle) sees the empty cache at once.
+        assert!(matches!(
+            clone.lookup("hy:user_profile:u_7", view, 0),
+            Lookup::Absent
+        ));
+        cache.insert("hy:user_profile:after".into(), entry());
+        assert!(matches!(
+            clone.lookup("hy:user_profile:after", view, 0),
+            Lookup::Fresh(_)
+        ));
+        // The old entries leave the gauges as the flush thread empties the old cache.
+        let until = Instant::now() + Duration::from_secs(10);
+        while gauges() != (1, weight) {
+            assert!(Instant::now() < until, "gauges stuck at {:?}", gauges());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        cache.run_pending_tasks();
+        assert_eq!(cache.entry_count(), 1);
     }
 
     #[test]
