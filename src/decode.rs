@@ -298,6 +298,13 @@ fn parse_body_tracked<T: DeserializeOwned + Positional>(
                     ),
                     // An object written as an array (as encoders write structs) with more values than
                     // it has fields (`n` is the number it read).
+                    rmp_serde::decode::Error::LengthMismatch(n) if path == "." => malformed(
+                        "invalid_field",
+                        format!(
+                            "the body is an array of more values than the {n} fields of the request (write the request as a map to see which)"
+                        ),
+                        path,
+                    ),
                     rmp_serde::decode::Error::LengthMismatch(n) => malformed(
                         "invalid_field",
                         field_message(
@@ -2119,6 +2126,17 @@ mod tests {
         )
         .expect_err("timings: 5");
         assert!(e.to_string().starts_with("options.timings: "), "{e}");
+        // A whole request written as an array of too many values says it is the body.
+        let e = parse_body::<PredictRequest>(
+            Format::Msgpack,
+            &mp(serde_json::json!([{"user_id": "u_1"}, null, null, null, null])),
+        )
+        .expect_err("five values");
+        assert!(
+            e.to_string()
+                .starts_with("the body is an array of more values than the 4 fields"),
+            "{e}"
+        );
     }
 
     #[test]
