@@ -592,6 +592,9 @@ fn json_rows<R: BufRead>(
             if line < from_line {
                 return Some(Ok((line, Ok(unread()))));
             }
+            // Without its line ending: a row cut short would otherwise end "at line 2, column 0".
+            let text = text.strip_suffix('\n').unwrap_or(text);
+            let text = text.strip_suffix('\r').unwrap_or(text);
             let parsed = match serde_json::from_str::<FiniteRow>(text) {
                 Ok(FiniteRow(m)) => Ok(m),
                 Err(e) if e.is_syntax() || e.is_eof() => {
@@ -610,6 +613,8 @@ fn json_rows<R: BufRead>(
 fn within_line(e: &serde_json::Error) -> String {
     let text = e.to_string();
     match text.rfind(" at line ") {
+        // Column 0 is serde's for an error about the whole value (an array for a row): no place to give.
+        Some(i) if e.line() > 0 && e.column() == 0 => text[..i].to_owned(),
         Some(i) if e.line() > 0 => format!("{} (column {})", &text[..i], e.column()),
         _ => text,
     }
@@ -1769,6 +1774,20 @@ mod tests {
         assert!(
             reasons[1].ends_with("(column 36)") && !reasons[1].contains("line 1"),
             "{reasons:?}"
+        );
+        // A row cut short ends where it was cut, not at "column 0" past its line ending.
+        let cut = "{\"user_id\": \"e\", \"age\": 1}\n{\"user_id\":\"x5\",\"age\":1,\r\n[1,2]\n";
+        let report = load_users(&store, cut.as_bytes(), false)
+            .await
+            .expect("load");
+        let reasons: Vec<&str> = report.rejected.iter().map(|r| r.reason.as_str()).collect();
+        assert_eq!(
+            reasons[0], "not valid JSON: EOF while parsing a value (column 24)",
+            "{reasons:?}"
+        );
+        assert_eq!(
+            reasons[1],
+            "invalid type: sequence, expected a row (an object of feature names and values)"
         );
         assert_eq!(age_of(&store, "b").await, None);
         assert_eq!(age_of(&store, "d").await, Some(Value::Int(4)));
