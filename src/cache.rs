@@ -287,6 +287,11 @@ mod tests {
     use crate::telemetry::Telemetry;
     use crate::value::Value;
 
+    fn demo_registry() -> Registry {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        Registry::load_dir(&root.join("schemas"), &root.join("models")).expect("schemas")
+    }
+
     #[test]
     fn allocations_are_weighed_at_the_allocators_size_classes() {
         for (asked, got) in [
@@ -310,8 +315,7 @@ mod tests {
 
     #[test]
     fn a_flush_empties_the_cache_at_once_and_its_gauges_settle_on_what_is_cached_after() {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let r = Registry::load_dir(&root.join("schemas"), &root.join("models")).expect("schemas");
+        let r = demo_registry();
         let view = &*r.views["user_profile"];
         let telemetry = Arc::new(Telemetry::default());
         let stats = telemetry.view("user_profile");
@@ -348,8 +352,7 @@ mod tests {
 
     #[test]
     fn the_cache_stays_within_its_byte_budget() {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let r = Registry::load_dir(&root.join("schemas"), &root.join("models")).expect("schemas");
+        let r = demo_registry();
         let view = &*r.views["user_profile"];
         let telemetry = Arc::new(Telemetry::default());
         let budget = 50_000;

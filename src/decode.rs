@@ -688,22 +688,19 @@ impl<'de> Deserialize<'de> for EntityKey {
 /// An integer key written as a float (`1e3`, or `1000.0` from an encoder that writes every number as
 /// a double), taken as the integer while float64 holds it exactly, as an int64 context value is.
 pub fn whole_key(f: f64) -> Result<i64, String> {
-    if let Some(i) = crate::value::exact_integer(f) {
-        Ok(i)
-    } else if f.fract() == 0.0 && !(-crate::value::INT64_END..crate::value::INT64_END).contains(&f)
-    {
-        Err("entity key out of int64 range (write it as a string if it is an id)".to_owned())
-    } else if f == -crate::value::INT64_END {
-        // int64's lower bound as a float, or an integer below the range rounded to it.
-        Err("entity key out of int64 range, or -9223372036854775808 written as a float (past 2^53 a float cannot tell neighbouring integers apart): write it as an integer, or as a string if it is an id".to_owned())
-    } else if f.fract() == 0.0 {
-        Err(format!(
+    use crate::value::FloatAsInt;
+    match crate::value::float_as_int(f) {
+        FloatAsInt::Exact(i) => Ok(i),
+        FloatAsInt::OutOfRange => {
+            Err("entity key out of int64 range (write it as a string if it is an id)".to_owned())
+        }
+        FloatAsInt::LowerBound => Err("entity key out of int64 range, or -9223372036854775808 written as a float (past 2^53 a float cannot tell neighbouring integers apart): write it as an integer, or as a string if it is an id".to_owned()),
+        FloatAsInt::Inexact => Err(format!(
             "expected an entity key (a string or an integer), got {f} written as a float: past 2^53 a float cannot tell neighbouring integers apart, so write it as an integer or a string"
-        ))
-    } else {
-        Err(format!(
+        )),
+        FloatAsInt::NotWhole => Err(format!(
             "expected an entity key (a string or an integer), got {f}, which is not a whole number"
-        ))
+        )),
     }
 }
 

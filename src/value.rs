@@ -26,7 +26,7 @@ pub enum Dtype {
 }
 
 /// 2^63, the first whole float past int64's range (an integer past it arrives as a float).
-pub const INT64_END: f64 = 9_223_372_036_854_775_808.0;
+const INT64_END: f64 = 9_223_372_036_854_775_808.0;
 
 /// A whole float below 2^53, where float64 still holds every integer exactly, as the integer it is.
 /// 2^53 and past it are `None`: `9007199254740993.0` parses to 2^53, so it may not be the number
@@ -34,6 +34,38 @@ pub const INT64_END: f64 = 9_223_372_036_854_775_808.0;
 /// are read through this wherever an integer is expected.
 pub fn exact_integer(f: f64) -> Option<i64> {
     (f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0).then_some(f as i64)
+}
+
+/// How a float reads where an int64 is expected: JSON numbers with a point or an exponent, integers past
+/// what serde_json reads as `i64`/`u64`, and MessagePack floats arrive as floats.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum FloatAsInt {
+    /// Whole and below 2^53 ([`exact_integer`]).
+    Exact(i64),
+    /// A fraction, NaN or an infinity.
+    NotWhole,
+    /// Past int64's range.
+    OutOfRange,
+    /// -2^63: int64's lower bound, and also where an integer just below the range rounds to.
+    LowerBound,
+    /// Whole, within the range, but at 2^53 or past it, where float64 cannot tell neighbouring integers
+    /// apart.
+    Inexact,
+}
+
+pub fn float_as_int(f: f64) -> FloatAsInt {
+    if let Some(i) = exact_integer(f) {
+        FloatAsInt::Exact(i)
+    } else if f.fract() != 0.0 {
+        // NaN and infinities too: their fraction is NaN.
+        FloatAsInt::NotWhole
+    } else if !(-INT64_END..INT64_END).contains(&f) {
+        FloatAsInt::OutOfRange
+    } else if f == -INT64_END {
+        FloatAsInt::LowerBound
+    } else {
+        FloatAsInt::Inexact
+    }
 }
 
 impl Dtype {
@@ -104,21 +136,18 @@ impl Dtype {
             (Self::Float64, Value::Float(f)) => Ok(Value::Float(f)),
             (Self::Float64, Value::Int(i)) => Ok(Value::Float(i as f64)),
             (Self::Int64, Value::Int(i)) => Ok(Value::Int(i)),
-            (Self::Int64, Value::Float(f)) if exact_integer(f).is_some() => {
-                Ok(Value::Int(f as i64))
-            }
-            (Self::Int64, Value::Float(f)) if f.fract() != 0.0 => Err(format!(
-                "expected int64, got {f}, which is not a whole number"
-            )),
-            // An integer past 2^63 arrives here as a float: echoing it would show it rounded.
-            (Self::Int64, Value::Float(f)) if !(-INT64_END..INT64_END).contains(&f) => {
-                Err("expected int64, got a number outside its range (-9223372036854775808 to 9223372036854775807)".to_owned())
-            }
-            // -2^63 itself is in range, but as a float it is also where integers just below the range round.
-            (Self::Int64, Value::Float(f)) if f == -INT64_END => Err("expected int64, got a number float64 reads as -2^63: an integer below int64's range (-9223372036854775808 to 9223372036854775807), or a whole number written as a float, which must be below 2^53 in magnitude (past it float64 cannot tell neighbouring integers apart)".to_owned()),
-            (Self::Int64, Value::Float(f)) => Err(format!(
-                "expected int64, got a number written as a float, {f} as float64 reads it: whole numbers written as floats must be below 2^53 in magnitude (past it float64 cannot tell neighbouring integers apart), and integers within ±2^63"
-            )),
+            (Self::Int64, Value::Float(f)) => match float_as_int(f) {
+                FloatAsInt::Exact(i) => Ok(Value::Int(i)),
+                FloatAsInt::NotWhole => Err(format!(
+                    "expected int64, got {f}, which is not a whole number"
+                )),
+                // An integer past 2^63 arrives here as a float: echoing it would show it rounded.
+                FloatAsInt::OutOfRange => Err("expected int64, got a number outside its range (-9223372036854775808 to 9223372036854775807)".to_owned()),
+                FloatAsInt::LowerBound => Err("expected int64, got a number float64 reads as -2^63: an integer below int64's range (-9223372036854775808 to 9223372036854775807), or a whole number written as a float, which must be below 2^53 in magnitude (past it float64 cannot tell neighbouring integers apart)".to_owned()),
+                FloatAsInt::Inexact => Err(format!(
+                    "expected int64, got a number written as a float, {f} as float64 reads it: whole numbers written as floats must be below 2^53 in magnitude (past it float64 cannot tell neighbouring integers apart), and integers within ±2^63"
+                )),
+            },
             (Self::Bool, Value::Bool(b)) => Ok(Value::Bool(b)),
             (Self::String, Value::Str(s)) => Ok(Value::Str(s)),
             (Self::Float32List(n), Value::List(l)) if l.len() == n => Ok(Value::List(l)),
