@@ -174,7 +174,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .with_state(gw)
 }
 
-/// Runs the cache's pending maintenance (expiry, eviction listeners) so the entries and bytes gauges are
+/// Runs the cache's pending maintenance (eviction, its listeners) so the entries and bytes gauges are
 /// current; on the blocking pool, since on a large cache it can take a while.
 async fn settle_cache(gw: &Gateway) {
     let cache = gw.hydrator.cache().clone();

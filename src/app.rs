@@ -255,15 +255,23 @@ impl Application {
         tracing::info!(%addr, "hydrant listening");
         let grace = self.gateway.config.server.shutdown_grace;
         let gateway = self.gateway.clone();
-        // Best-effort upkeep: runs the cache's pending maintenance (expiry, eviction, its listeners) on a
-        // timer so memory and the entries/bytes gauges stay accurate when traffic is idle. Aborted on stop.
+        // The cache's upkeep, on the blocking pool: removes the entries past their keep time and runs
+        // moka's pending maintenance (eviction, its listeners), so memory and the entries/bytes gauges stay
+        // accurate when traffic is idle. Every second, or less often when a sweep takes long (at most a
+        // fiftieth of a core). Aborted on stop.
         let cache = self.gateway.hydrator.cache().clone();
         let upkeep = tokio::spawn(async move {
-            let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+            let mut pause = crate::cache::UPKEEP_EVERY;
             loop {
-                tick.tick().await;
+                tokio::time::sleep(pause).await;
                 let c = cache.clone();
-                let _ = tokio::task::spawn_blocking(move || c.run_pending_tasks()).await;
+                let started = std::time::Instant::now();
+                let _ = tokio::task::spawn_blocking(move || {
+                    c.sweep();
+                    c.run_pending_tasks();
+                })
+                .await;
+                pause = crate::cache::UPKEEP_EVERY.max(started.elapsed() * 50);
             }
         });
         let _abort_upkeep = AbortOnDrop(upkeep);

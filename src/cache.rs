@@ -1,14 +1,14 @@
 //! The in-process feature cache: one moka cache for all views, keyed by store key, bounded by bytes.
 //!
 //! Entries carry the time they were fetched; [`FeatureCache::lookup`] classifies them against the view's
-//! policy (fresh, past `refresh_after`, past `ttl` but within `max_staleness`). moka's own expiry is set to
-//! the longest an entry can still be useful, so memory stays bounded while the policy decisions stay here,
-//! testable with a [`Clock`] that tests move.
+//! policy (fresh, past `refresh_after`, past `ttl` but within `max_staleness`), so the policy decisions stay
+//! here, testable with a [`Clock`] that tests move. An entry past the longest it can still be useful is
+//! removed by [`FeatureCache::sweep`], which the server runs on a blocking thread every second or so; moka
+//! itself bounds memory by bytes, and has no expiry of its own (see [`FeatureCache::sweep`] for why).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use moka::Expiry;
 use moka::notification::RemovalCause;
 
 use crate::clock::Clock;
@@ -36,7 +36,8 @@ pub struct Entry {
     /// [`View::shape`] of the view the record was decoded for: a lookup for another shape of the view
     /// (after a registered change) is a miss.
     shape: u64,
-    /// How long moka keeps the entry, in milliseconds: ttl + max_staleness, or negative_ttl.
+    /// How long the entry stays cached, in milliseconds: ttl + max_staleness, or negative_ttl. Past it,
+    /// [`FeatureCache::sweep`] removes it.
     keep_ms: u64,
     weight: u32,
     /// The view's counters: the entry accounts itself in them when inserted and when removed.
@@ -59,12 +60,11 @@ impl Entry {
         };
         // What the entry really costs in memory: every heap allocation at the size the allocator hands
         // out ([`allocated`]), plus moka's per-entry bookkeeping (its entry node, access-order and
-        // write-order deque nodes, timer-wheel node, key hash and its share of the hash table), with a
-        // margin. Calibrated against resident memory with 1,000,000 cached demo users
-        // (scripts/bench-memory.sh: 533 B per entity measured, 544 B estimated), so `cache.max_bytes`
-        // errs on the safe side.
+        // write-order deque nodes, key hash and its share of the hash table), with a margin. Calibrated
+        // against resident memory with 1,000,000 cached demo users (scripts/bench-memory.sh: 488–490 B
+        // per entity measured, 512 B estimated), so `cache.max_bytes` errs on the safe side.
         let values = found.as_ref().map_or(0, |f| allocated(f.values.bytes()));
-        const MOKA_PER_ENTRY: usize = 384;
+        const MOKA_PER_ENTRY: usize = 352;
         let weight = allocated(key_len)
             + allocated(std::mem::size_of::<Entry>() + 16)
             + values
@@ -98,6 +98,11 @@ impl Entry {
     pub fn weight(&self) -> u32 {
         self.weight
     }
+
+    /// Whether the entry is past the longest any policy would still serve it, at `now_ms`.
+    fn outlived(&self, now_ms: i64) -> bool {
+        now_ms.saturating_sub(self.fetched_at_ms) >= i64::try_from(self.keep_ms).unwrap_or(i64::MAX)
+    }
 }
 
 /// The bytes an allocation of `bytes` takes from mimalloc: up to 64 bytes, a multiple of 8; above, four
@@ -127,22 +132,9 @@ pub enum Lookup {
     Absent,
 }
 
-struct Keep;
-
-impl Expiry<Box<str>, Arc<Entry>> for Keep {
-    fn expire_after_create(&self, _: &Box<str>, v: &Arc<Entry>, _: Instant) -> Option<Duration> {
-        Some(Duration::from_millis(v.keep_ms))
-    }
-    fn expire_after_update(
-        &self,
-        _: &Box<str>,
-        v: &Arc<Entry>,
-        _: Instant,
-        _: Option<Duration>,
-    ) -> Option<Duration> {
-        Some(Duration::from_millis(v.keep_ms))
-    }
-}
+/// How often the server sweeps the cache ([`FeatureCache::sweep`]) and runs moka's upkeep, at most: less
+/// often when a sweep takes long, so sweeping takes at most a fiftieth of a core.
+pub const UPKEEP_EVERY: Duration = Duration::from_secs(1);
 
 type Moka = moka::sync::Cache<Box<str>, Arc<Entry>, foldhash::fast::RandomState>;
 
@@ -159,7 +151,6 @@ fn moka(max_bytes: u64) -> Moka {
     moka::sync::Cache::builder()
         .max_capacity(max_bytes)
         .weigher(|_k, v: &Arc<Entry>| v.weight)
-        .expire_after(Keep)
         // Every removal (expiry, eviction, replacement, invalidation) undoes one insert.
         .eviction_listener(|_k, v: Arc<Entry>, _cause: RemovalCause| v.stats.removed(v.weight))
         .build_with_hasher(foldhash::fast::RandomState::default())
@@ -266,6 +257,44 @@ impl FeatureCache {
         }
     }
 
+    /// Removes the entries past their keep time (`ttl + max_staleness`, or `negative_ttl`) and returns how
+    /// many. The server runs it on a blocking thread every second or so ([`UPKEEP_EVERY`]), never on a
+    /// request's thread.
+    ///
+    /// moka could expire the entries itself, but it removes expired entries in its upkeep, which runs on
+    /// whichever thread reads or writes the cache next, and its timer wheel hands over a whole second's
+    /// worth of expired entries at once, with no time limit. 400,000 entries cached within two seconds
+    /// stalled the async worker that next touched the cache, and every request on it, for 150–390 ms when
+    /// they expired. Here each removal is one small record in moka's write log, which its upkeep applies a
+    /// few hundred at a time, and which this thread applies itself as it goes.
+    ///
+    /// An entry refreshed between the check and its removal is removed all the same: one more store read
+    /// for that key, and nothing served wrong.
+    pub fn sweep(&self) -> usize {
+        /// Removals between two runs of moka's upkeep on this thread, which apply them.
+        const STEP: usize = 256;
+        /// Entries looked at between two checks that a flush has not replaced the cache.
+        const CHECK: usize = 4096;
+        let cache = self.inner.load_full();
+        let now_ms = self.clock.now_ms();
+        let mut removed = 0;
+        for (seen, (key, entry)) in cache.iter().enumerate() {
+            if entry.outlived(now_ms) {
+                cache.invalidate(&**key);
+                removed += 1;
+                if removed % STEP == 0 {
+                    cache.run_pending_tasks();
+                }
+            }
+            // After a flush the old cache is emptied on a thread of its own, which waits for this one to
+            // let go of it.
+            if seen % CHECK == CHECK - 1 && !Arc::ptr_eq(&cache, &self.inner.load()) {
+                break;
+            }
+        }
+        removed
+    }
+
     pub fn entry_count(&self) -> u64 {
         self.inner.load().entry_count()
     }
@@ -279,6 +308,7 @@ impl FeatureCache {
 #[cfg(test)]
 mod tests {
     use std::path::Path;
+    use std::time::Instant;
 
     use std::sync::atomic::Ordering::Relaxed;
 
@@ -348,6 +378,66 @@ mod tests {
         }
         cache.run_pending_tasks();
         assert_eq!(cache.entry_count(), 1);
+    }
+
+    #[test]
+    fn a_sweep_removes_the_entries_past_their_keep_time_and_only_those() {
+        // user_profile: ttl 10m, max_staleness 1h, negative_ttl 30s.
+        let r = demo_registry();
+        let view = &*r.views["user_profile"];
+        let telemetry = Arc::new(Telemetry::default());
+        let stats = telemetry.view("user_profile");
+        let clock = Clock::default();
+        let cache = FeatureCache::new(1 << 30, clock.clone());
+        let found = || Found {
+            event_ts_ms: 0,
+            values: Packed::new(&[Value::Int(1)]),
+        };
+        let put = |key: &str, found: Option<Found>| {
+            let entry = Entry::new(clock.now_ms(), found, view, key.len(), stats.clone());
+            cache.insert(key.into(), Arc::new(entry));
+        };
+        put("hy:user_profile:old", Some(found()));
+        put("hy:user_profile:gone_early", None);
+        clock.advance(Duration::from_secs(40 * 60));
+        put("hy:user_profile:young", Some(found()));
+        put("hy:user_profile:gone_late", None);
+        cache.run_pending_tasks();
+        let gauges = || (stats.entries.load(Relaxed), stats.bytes.load(Relaxed));
+        let present = |key: &str| cache.inner.load().contains_key(key);
+
+        // 40 minutes in: the negative entry cached at 0 is past its 30 s; the found one, within ttl +
+        // max_staleness, is kept (it is served when the store fails).
+        assert_eq!(cache.sweep(), 1);
+        assert!(!present("hy:user_profile:gone_early"));
+        assert!(present("hy:user_profile:old"));
+        assert!(matches!(
+            cache.lookup("hy:user_profile:old", view, clock.now_ms()),
+            Lookup::Expired(_)
+        ));
+        // 31 seconds later the second negative entry goes too; nothing else.
+        clock.advance(Duration::from_secs(31));
+        assert_eq!(cache.sweep(), 1);
+        assert!(!present("hy:user_profile:gone_late"));
+        assert_eq!(cache.sweep(), 0, "a second sweep finds nothing more");
+        // Past 1 h 10 m the first found entry goes; the one cached at 40 minutes stays.
+        clock.advance(Duration::from_secs(30 * 60));
+        assert_eq!(cache.sweep(), 1);
+        assert!(!present("hy:user_profile:old"));
+        assert!(present("hy:user_profile:young"));
+        cache.run_pending_tasks();
+        assert_eq!(cache.entry_count(), 1);
+        let weight = i64::from(
+            Entry::new(
+                0,
+                Some(found()),
+                view,
+                "hy:user_profile:young".len(),
+                stats.clone(),
+            )
+            .weight(),
+        );
+        assert_eq!(gauges(), (1, weight), "removed entries leave the gauges");
     }
 
     #[test]

@@ -392,6 +392,37 @@ async fn not_found_is_cached_for_negative_ttl() {
 }
 
 #[tokio::test]
+async fn entries_past_their_keep_time_leave_the_cache_with_no_traffic() {
+    let redis = RedisServer::start();
+    let app = gateway(&redis, |_| {}).await;
+    put_raw(&redis, "hy:user_profile:u_kept", &user_record(41, now_ms()));
+    let (_, s, _) = ages(&app, &["u_kept", "u_absent"]).await;
+    assert_eq!(s, ["PRESENT", "NOT_FOUND"]);
+    let entries = |s: &Json| s["views"]["user_profile"]["entries"].clone();
+    assert_eq!(entries(&app.get("/v1/stats").await.json()), 2);
+    // negative_ttl is 30s; the found entry is kept for ttl + max_staleness (1h10m). The server's
+    // upkeep, about once a second, removes the negative one without any request touching the cache.
+    app.clock.advance(Duration::from_secs(31));
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = app.get("/v1/stats").await.json();
+        if entries(&s) == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the negative entry was never removed: {}",
+            s["views"]["user_profile"]
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The kept entry is still served from the cache.
+    let (v, s, j) = ages(&app, &["u_kept"]).await;
+    assert_eq!((v, s), (vec![41], vec!["PRESENT".to_owned()]));
+    assert_eq!(j["cache"]["hits"], 1);
+}
+
+#[tokio::test]
 async fn values_older_than_max_age_are_served_as_defaults() {
     let redis = RedisServer::start();
     let app = gateway(&redis, |_| {}).await;
