@@ -14,6 +14,7 @@
 
 use std::io::{BufRead, Read};
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
@@ -313,7 +314,7 @@ pub async fn load<R: BufRead>(
     reader: R,
     csv: bool,
     limits: &LimitsConfig,
-    store: &dyn Store,
+    store: Arc<dyn Store>,
 ) -> anyhow::Result<Report> {
     let never = std::sync::atomic::AtomicBool::new(false);
     let input = Input {
@@ -337,12 +338,17 @@ pub struct Input<R> {
 /// checked nor written: a load resumed where an earlier one's writes timed out), stopping at the next
 /// row once `stop` is set (Ctrl-C, SIGTERM): the batches in flight are finished and the report says
 /// where it stopped.
+///
+/// Each batch is written, then announced, by a task of its own, so a written batch is announced at once
+/// even while the input keeps the loader waiting (a pipe that pauses). On a multi-threaded runtime the
+/// input is read in [`tokio::task::block_in_place`], a batch's worth of rows at a time, so those tasks
+/// (and the store's connection) go on running while a read blocks.
 pub async fn load_until<R: BufRead>(
     view: &View,
     prefix: &str,
     input: Input<R>,
     limits: &LimitsConfig,
-    store: &dyn Store,
+    store: Arc<dyn Store>,
     stop: &std::sync::atomic::AtomicBool,
 ) -> anyhow::Result<Report> {
     let Input {
@@ -354,16 +360,45 @@ pub async fn load_until<R: BufRead>(
     // was written, not the time a long load began, and the future-skew check keeps up with the clock.
     let mut now = crate::value::now_ms();
     let mut report = Report::default();
-    let rows: Box<dyn Iterator<Item = std::io::Result<ParsedLine>> + '_> = if csv {
+    let mut rows: Box<dyn Iterator<Item = std::io::Result<ParsedLine>> + '_> = if csv {
         Box::new(csv_rows(view, reader, from_line)?)
     } else {
         Box::new(json_rows(reader, from_line))
     };
+    let blocking_allowed = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    // Rows read ahead, each with whether `stop` was set once it had been read: the load stops before the
+    // first such row, as when the rows were read one at a time.
+    let mut read: std::collections::VecDeque<(std::io::Result<ParsedLine>, bool)> =
+        std::collections::VecDeque::with_capacity(BATCH);
     let mut writer = Writer::new(store, view.policy.key_ttl);
     let mut batch = Batch::default();
     let mut last_read = 0;
     let mut stopped = None;
-    for row in rows {
+    loop {
+        if read.is_empty() {
+            let mut fill = || {
+                while read.len() < BATCH {
+                    let Some(row) = rows.next() else {
+                        break;
+                    };
+                    let stop_seen = stop.load(Relaxed);
+                    let last = row.is_err() || stop_seen;
+                    read.push_back((row, stop_seen));
+                    if last {
+                        break;
+                    }
+                }
+            };
+            if blocking_allowed {
+                tokio::task::block_in_place(fill);
+            } else {
+                fill();
+            }
+        }
+        let Some((row, stop_seen)) = read.pop_front() else {
+            break;
+        };
         let (line, parsed) = match row {
             Ok(r) => r,
             Err(e) => {
@@ -371,7 +406,7 @@ pub async fn load_until<R: BufRead>(
                 break;
             }
         };
-        if stop.load(Relaxed) {
+        if stop_seen {
             report.gave_up = Some(format!(
                 "interrupted before line {line}: the rest of the file was not read"
             ));
@@ -425,13 +460,23 @@ pub async fn load_until<R: BufRead>(
 /// or refused.
 type BatchDone = (Vec<String>, usize, Result<(usize, bool), FailedBatch>);
 
+/// A batch's write, spawned: it goes on, and announces its keys, whether or not the loader is polling it.
+/// Aborted if the load is dropped, as the write itself would have been.
+struct Spawned(tokio::task::JoinHandle<BatchDone>);
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// The batches being written, up to [`IN_FLIGHT`] at once. Batches in flight may land in any order, so a
 /// batch that writes a key still being written by an earlier one waits for the earlier ones first: the
 /// last row of a key in the file is always the one stored.
-struct Writer<'a> {
-    store: &'a dyn Store,
+struct Writer {
+    store: Arc<dyn Store>,
     ttl: Option<Duration>,
-    in_flight: futures::stream::FuturesUnordered<crate::store::BoxFuture<'a, BatchDone>>,
+    in_flight: futures::stream::FuturesUnordered<crate::store::BoxFuture<'static, BatchDone>>,
     writing: std::collections::HashSet<String>,
     /// Keys of batches that timed out, with those batches' lines. Such a batch may still be applied
     /// (Redis keeps it queued for the reconnection), so a later row of one of its keys is not sent:
@@ -439,8 +484,8 @@ struct Writer<'a> {
     doubtful: std::collections::HashMap<String, (usize, usize)>,
 }
 
-impl<'a> Writer<'a> {
-    fn new(store: &'a dyn Store, ttl: Option<Duration>) -> Self {
+impl Writer {
+    fn new(store: Arc<dyn Store>, ttl: Option<Duration>) -> Self {
         Self {
             store,
             ttl,
@@ -473,11 +518,34 @@ impl<'a> Writer<'a> {
             return;
         }
         self.writing.extend(b.writes.iter().map(|(k, _)| k.clone()));
-        self.in_flight
-            .push(Box::pin(write_batch(self.store, b, self.ttl)));
-        // Pushing does not poll: start the new batch's write now and collect any that are done, so the
-        // writes go on while the next rows are read rather than when the window is full.
+        let (first_line, last_line, rows) = (b.first_line, b.last_line, b.writes.len());
+        let mut task = Spawned(tokio::spawn(write_batch(self.store.clone(), b, self.ttl)));
+        self.in_flight.push(Box::pin(async move {
+            match (&mut task.0).await {
+                Ok(done) => done,
+                // The task panicked: the write may have been sent. Its keys stay marked as being
+                // written, so a later batch of one of them waits for every batch in flight.
+                Err(e) => (
+                    Vec::new(),
+                    first_line,
+                    Err(FailedBatch {
+                        first_line,
+                        last_line,
+                        rows,
+                        reason: format!(
+                            "the write failed unexpectedly, and may have been applied: {e}"
+                        ),
+                        unconfirmed: true,
+                        partial: false,
+                    }),
+                ),
+            }
+        }));
+        // Collect the batches already done, so the report keeps up while the file is read.
         self.collect_done(report);
+        // Lets the new task start its write at once, on a runtime of one thread too: the loader does not
+        // otherwise yield until the window is full.
+        tokio::task::yield_now().await;
     }
 
     fn collect_done(&mut self, report: &mut Report) {
@@ -628,7 +696,7 @@ struct Batch {
 }
 
 /// Writes one batch, then announces its keys; `Ok((rows, announced))`.
-async fn write_batch(store: &dyn Store, b: Batch, ttl: Option<Duration>) -> BatchDone {
+async fn write_batch(store: Arc<dyn Store>, b: Batch, ttl: Option<Duration>) -> BatchDone {
     let rows = b.writes.len();
     let keys: Vec<String> = b.writes.iter().map(|(k, _)| k.clone()).collect();
     if let Err(e) = store.put_many(b.writes, ttl).await {
@@ -1150,10 +1218,11 @@ mod tests {
 
     /// Loads `reader` into `store` as `user_profile` rows, with the default limits.
     async fn load_users(
-        store: &dyn Store,
+        store: &(impl Store + Clone + 'static),
         reader: impl BufRead,
         csv: bool,
     ) -> anyhow::Result<Report> {
+        let store: Arc<dyn Store> = Arc::new(store.clone());
         load(&view(), "hy", reader, csv, &LimitsConfig::default(), store).await
     }
 
@@ -1216,6 +1285,7 @@ mod tests {
     /// The embedded store, counting the batch writes it is asked for; with `first_late`, the first write is
     /// held back so that later batches land before it, as concurrent round trips may; with `full`, every
     /// write fails, as on a full disk.
+    #[derive(Clone)]
     struct TestStore {
         inner: crate::store::embedded::EmbeddedStore,
         writes: Arc<std::sync::atomic::AtomicUsize>,
@@ -1320,7 +1390,7 @@ mod tests {
             "hy",
             input,
             &LimitsConfig::default(),
-            &store,
+            Arc::new(store.clone()),
             &stop,
         )
         .await
@@ -1593,7 +1663,7 @@ mod tests {
                 csv: true,
                 from_line: line,
             };
-            load_until(&view, "hy", input, &limits, &store, &stop)
+            load_until(&view, "hy", input, &limits, Arc::new(store.clone()), &stop)
         };
         let report = from(6).await.expect("load");
         assert_eq!((report.skipped, report.written), (3, 1), "{report:?}");
@@ -1727,7 +1797,7 @@ mod tests {
             lines.as_bytes(),
             false,
             &LimitsConfig::default(),
-            &store,
+            Arc::new(store.clone()),
         )
         .await
         .expect("load");

@@ -218,7 +218,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     &config.store.prefix,
                     input,
                     &config.limits,
-                    store.as_ref(),
+                    store.clone(),
                     &stop,
                 )
                 .await

@@ -393,7 +393,7 @@ async fn keys_with_unicode_and_separators_stay_inside_their_view() {
     let app = TestApp::spawn().await;
     // Write a user whose key looks like another view's key, and one with non-ASCII characters.
     let rows = "{\"user_id\": \"item_stats:i_1\", \"age\": 77}\n{\"user_id\": \"Zoë 🙂 ユーザー\", \"age\": 55}\n";
-    common::load_rows(app.store.as_ref(), "user_profile", rows.as_bytes(), false).await;
+    common::load_rows(&app.store, "user_profile", rows.as_bytes(), false).await;
     let feats =
         |user: &str| json!({"entities": {"user_id": user}, "features": ["user_profile:age"]});
     let age = |j: Json| j["features"]["user_profile:age"]["values"][0].clone();
@@ -1165,8 +1165,7 @@ async fn an_extreme_event_timestamp_is_outside_max_age_not_a_crash() {
         "{{\"user_id\": \"u_ancient\", \"age\": 44, \"event_timestamp\": {}}}\n",
         i64::MIN
     );
-    let report =
-        common::load_rows(app.store.as_ref(), "user_profile", rows.as_bytes(), false).await;
+    let report = common::load_rows(&app.store, "user_profile", rows.as_bytes(), false).await;
     assert_eq!((report.written, report.rejected_rows), (0, 1));
     assert!(
         report.rejected[0].reason.contains("before 1970"),

@@ -110,7 +110,7 @@ async fn event_times_nulls_and_max_age_read_as_feast_statuses() {
         "{{\"user_id\": \"u_dated\", \"age\": 41, \"avg_session_minutes\": null, \"event_timestamp\": {dated}}}\n\
          {{\"user_id\": \"u_old\", \"age\": 52, \"event_timestamp\": {two_years_ago}}}\n"
     );
-    common::load_rows(app.store.as_ref(), "user_profile", rows.as_bytes(), false).await;
+    common::load_rows(&app.store, "user_profile", rows.as_bytes(), false).await;
     let body = json!({
         "features": ["user_profile:age", "user_profile:avg_session_minutes"],
         "entities": {"user_id": ["u_dated", "u_old"]},

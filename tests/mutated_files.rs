@@ -302,13 +302,7 @@ async fn mutated_feature_rows_are_loaded_or_rejected_by_line() {
         let reference = tempfile::tempdir().expect("tempdir");
         let clean: Arc<dyn Store> =
             Arc::new(EmbeddedStore::open(&reference.path().join("t.redb")).expect("store"));
-        common::load_rows(
-            clean.as_ref(),
-            view,
-            std::io::Cursor::new(text.clone()),
-            false,
-        )
-        .await;
+        common::load_rows(&clean, view, std::io::Cursor::new(text.clone()), false).await;
         for i in 0..cases {
             let dir = tempfile::tempdir().expect("tempdir");
             let store: Arc<dyn Store> =
@@ -347,7 +341,7 @@ async fn mutated_feature_rows_are_loaded_or_rejected_by_line() {
                 std::io::Cursor::new(body.clone()),
                 false,
                 &limits,
-                store.as_ref(),
+                store.clone(),
             );
             let report = AssertUnwindSafe(report)
                 .catch_unwind()

@@ -790,7 +790,7 @@ async fn a_sentinel_url_reaches_the_master_it_names() {
     let store = open_store(&c)
         .await
         .expect("the master, through the sentinel");
-    load_demo_rows(store.as_ref()).await;
+    load_demo_rows(&store).await;
     assert_eq!(
         master.cmd(&["EXISTS", "hy:user_profile:u_5"]),
         Reply::Int(1),
@@ -824,7 +824,7 @@ async fn a_sentinel_url_with_its_first_sentinel_down_asks_the_next() {
     let store = open_store(&c)
         .await
         .expect("the master, through the second sentinel");
-    load_demo_rows(store.as_ref()).await;
+    load_demo_rows(&store).await;
     assert_eq!(
         master.cmd(&["EXISTS", "hy:user_profile:u_7"]),
         Reply::Int(1),
@@ -856,7 +856,7 @@ async fn a_sentinel_failover_moves_the_gateway_to_the_promoted_replica() {
     let store = open_store(&c)
         .await
         .expect("the master, through the sentinel");
-    load_demo_rows(store.as_ref()).await;
+    load_demo_rows(&store).await;
     // Every row on the replica before the master goes, and the sentinel knows the replica.
     let synced = master.cmd(&["WAIT", "1", "5000"]);
     assert_eq!(synced, Reply::Int(1), "the replica did not catch up");
@@ -933,7 +933,7 @@ async fn start_up_fails_clearly_when_redis_is_unreachable_or_refuses_the_passwor
     let store = open_store(&c)
         .await
         .expect("the password in the URL is used");
-    load_demo_rows(store.as_ref()).await;
+    load_demo_rows(&store).await;
     let app = gateway_over(c.clone(), store).await;
     assert_eq!(ages(&app, &["u_5"]).await.1, vec!["PRESENT".to_owned()]);
     c.store.redis.url = c.store.redis.url.replace("s3cret-pw", "wrong-pw");
@@ -1156,7 +1156,7 @@ async fn a_batch_that_lands_after_its_timeout_is_announced_again() {
         let store = store.clone();
         async move {
             let row = format!("{{\"user_id\": \"u_late\", \"age\": {age}}}\n");
-            common::load_rows(store.as_ref(), "user_profile", row.as_bytes(), false).await
+            common::load_rows(&store, "user_profile", row.as_bytes(), false).await
         }
     };
     assert_eq!(load(1).await.written, 1);
@@ -1192,7 +1192,7 @@ async fn a_load_against_a_frozen_redis_ends_and_reports_its_batches_unconfirmed(
     let started = std::time::Instant::now();
     let report = tokio::time::timeout(
         Duration::from_secs(20),
-        common::load_rows(store.as_ref(), "user_profile", rows.as_bytes(), false),
+        common::load_rows(&store, "user_profile", rows.as_bytes(), false),
     )
     .await;
     redis.resume();
@@ -1215,7 +1215,7 @@ async fn a_load_against_a_frozen_redis_ends_and_reports_its_batches_unconfirmed(
     let started = std::time::Instant::now();
     let report = tokio::time::timeout(
         Duration::from_secs(20),
-        common::load_rows(store.as_ref(), "user_profile", rows.as_bytes(), false),
+        common::load_rows(&store, "user_profile", rows.as_bytes(), false),
     )
     .await
     .expect("the load ends while Redis is down");
@@ -1226,6 +1226,82 @@ async fn a_load_against_a_frozen_redis_ends_and_reports_its_batches_unconfirmed(
         "{:?}",
         started.elapsed()
     );
+}
+
+/// A file read from a pipe whose writer pauses: `first` comes at once, then reads block until `go` says
+/// go (or its sender is dropped), then `rest`.
+struct PausingPipe {
+    first: std::io::Cursor<Vec<u8>>,
+    go: std::sync::mpsc::Receiver<()>,
+    waited: bool,
+    rest: std::io::Cursor<Vec<u8>>,
+}
+
+impl std::io::Read for PausingPipe {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.first.read(buf)?;
+        if n > 0 {
+            return Ok(n);
+        }
+        if !self.waited {
+            let _ = self.go.recv();
+            self.waited = true;
+        }
+        self.rest.read(buf)
+    }
+}
+
+/// A written batch is announced at once, not when the loader next gets a row: with its input paused
+/// after one batch, the running gateway already serves that batch's values.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_loader_announces_a_written_batch_while_its_input_pauses() {
+    let redis = RedisServer::start();
+    seeded(&redis).await;
+    let app = Arc::new(gateway(&redis, |_| {}).await);
+    let old = demo_rows("user_profile", "user_id")["u_4"]["age"]
+        .as_i64()
+        .expect("age");
+    assert_eq!(ages(&app, &["u_4"]).await.0, vec![old], "cached before");
+
+    // One whole batch (u_4 first), then the pause, then one more row.
+    let mut first = String::from("{\"user_id\": \"u_4\", \"age\": 77}\n");
+    for i in 1..hydrant::loader::BATCH {
+        first.push_str(&format!("{{\"user_id\": \"u_p{i}\", \"age\": 20}}\n"));
+    }
+    let (go, wait) = std::sync::mpsc::channel();
+    let pipe = PausingPipe {
+        first: std::io::Cursor::new(first.into_bytes()),
+        go: wait,
+        waited: false,
+        rest: std::io::Cursor::new(b"{\"user_id\": \"u_last\", \"age\": 21}\n".to_vec()),
+    };
+    // Watches the gateway while the loader waits on its input; lets the input go on either way.
+    let watcher = tokio::spawn({
+        let app = app.clone();
+        async move {
+            let until = Instant::now() + Duration::from_secs(5);
+            let mut seen = false;
+            while !seen && Instant::now() < until {
+                seen = ages(&app, &["u_4"]).await.0 == vec![77];
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let _ = go.send(());
+            seen
+        }
+    });
+    let store = open_store(&config_for(&redis)).await.expect("store");
+    let report =
+        common::load_rows(&store, "user_profile", std::io::BufReader::new(pipe), false).await;
+    assert!(
+        watcher.await.expect("watcher"),
+        "the gateway kept serving the old value while the loader waited on its input"
+    );
+    assert_eq!(
+        (report.written, report.unannounced),
+        (hydrant::loader::BATCH + 1, 0),
+        "{report:?}"
+    );
+    assert_eq!(ages(&app, &["u_last"]).await.0, vec![21]);
 }
 
 #[tokio::test]
@@ -1263,7 +1339,7 @@ async fn the_loader_reports_bad_rows_by_line_loads_the_good_ones_and_invalidates
     let c = config_for(&redis);
     let store = open_store(&c).await.expect("store");
     let report = common::load_rows(
-        store.as_ref(),
+        &store,
         "user_profile",
         std::io::BufReader::new(std::fs::File::open(&path).expect("open")),
         false,
@@ -1323,7 +1399,7 @@ async fn the_loader_reports_bad_rows_by_line_loads_the_good_ones_and_invalidates
     )
     .expect("csv");
     let report = common::load_rows(
-        store.as_ref(),
+        &store,
         "user_profile",
         std::io::BufReader::new(std::fs::File::open(&csv).expect("open")),
         true,
@@ -1684,7 +1760,7 @@ async fn a_tls_url_connects_when_the_server_certificate_is_trusted() {
     assert!(e.contains("Redis"), "{e}");
     c.store.redis.tls_ca_file = redis.ca_file();
     let store = open_store(&c).await.expect("TLS with the test CA");
-    load_demo_rows(store.as_ref()).await;
+    load_demo_rows(&store).await;
     let app = gateway_over(c, store).await;
     let want = demo_rows("user_profile", "user_id")["u_8"]["age"]
         .as_i64()

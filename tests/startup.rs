@@ -271,7 +271,8 @@ async fn a_damaged_or_busy_embedded_store_is_refused_with_what_to_do() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("s.redb");
     {
-        let store = EmbeddedStore::open(&path).expect("store");
+        let store: std::sync::Arc<dyn hydrant::store::Store> =
+            std::sync::Arc::new(EmbeddedStore::open(&path).expect("store"));
         common::load_demo_rows(&store).await;
         let again = EmbeddedStore::open(&path).err().expect("held by the first");
         assert!(

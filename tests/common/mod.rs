@@ -110,7 +110,7 @@ pub async fn demo_store() -> (Arc<dyn Store>, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let store: Arc<dyn Store> =
         Arc::new(EmbeddedStore::open(&dir.path().join("t.redb")).expect("store"));
-    load_demo_rows(store.as_ref()).await;
+    load_demo_rows(&store).await;
     (store, dir)
 }
 
@@ -169,7 +169,7 @@ pub fn registry() -> Registry {
 
 /// Loads rows (JSON Lines, or CSV when `csv`) of `view` into `store` with the bulk loader, under prefix `hy`.
 pub async fn load_rows(
-    store: &dyn Store,
+    store: &Arc<dyn Store>,
     view: &str,
     rows: impl std::io::BufRead,
     csv: bool,
@@ -180,14 +180,14 @@ pub async fn load_rows(
         rows,
         csv,
         &Config::default().limits,
-        store,
+        store.clone(),
     )
     .await
     .expect("load")
 }
 
 /// Loads `demo/rows/*.jsonl` into `store`, under prefix `hy`.
-pub async fn load_demo_rows(store: &dyn Store) {
+pub async fn load_demo_rows(store: &Arc<dyn Store>) {
     for view in ["user_profile", "item_stats"] {
         let path = root().join(format!("demo/rows/{view}.jsonl"));
         let f = std::io::BufReader::new(std::fs::File::open(&path).expect("rows"));

@@ -553,7 +553,7 @@ pub fn config_for(redis: &RedisServer) -> Config {
 /// A store on `redis` with the demo rows loaded through the bulk loader.
 pub async fn seeded(redis: &RedisServer) -> Arc<dyn Store> {
     let store = open_store(&config_for(redis)).await.expect("redis store");
-    load_demo_rows(store.as_ref()).await;
+    load_demo_rows(&store).await;
     store
 }
 
