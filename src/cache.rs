@@ -74,7 +74,7 @@ impl Entry {
             found,
             unreadable: false,
             shape: view.shape(),
-            // Rounded up: moka drops nothing the policy would still serve.
+            // Rounded up: the sweep removes nothing the policy would still serve.
             keep_ms: u64::try_from(keep.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX),
             weight: u32::try_from(weight).unwrap_or(u32::MAX),
             stats,
@@ -151,7 +151,7 @@ fn moka(max_bytes: u64) -> Moka {
     moka::sync::Cache::builder()
         .max_capacity(max_bytes)
         .weigher(|_k, v: &Arc<Entry>| v.weight)
-        // Every removal (expiry, eviction, replacement, invalidation) undoes one insert.
+        // Every removal (sweep, eviction, replacement, invalidation) undoes one insert.
         .eviction_listener(|_k, v: Arc<Entry>, _cause: RemovalCause| v.stats.removed(v.weight))
         .build_with_hasher(foldhash::fast::RandomState::default())
 }
@@ -264,9 +264,10 @@ impl FeatureCache {
     /// moka could expire the entries itself, but it removes expired entries in its upkeep, which runs on
     /// whichever thread reads or writes the cache next, and its timer wheel hands over a whole second's
     /// worth of expired entries at once, with no time limit. 400,000 entries cached within two seconds
-    /// stalled the async worker that next touched the cache, and every request on it, for 150–390 ms when
-    /// they expired. Here each removal is one small record in moka's write log, which its upkeep applies a
-    /// few hundred at a time, and which this thread applies itself as it goes.
+    /// stalled the async worker that next touched the cache, and every request on it, for 322–390 ms when
+    /// they expired. Here each removal is one small record in moka's write log, which this thread applies
+    /// itself as it goes (a request that runs moka's routine upkeep meanwhile applies at most a few
+    /// hundred).
     ///
     /// An entry refreshed between the check and its removal is removed all the same: one more store read
     /// for that key, and nothing served wrong.
@@ -299,7 +300,7 @@ impl FeatureCache {
         self.inner.load().entry_count()
     }
 
-    /// Runs moka's pending maintenance (expiry, eviction listeners) now; for tests and stats.
+    /// Runs moka's pending maintenance (eviction, its listeners) now; for tests and stats.
     pub fn run_pending_tasks(&self) {
         self.inner.load().run_pending_tasks();
     }

@@ -1,7 +1,7 @@
 //! Time as the cache policies see it: a monotonic clock and a wall clock that tests can move forward.
 //!
-//! The cache computes every age itself from these clocks rather than relying on moka's own expiry, so
-//! policy tests advance time without sleeping, and moka's expiry only bounds memory.
+//! The cache computes every age itself from these clocks (moka has no expiry of its own here), so policy
+//! tests advance time without sleeping; the cache's sweep reads them too.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};

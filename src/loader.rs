@@ -336,8 +336,8 @@ pub struct Input<R> {
 
 /// [`load`] from the row that starts on line `input.from_line` on (the rows before it are read past, neither
 /// checked nor written: a load resumed where an earlier one's writes timed out), stopping at the next
-/// row once `stop` is set (Ctrl-C, SIGTERM): the batches in flight are finished and the report says
-/// where it stopped.
+/// row read once `stop` is set (Ctrl-C, SIGTERM): the rows read before it and the batches in flight are
+/// written, and the report says where it stopped.
 ///
 /// Each batch is written, then announced, by a task of its own, so a written batch is announced at once
 /// even while the input keeps the loader waiting (a pipe that pauses). On a multi-threaded runtime the
@@ -368,7 +368,8 @@ pub async fn load_until<R: BufRead>(
     let blocking_allowed = tokio::runtime::Handle::try_current()
         .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
     // Rows read ahead, each with whether `stop` was set once it had been read: the load stops before the
-    // first such row, as when the rows were read one at a time.
+    // first such row (the rows read before it are loaded). No more are read ahead than the batch being
+    // filled still takes, so the row that completes a batch is never held back by a read that blocks.
     let mut read: std::collections::VecDeque<(std::io::Result<ParsedLine>, bool)> =
         std::collections::VecDeque::with_capacity(BATCH);
     let mut writer = Writer::new(store, view.policy.key_ttl);
@@ -377,8 +378,9 @@ pub async fn load_until<R: BufRead>(
     let mut stopped = None;
     loop {
         if read.is_empty() {
+            let want = BATCH.saturating_sub(batch.writes.len()).max(1);
             let mut fill = || {
-                while read.len() < BATCH {
+                while read.len() < want {
                     let Some(row) = rows.next() else {
                         break;
                     };
@@ -523,8 +525,11 @@ impl Writer {
         self.in_flight.push(Box::pin(async move {
             match (&mut task.0).await {
                 Ok(done) => done,
-                // The task panicked: the write may have been sent. Its keys stay marked as being
-                // written, so a later batch of one of them waits for every batch in flight.
+                // A panic in the write goes on to the loader's caller, as it did before the write had a
+                // task of its own.
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                // Cancelled: only by the runtime shutting down. Its keys stay marked as being written,
+                // so a later batch of one of them waits for every batch in flight.
                 Err(e) => (
                     Vec::new(),
                     first_line,
@@ -533,7 +538,7 @@ impl Writer {
                         last_line,
                         rows,
                         reason: format!(
-                            "the write failed unexpectedly, and may have been applied: {e}"
+                            "the write was cancelled, the runtime shutting down, and may have been applied: {e}"
                         ),
                         unconfirmed: true,
                         partial: false,

@@ -1263,11 +1263,13 @@ async fn the_loader_announces_a_written_batch_while_its_input_pauses() {
         .expect("age");
     assert_eq!(ages(&app, &["u_4"]).await.0, vec![old], "cached before");
 
-    // One whole batch (u_4 first), then the pause, then one more row.
-    let mut first = String::from("{\"user_id\": \"u_4\", \"age\": 77}\n");
+    // A bad row, then one whole batch of good rows (u_4 last), then the pause, then one more row. The bad
+    // row puts the batch's end one row past a round number of lines read.
+    let mut first = String::from("{\"user_id\": \"u_bad\", \"age\": \"old\"}\n");
     for i in 1..hydrant::loader::BATCH {
         first.push_str(&format!("{{\"user_id\": \"u_p{i}\", \"age\": 20}}\n"));
     }
+    first.push_str("{\"user_id\": \"u_4\", \"age\": 77}\n");
     let (go, wait) = std::sync::mpsc::channel();
     let pipe = PausingPipe {
         first: std::io::Cursor::new(first.into_bytes()),
@@ -1297,8 +1299,8 @@ async fn the_loader_announces_a_written_batch_while_its_input_pauses() {
         "the gateway kept serving the old value while the loader waited on its input"
     );
     assert_eq!(
-        (report.written, report.unannounced),
-        (hydrant::loader::BATCH + 1, 0),
+        (report.written, report.unannounced, report.rejected_rows),
+        (hydrant::loader::BATCH + 1, 0, 1),
         "{report:?}"
     );
     assert_eq!(ages(&app, &["u_last"]).await.0, vec![21]);
