@@ -341,8 +341,8 @@ pub struct Input<R> {
 ///
 /// Each batch is written, then announced, by a task of its own, so a written batch is announced at once
 /// even while the input keeps the loader waiting (a pipe that pauses). On a multi-threaded runtime the
-/// input is read in [`tokio::task::block_in_place`], a batch's worth of rows at a time, so those tasks
-/// (and the store's connection) go on running while a read blocks.
+/// input is read in [`tokio::task::block_in_place`], up to the rows the batch being filled still takes at
+/// a time, so those tasks (and the store's connection) go on running while a read blocks.
 pub async fn load_until<R: BufRead>(
     view: &View,
     prefix: &str,
