@@ -255,23 +255,17 @@ impl Application {
         tracing::info!(%addr, "hydrant listening");
         let grace = self.gateway.config.server.shutdown_grace;
         let gateway = self.gateway.clone();
-        // The cache's upkeep, on the blocking pool: removes the entries past their keep time and runs
-        // moka's pending maintenance (eviction, its listeners), so memory and the entries/bytes gauges stay
-        // accurate when traffic is idle. Every second, or less often when a sweep takes long (at most a
-        // fiftieth of a core). Aborted on stop.
+        // The cache's upkeep (`FeatureCache::upkeep`), on the blocking pool, as often as it says. Aborted
+        // on stop.
         let cache = self.gateway.hydrator.cache().clone();
         let upkeep = tokio::spawn(async move {
-            let mut pause = crate::cache::UPKEEP_EVERY;
+            let mut pause = std::time::Duration::ZERO;
             loop {
                 tokio::time::sleep(pause).await;
                 let c = cache.clone();
-                let started = std::time::Instant::now();
-                let _ = tokio::task::spawn_blocking(move || {
-                    c.sweep();
-                    c.run_pending_tasks();
-                })
-                .await;
-                pause = crate::cache::UPKEEP_EVERY.max(started.elapsed() * 50);
+                if let Ok(next) = tokio::task::spawn_blocking(move || c.upkeep()).await {
+                    pause = next;
+                }
             }
         });
         let _abort_upkeep = AbortOnDrop(upkeep);
@@ -307,9 +301,9 @@ impl Application {
 }
 
 /// Aborts a background task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+pub(crate) struct AbortOnDrop<T>(pub(crate) tokio::task::JoinHandle<T>);
 
-impl Drop for AbortOnDrop {
+impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
         self.0.abort();
     }

@@ -132,9 +132,8 @@ pub enum Lookup {
     Absent,
 }
 
-/// How often the server sweeps the cache ([`FeatureCache::sweep`]) and runs moka's upkeep, at most: less
-/// often when a sweep takes long, so sweeping takes at most a fiftieth of a core.
-pub const UPKEEP_EVERY: Duration = Duration::from_secs(1);
+/// How often the server runs [`FeatureCache::upkeep`], at most.
+const UPKEEP_EVERY: Duration = Duration::from_secs(1);
 
 type Moka = moka::sync::Cache<Box<str>, Arc<Entry>, foldhash::fast::RandomState>;
 
@@ -257,9 +256,19 @@ impl FeatureCache {
         }
     }
 
+    /// The server's upkeep of the cache, on a blocking thread: a [`sweep`](Self::sweep), then moka's pending
+    /// maintenance (eviction, its listeners), so memory and the entries/bytes gauges stay accurate when
+    /// traffic is idle. Returns how long to wait before the next: a second, or 50 times what this one took
+    /// when longer, so upkeep takes at most a fiftieth of a core.
+    pub fn upkeep(&self) -> Duration {
+        let started = std::time::Instant::now();
+        self.sweep();
+        self.run_pending_tasks();
+        UPKEEP_EVERY.max(started.elapsed() * 50)
+    }
+
     /// Removes the entries past their keep time (`ttl + max_staleness`, or `negative_ttl`) and returns how
-    /// many. The server runs it on a blocking thread every second or so ([`UPKEEP_EVERY`]), never on a
-    /// request's thread.
+    /// many. Run by [`upkeep`](Self::upkeep), never on a request's thread.
     ///
     /// moka could expire the entries itself, but it removes expired entries in its upkeep, which runs on
     /// whichever thread reads or writes the cache next, and its timer wheel hands over a whole second's
@@ -315,12 +324,19 @@ mod tests {
 
     use super::*;
     use crate::schema::Registry;
-    use crate::telemetry::Telemetry;
+    use crate::telemetry::{Telemetry, ViewStats};
     use crate::value::Value;
 
-    fn demo_registry() -> Registry {
+    /// The demo registry, and fresh counters for its `user_profile` view.
+    fn user_profile() -> (Registry, Arc<ViewStats>) {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        Registry::load_dir(&root.join("schemas"), &root.join("models")).expect("schemas")
+        let r = Registry::load_dir(&root.join("schemas"), &root.join("models")).expect("schemas");
+        (r, Telemetry::default().view("user_profile"))
+    }
+
+    /// A view's entries and bytes gauges.
+    fn gauges(stats: &ViewStats) -> (i64, i64) {
+        (stats.entries.load(Relaxed), stats.bytes.load(Relaxed))
     }
 
     #[test]
@@ -346,10 +362,8 @@ mod tests {
 
     #[test]
     fn a_flush_empties_the_cache_at_once_and_its_gauges_settle_on_what_is_cached_after() {
-        let r = demo_registry();
+        let (r, stats) = user_profile();
         let view = &*r.views["user_profile"];
-        let telemetry = Arc::new(Telemetry::default());
-        let stats = telemetry.view("user_profile");
         let cache = FeatureCache::new(1 << 30, Clock::default());
         let entry = || Arc::new(Entry::new(0, None, view, 20, stats.clone()));
         let weight = i64::from(entry().weight());
@@ -357,8 +371,7 @@ mod tests {
             cache.insert(format!("hy:user_profile:u_{i}").into(), entry());
         }
         cache.run_pending_tasks();
-        let gauges = || (stats.entries.load(Relaxed), stats.bytes.load(Relaxed));
-        assert_eq!(gauges(), (20_000, 20_000 * weight));
+        assert_eq!(gauges(&stats), (20_000, 20_000 * weight));
         let clone = cache.clone();
         cache.invalidate_all();
         // Every clone (each replica's handle) sees the empty cache at once.
@@ -373,8 +386,12 @@ mod tests {
         ));
         // The old entries leave the gauges as the flush thread empties the old cache.
         let until = Instant::now() + Duration::from_secs(10);
-        while gauges() != (1, weight) {
-            assert!(Instant::now() < until, "gauges stuck at {:?}", gauges());
+        while gauges(&stats) != (1, weight) {
+            assert!(
+                Instant::now() < until,
+                "gauges stuck at {:?}",
+                gauges(&stats)
+            );
             std::thread::sleep(Duration::from_millis(5));
         }
         cache.run_pending_tasks();
@@ -384,10 +401,8 @@ mod tests {
     #[test]
     fn a_sweep_removes_the_entries_past_their_keep_time_and_only_those() {
         // user_profile: ttl 10m, max_staleness 1h, negative_ttl 30s.
-        let r = demo_registry();
+        let (r, stats) = user_profile();
         let view = &*r.views["user_profile"];
-        let telemetry = Arc::new(Telemetry::default());
-        let stats = telemetry.view("user_profile");
         let clock = Clock::default();
         let cache = FeatureCache::new(1 << 30, clock.clone());
         let found = || Found {
@@ -404,7 +419,6 @@ mod tests {
         put("hy:user_profile:young", Some(found()));
         put("hy:user_profile:gone_late", None);
         cache.run_pending_tasks();
-        let gauges = || (stats.entries.load(Relaxed), stats.bytes.load(Relaxed));
         let present = |key: &str| cache.inner.load().contains_key(key);
 
         // 40 minutes in: the negative entry cached at 0 is past its 30 s; the found one, within ttl +
@@ -438,47 +452,39 @@ mod tests {
             )
             .weight(),
         );
-        assert_eq!(gauges(), (1, weight), "removed entries leave the gauges");
+        assert_eq!(
+            gauges(&stats),
+            (1, weight),
+            "removed entries leave the gauges"
+        );
     }
 
     #[test]
     fn the_cache_stays_within_its_byte_budget() {
-        let r = demo_registry();
+        let (r, stats) = user_profile();
         let view = &*r.views["user_profile"];
-        let telemetry = Arc::new(Telemetry::default());
         let budget = 50_000;
         let cache = FeatureCache::new(budget, Clock::default());
         let found = || Found {
             event_ts_ms: 0,
             values: Packed::new(&[Value::Str("x".repeat(100).into()), Value::Int(1)]),
         };
-        let weight =
-            Entry::new(0, Some(found()), view, 20, telemetry.view("user_profile")).weight();
+        let weight = Entry::new(0, Some(found()), view, 20, stats.clone()).weight();
         for i in 0..2_000 {
             let key = format!("hy:user_profile:u_{i:05}");
             cache.insert(
                 key.into(),
-                Arc::new(Entry::new(
-                    0,
-                    Some(found()),
-                    view,
-                    20,
-                    telemetry.view("user_profile"),
-                )),
+                Arc::new(Entry::new(0, Some(found()), view, 20, stats.clone())),
             );
         }
         cache.run_pending_tasks();
-        let stats = telemetry.view("user_profile");
-        let bytes = stats.bytes.load(std::sync::atomic::Ordering::Relaxed);
+        let (entries, bytes) = gauges(&stats);
         assert!(
             bytes as u64 <= budget,
             "{bytes} bytes cached, budget {budget}"
         );
         assert!(cache.entry_count() * u64::from(weight) <= budget);
         assert!(cache.entry_count() > 0);
-        assert_eq!(
-            stats.entries.load(std::sync::atomic::Ordering::Relaxed) as u64,
-            cache.entry_count()
-        );
+        assert_eq!(entries as u64, cache.entry_count());
     }
 }

@@ -462,16 +462,6 @@ pub async fn load_until<R: BufRead>(
 /// or refused.
 type BatchDone = (Vec<String>, usize, Result<(usize, bool), FailedBatch>);
 
-/// A batch's write, spawned: it goes on, and announces its keys, whether or not the loader is polling it.
-/// Aborted if the load is dropped, as the write itself would have been.
-struct Spawned(tokio::task::JoinHandle<BatchDone>);
-
-impl Drop for Spawned {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// The batches being written, up to [`IN_FLIGHT`] at once. Batches in flight may land in any order, so a
 /// batch that writes a key still being written by an earlier one waits for the earlier ones first: the
 /// last row of a key in the file is always the one stored.
@@ -521,7 +511,10 @@ impl Writer {
         }
         self.writing.extend(b.writes.iter().map(|(k, _)| k.clone()));
         let (first_line, last_line, rows) = (b.first_line, b.last_line, b.writes.len());
-        let mut task = Spawned(tokio::spawn(write_batch(self.store.clone(), b, self.ttl)));
+        // Spawned, the write goes on and announces its keys whether or not the loader is polling it;
+        // aborted if the load is dropped, as the write itself would have been.
+        let mut task =
+            crate::app::AbortOnDrop(tokio::spawn(write_batch(self.store.clone(), b, self.ttl)));
         self.in_flight.push(Box::pin(async move {
             match (&mut task.0).await {
                 Ok(done) => done,

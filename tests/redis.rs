@@ -790,18 +790,29 @@ async fn a_sentinel_url_reaches_the_master_it_names() {
     let store = open_store(&c)
         .await
         .expect("the master, through the sentinel");
+    loads_and_serves_through_the_master(&master, c, store, "u_5").await;
+}
+
+/// Loads the demo rows through `store` (opened through a sentinel), checks they went to `master`, and
+/// that a gateway over the store serves `user`'s age.
+async fn loads_and_serves_through_the_master(
+    master: &RedisServer,
+    c: hydrant::config::Config,
+    store: Arc<dyn Store>,
+    user: &str,
+) {
     load_demo_rows(&store).await;
     assert_eq!(
-        master.cmd(&["EXISTS", "hy:user_profile:u_5"]),
+        master.cmd(&["EXISTS", &format!("hy:user_profile:{user}")]),
         Reply::Int(1),
         "the rows went to the master"
     );
     let app = gateway_over(c, store).await;
-    let (values, statuses, _) = ages(&app, &["u_5"]).await;
-    let u5 = demo_rows("user_profile", "user_id")["u_5"]["age"]
+    let (values, statuses, _) = ages(&app, &[user]).await;
+    let age = demo_rows("user_profile", "user_id")[user]["age"]
         .as_i64()
         .expect("age");
-    assert_eq!((values, statuses), (vec![u5], vec!["PRESENT".to_owned()]));
+    assert_eq!((values, statuses), (vec![age], vec!["PRESENT".to_owned()]));
 }
 
 /// Several sentinels in one URL (`node=`), the first of them down: the gateway asks the next one and
@@ -824,18 +835,7 @@ async fn a_sentinel_url_with_its_first_sentinel_down_asks_the_next() {
     let store = open_store(&c)
         .await
         .expect("the master, through the second sentinel");
-    load_demo_rows(&store).await;
-    assert_eq!(
-        master.cmd(&["EXISTS", "hy:user_profile:u_7"]),
-        Reply::Int(1),
-        "the rows went to the master"
-    );
-    let app = gateway_over(c, store).await;
-    let (values, statuses, _) = ages(&app, &["u_7"]).await;
-    let u7 = demo_rows("user_profile", "user_id")["u_7"]["age"]
-        .as_i64()
-        .expect("age");
-    assert_eq!((values, statuses), (vec![u7], vec!["PRESENT".to_owned()]));
+    loads_and_serves_through_the_master(&master, c, store, "u_7").await;
 }
 
 /// A sentinel failover: the master is killed, the sentinel promotes its replica, and the gateway,
