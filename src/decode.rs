@@ -210,7 +210,7 @@ pub fn parse_body<T: DeserializeOwned + Positional>(
     let fast = match format {
         Format::Json => serde_json::from_slice::<T>(body).ok(),
         Format::Msgpack => {
-            let mut de = rmp_serde::Deserializer::new(std::io::Cursor::new(body));
+            let mut de = msgpack_reader(body);
             T::deserialize(&mut de)
                 .ok()
                 .filter(|_| de.position() == body.len() as u64)
@@ -220,6 +220,19 @@ pub fn parse_body<T: DeserializeOwned + Positional>(
         return Ok(v);
     }
     parse_body_tracked(format, body)
+}
+
+/// Deepest nesting of lists and maps a MessagePack body may have: serde_json's limit for JSON, so the
+/// two formats take the same bodies (rmp-serde's own, 1024 levels, is deeper than a debug build's
+/// stack allows).
+const MAX_MSGPACK_DEPTH: usize = 128;
+
+fn msgpack_reader(
+    body: &[u8],
+) -> rmp_serde::Deserializer<rmp_serde::decode::ReadReader<std::io::Cursor<&[u8]>>> {
+    let mut de = rmp_serde::Deserializer::new(std::io::Cursor::new(body));
+    de.set_max_depth(MAX_MSGPACK_DEPTH);
+    de
 }
 
 fn parse_body_tracked<T: DeserializeOwned + Positional>(
@@ -271,7 +284,7 @@ fn parse_body_tracked<T: DeserializeOwned + Positional>(
                     path,
                 )
             };
-            let mut de = rmp_serde::Deserializer::new(std::io::Cursor::new(body));
+            let mut de = msgpack_reader(body);
             let v: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
                 let path = path_text(e.path(), T::FIELDS);
                 let inner = e.into_inner();
@@ -318,6 +331,11 @@ fn parse_body_tracked<T: DeserializeOwned + Positional>(
                     rmp_serde::decode::Error::Utf8Error(e) => {
                         broken(path, format!("a string that is not UTF-8 ({e})"))
                     }
+                    // Named by the field the nesting is in, not by the hundred indexes into it.
+                    rmp_serde::decode::Error::DepthLimitExceeded => broken(
+                        without_trailing_indexes(&path).to_owned(),
+                        format!("lists or maps nested more than {MAX_MSGPACK_DEPTH} levels deep"),
+                    ),
                     // Reading from memory fails only at the end of the body: a value cut short, or
                     // a string, array or map length that promises more than follows.
                     rmp_serde::decode::Error::InvalidMarkerRead(_)
@@ -348,6 +366,17 @@ fn parse_body_tracked<T: DeserializeOwned + Positional>(
             Ok(v)
         }
     }
+}
+
+/// `context.hour_of_day` for `context.hour_of_day[0][0][0]`.
+fn without_trailing_indexes(path: &str) -> &str {
+    let mut p = path;
+    while p.ends_with(']')
+        && let Some(open) = p.rfind('[')
+    {
+        p = &p[..open];
+    }
+    p
 }
 
 /// ` in FIELD` for a message about where the body broke, or nothing at the top.
@@ -1956,6 +1985,39 @@ mod tests {
 
     /// In MessagePack a wrong-typed value is a field error naming the field, as in JSON, also where
     /// the encoder wrote the request (or its options) as an array of fields.
+    #[test]
+    fn a_msgpack_body_nested_past_the_limit_names_the_field() {
+        // `{"entities": {"user_id": "u_1"}, "context": {"hour_of_day": [[[...1]]]}}`, 200 lists deep:
+        // past the limit of 128 levels. (serde_json skips over a value it does not keep without
+        // recursing, so in JSON the same body decodes, and the plan refuses the list.)
+        let mut mp = vec![0x82, 0xa8];
+        mp.extend_from_slice(b"entities");
+        mp.extend(
+            rmp_serde::to_vec_named(&serde_json::json!({"user_id": "u_1"})).expect("msgpack"),
+        );
+        mp.push(0xa7);
+        mp.extend_from_slice(b"context");
+        mp.extend([0x81, 0xab]);
+        mp.extend_from_slice(b"hour_of_day");
+        mp.extend(std::iter::repeat_n(0x91, 200));
+        mp.push(0x01);
+        let e = parse_body::<PredictRequest>(Format::Msgpack, &mp).expect_err("too deep");
+        assert_eq!(e.code(), "invalid_msgpack", "{e}");
+        let ApiError::Malformed { field, message, .. } = &e else {
+            panic!("{e:?}")
+        };
+        assert_eq!(field.as_deref(), Some("context.hour_of_day"), "{message}");
+        assert_eq!(
+            message,
+            "the body is not valid MessagePack in context.hour_of_day: lists or maps nested more than 128 levels deep"
+        );
+        // 100 levels are still a body (whose list the plan then refuses, as it does in JSON).
+        let mut ok = mp.clone();
+        let at = ok.iter().position(|&b| b == 0x91).expect("lists");
+        ok.drain(at..at + 100);
+        assert!(parse_body::<PredictRequest>(Format::Msgpack, &ok).is_ok());
+    }
+
     #[test]
     fn msgpack_type_errors_name_the_field_in_map_and_array_form() {
         let mp = |v: serde_json::Value| rmp_serde::to_vec_named(&v).expect("msgpack");

@@ -43,15 +43,22 @@ fn parse_request(body: &[u8]) -> Result<InferRequest, OipError> {
         let what = inner.to_string();
         // Where a syntax error is is the one thing to say about it. The path-tracking pass loses the
         // position; a plain pass over the body finds it again.
+        // The field, where the path is one (a list nested past the parser's limit in
+        // `inputs[0].data`); not at the top, nor a position the tracker could not name.
+        let named = path != "." && !path.contains('?');
         if inner.is_syntax() || inner.is_eof() {
             let located = serde_json::from_slice::<serde::de::IgnoredAny>(body).err();
             let what = located.map_or(what, |e| e.to_string());
-            return bad(format!("invalid infer request: {what}"));
+            return if named {
+                bad(format!("invalid infer request: {path}: {what}"))
+            } else {
+                bad(format!("invalid infer request: {what}"))
+            };
         }
         let what = crate::decode::strip_position(&what)
             .replace("expected i64", "expected an integer")
             .replace("expected a sequence", "expected a list");
-        if path == "." || path.contains('?') {
+        if !named {
             bad(format!("invalid infer request: {what}"))
         } else {
             bad(format!("invalid infer request: {path}: {what}"))

@@ -571,7 +571,13 @@ impl Registry {
                 let value = match serde_yaml::Value::deserialize(doc) {
                     Ok(v) => v,
                     Err(e) => {
-                        errs.push(file, "", format!("not valid YAML: {}", yaml_message(&e)));
+                        let (path, what) = yaml_problem(&e);
+                        // One with a path (a number out of range, a key written twice) is in this
+                        // document; a syntax error is the file's.
+                        if !path.is_empty() && i > 0 {
+                            errs.in_document(&format!("document {}: ", i + 1));
+                        }
+                        errs.push(file, &path, format!("not valid YAML: {what}"));
                         broken.unread(file);
                         break;
                     }
@@ -1566,6 +1572,33 @@ fn compile_model(
 
 /// serde_yaml's message, except that an integer beyond 64 bits, which it reports as "invalid type:
 /// integer `N` as u128, expected any YAML value", is said to be out of range.
+/// A YAML error as a problem, `(path, message)`: the path serde_yaml writes in front of its message
+/// (`context[0].default: ...`) becomes the problem's path, as every other problem has one, and a key
+/// written twice is named in it (`kind`, `features[1].name`).
+fn yaml_problem(e: &serde_yaml::Error) -> (String, String) {
+    let message = yaml_message(e);
+    let (mut path, what) = match message.split_once(": ") {
+        Some((p, what))
+            if !p.is_empty() && !p.contains(char::is_whitespace) && !p.contains('?') =>
+        {
+            (p.to_owned(), what.to_owned())
+        }
+        _ => (String::new(), message),
+    };
+    let twice = what
+        .strip_prefix("duplicate entry with key \"")
+        .and_then(|rest| rest.split_once('"'))
+        .map(|(key, _)| key)
+        .filter(|key| !key.contains('\\'));
+    if let Some(key) = twice {
+        if !path.is_empty() {
+            path.push('.');
+        }
+        path.push_str(key);
+    }
+    (path, what)
+}
+
 fn yaml_message(e: &serde_yaml::Error) -> String {
     let message = e.to_string();
     let parts = message
@@ -1781,12 +1814,30 @@ features:
             Path::new("."),
         )
         .expect_err("overflow");
-        assert!(
-            e.to_string().contains(
-                "features[0].default: 99999999999999999999 is out of range: numbers here must fit in 64 bits at line 5"
-            ),
-            "{e}"
+        // The path serde_yaml puts in its message is the problem's path, as for any other problem.
+        assert_eq!(e.0[0].path, "features[0].default", "{e}");
+        assert_eq!(
+            e.0[0].message,
+            "not valid YAML: 99999999999999999999 is out of range: numbers here must fit in 64 bits at line 5 column 38"
         );
+        // A key written twice is named, at the top and below it, in the document it is in.
+        for (yaml, path) in [
+            ("kind: entity\nkind: entity\nname: x\n", "kind"),
+            (
+                "kind: entity\nname: u\n---\nkind: view\nname: v\nentity: u\nfeatures:\n  - {name: a, name: b}\n",
+                "document 2: features[0].name",
+            ),
+        ] {
+            let e = Registry::compile(&[(PathBuf::from("d.yaml"), yaml.into())], Path::new("."))
+                .expect_err("a key twice");
+            assert_eq!(e.0[0].path, path, "{e}");
+            assert!(
+                e.0[0]
+                    .message
+                    .starts_with("not valid YAML: duplicate entry with key"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -394,6 +394,25 @@ async fn v2_infer_rejects_bad_tensors_with_the_reason() {
         .await;
     let e = r.json()["error"].as_str().unwrap_or_default().to_owned();
     assert!(e.contains("at line 1 column"), "{e}");
+    // Lists nested past the parser's limit: refused, naming the field they are in.
+    let deep = format!(
+        r#"{{"inputs": [{{"name": "features", "shape": [1, 27], "datatype": "FP32", "data": {}{}}}]}}"#,
+        "[".repeat(200),
+        "]".repeat(200)
+    );
+    let r = app
+        .post(
+            "/v2/models/ctr/infer",
+            "application/json",
+            deep.into_bytes(),
+        )
+        .await;
+    assert_eq!(r.status, 400);
+    let e = r.json()["error"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        e.starts_with("invalid infer request: inputs[0].data") && e.contains("recursion limit"),
+        "{e}"
+    );
     let long = "x".repeat(20_000);
     let r = app
         .post(

@@ -318,6 +318,12 @@ async fn bad_bodies_get_clear_errors() {
     let app = TestApp::spawn().await;
     let p = problems(&validate(&app, "kind: view\nname: [oops\n").await);
     assert!(p[0].2.contains("not valid YAML"), "{p:?}");
+    // A key written twice is caught by the YAML parser, and named as any other problem's field is.
+    let r = validate(&app, "kind: entity\nkind: entity\nname: x\ndtype: int64\n").await;
+    let p = problems(&r);
+    assert_eq!(p[0].1, "kind", "{p:?}");
+    assert!(p[0].2.contains("duplicate entry"), "{p:?}");
+    assert_eq!(r.json()["error"]["field"], "kind");
     let p = problems(&validate(&app, "").await);
     assert!(
         p[0].2.contains("the body holds no schema") && !p[0].2.contains("remove the file"),
