@@ -266,6 +266,9 @@ pub struct Reply {
 #[derive(Deserialize, Default)]
 #[serde(default)]
 struct ReplyBody {
+    /// Only whether it is there: a 2xx without it is not a predict answer (a wrong service, a proxy's
+    /// page), and counts as `bad_body` rather than as a success.
+    outputs: Option<serde::de::IgnoredAny>,
     degraded: bool,
     cache: Option<CacheBody>,
     timings_us: Option<TimingsBody>,
@@ -338,7 +341,7 @@ pub fn classify(result: Result<Response, ExchangeError>) -> Outcome {
         serde_json::from_slice(&resp.body).map_err(|e| e.to_string())
     };
     match parsed {
-        Ok(b) => Outcome::Ok(Reply {
+        Ok(b) if b.outputs.is_some() => Outcome::Ok(Reply {
             degraded: b.degraded,
             cache: b.cache.map(|c| {
                 [
@@ -360,7 +363,7 @@ pub fn classify(result: Result<Response, ExchangeError>) -> Outcome {
                 ]
             }),
         }),
-        Err(_) => Outcome::Failed {
+        Ok(_) | Err(_) => Outcome::Failed {
             kind: ErrorKind::BadBody,
             code: None,
         },
@@ -394,8 +397,19 @@ mod tests {
         assert_eq!(r.timings[7], Some(80));
         assert_eq!(r.timings[1], None);
 
-        let bare = classify(resp(200, "{}"));
+        let bare = classify(resp(200, r#"{"outputs":{}}"#));
         assert_eq!(bare, Outcome::Ok(Reply::default()));
+        // JSON, but not a predict answer.
+        for body in ["{}", r#"{"status":"ok"}"#] {
+            assert_eq!(
+                classify(resp(200, body)),
+                Outcome::Failed {
+                    kind: ErrorKind::BadBody,
+                    code: None
+                },
+                "{body}"
+            );
+        }
 
         assert_eq!(
             classify(resp(

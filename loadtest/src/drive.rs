@@ -170,7 +170,12 @@ pub async fn open_loop(d: &Arc<Driver>, rate: f64, duration: Duration, stream: u
             }
         }
     }
-    let (covered, span) = scheduler.await.unwrap_or_default();
+    let (covered, span) = match scheduler.await {
+        Ok(done) => done,
+        // A bug in the schedule is a bug, not a run that sent nothing.
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => Default::default(),
+    };
     lock(&d.collector).set_span(span);
     // Every request is bounded by the request timeout, so the drain is too.
     let drain = d.scenario.timeout + Duration::from_secs(2);
@@ -207,9 +212,12 @@ fn schedule(
     // Completion times are measured from the instant the sends are timed from.
     lock(&d.collector).start_schedule(t0);
     let end = t0 + duration;
-    let due = |i: u64| t0 + Duration::from_secs_f64(i as f64 * interval);
+    // Past what a Duration or an Instant holds (a rate so low that the next send is centuries
+    // away), a send is due after the end, and the span is the longest there is: never a panic.
+    let after = |sent: u64| Duration::try_from_secs_f64(sent as f64 * interval).ok();
+    let due = |i: u64| after(i).and_then(|d| t0.checked_add(d)).unwrap_or(end);
     let mut i = 0u64;
-    let span = |sent: u64| Duration::from_secs_f64(sent as f64 * interval);
+    let span = |sent: u64| after(sent).unwrap_or(Duration::MAX);
     while i < max_sends {
         if d.cancel.is_cancelled() {
             return (t0.elapsed().min(duration), span(i));

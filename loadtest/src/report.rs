@@ -174,6 +174,15 @@ impl RunResult {
         if let Some((label, _)) = phases.iter().find(|(_, p)| p.requests > 0 && p.ok == 0) {
             return Some(format!("no request succeeded{}", in_step(*label)));
         }
+        // The phase this mode exists for (the open loop at a fraction of the maximum) did not run.
+        if self.mode == "max-then-fraction" && self.offered_rps.is_none() {
+            return Some(
+                match self.warnings.iter().find(|w| w.contains("open-loop phase")) {
+                    Some(why) => why.clone(),
+                    None => "the open-loop phase did not run".to_owned(),
+                },
+            );
+        }
         let max = max_error_rate?;
         let (label, worst) = phases
             .iter()

@@ -182,6 +182,22 @@ pub enum ContextValue {
     Str(String),
 }
 
+impl ContextValue {
+    /// Whether a number is finite (anything else is): JSON has no NaN or infinity.
+    fn is_finite(&self) -> bool {
+        !matches!(self, ContextValue::Float(f) if !f.is_finite())
+    }
+}
+
+/// The message for a context value of NaN or infinity.
+fn non_finite(v: &ContextValue) -> String {
+    let got = match v {
+        ContextValue::Float(f) => f.to_string(),
+        other => format!("{other:?}"),
+    };
+    format!("values must be finite numbers (got {got}): JSON cannot carry NaN or infinity")
+}
+
 impl<'de> Deserialize<'de> for ContextValue {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;
@@ -690,6 +706,11 @@ impl Check<'_> {
             ContextGen::OneOf(v) if v.is_empty() => {
                 self.fail(key, "one_of needs at least one value")
             }
+            ContextGen::Value(v) if !v.is_finite() => self.fail(key, non_finite(v)),
+            ContextGen::OneOf(v) => match v.iter().find(|v| !v.is_finite()) {
+                Some(v) => self.fail(key, non_finite(v)),
+                None => Ok(()),
+            },
             _ => Ok(()),
         }
     }
@@ -963,6 +984,16 @@ fn validate(
 
     let users = c.key_space("users", raw.users, "user_id", "u_")?;
     let items = c.key_space("items", raw.items, "item_id", "i_")?;
+    if users.entity == items.entity {
+        // Every request would name the entity twice, once for all rows and once per candidate.
+        return c.fail(
+            "items.entity",
+            format!(
+                "must differ from users.entity (both are {:?}): the user's key and the candidates' keys are different entities",
+                items.entity
+            ),
+        );
+    }
 
     let cand = raw.candidates;
     if cand.min < 1 {
@@ -1224,6 +1255,25 @@ keys = 2000
         );
         let (key, reason) = invalid(&wide);
         assert_eq!(key, "context.hour_of_day", "{reason}");
+        // NaN and infinity cannot go in a JSON body: refused, not sent as null.
+        for generator in [
+            "{ value = nan }",
+            "{ one_of = [1.5, inf] }",
+            "{ one_of = [\"a\", -nan] }",
+        ] {
+            let (key, reason) = invalid(&text.replace("{ int_range = [0, 23] }", generator));
+            assert_eq!(key, "context.hour_of_day", "{generator}: {reason}");
+            assert!(
+                reason.contains("must be finite numbers"),
+                "{generator}: {reason}"
+            );
+        }
+        // The user's entity and the candidates' are two entities.
+        let (key, reason) = invalid(&text.replace(
+            "[items]\nkeys = 2000",
+            "[items]\nkeys = 2000\nentity = \"user_id\"",
+        ));
+        assert_eq!(key, "items.entity", "{reason}");
         let bad = BASE.replace("candidates = 1", "candidates = \"many\"");
         let msg = parse(&bad).expect_err("bad type").to_string();
         assert!(msg.contains("[min, max]"), "{msg}");

@@ -107,6 +107,31 @@ async fn max_then_fraction_with_floor_writes_json_and_html() {
     }
 }
 
+/// A fraction so small that the open-loop phase would schedule nothing: no panic in the schedule, and a
+/// run that fails, saying why, rather than one reported as a success at 0 rps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fraction_that_schedules_nothing_fails_the_run_and_says_why() {
+    let gw = FakeGateway::start(FakeConfig::default()).await;
+    let s = scenario(
+        &gw.url(),
+        "mode = \"max-then-fraction\"\nconcurrency = [1]\nfraction = 1e-300\nstep_s = 0.5\nduration_s = 1\nwarm_up_s = 0",
+        "",
+    );
+    let out = run(s, &quiet(temp_dir("tiny-fraction")), Cancel::new())
+        .await
+        .expect("the sweep ran");
+    let r = &out.result;
+    assert!(r.max_rps.is_some_and(|m| m > 0.0), "{:?}", r.max_rps);
+    assert_eq!(r.offered_rps, None, "no open-loop phase ran");
+    let why = r.failure(None).expect("a failed run");
+    assert!(
+        why.starts_with("the open-loop phase did not run: load.fraction 1e-300")
+            && why.contains("raise load.fraction or load.duration_s"),
+        "{why}"
+    );
+    assert!(r.warnings.contains(&why), "{:?}", r.warnings);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_target_is_an_error() {
     let url = closed_port();
