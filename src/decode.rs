@@ -1983,8 +1983,6 @@ mod tests {
         assert!(!req.entities["item_id"].scalar);
     }
 
-    /// In MessagePack a wrong-typed value is a field error naming the field, as in JSON, also where
-    /// the encoder wrote the request (or its options) as an array of fields.
     #[test]
     fn a_msgpack_body_nested_past_the_limit_names_the_field() {
         // `{"entities": {"user_id": "u_1"}, "context": {"hour_of_day": [[[...1]]]}}`, 200 lists deep:
@@ -2018,6 +2016,8 @@ mod tests {
         assert!(parse_body::<PredictRequest>(Format::Msgpack, &ok).is_ok());
     }
 
+    /// In MessagePack a wrong-typed value is a field error naming the field, as in JSON, also where
+    /// the encoder wrote the request (or its options) as an array of fields.
     #[test]
     fn msgpack_type_errors_name_the_field_in_map_and_array_form() {
         let mp = |v: serde_json::Value| rmp_serde::to_vec_named(&v).expect("msgpack");
