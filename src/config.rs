@@ -363,11 +363,13 @@ pub enum ConfigError {
         path: PathBuf,
         cause: std::io::Error,
     },
-    #[error("config file {} is not valid TOML: line {line}, column {column}: {message}", path.display())]
+    #[error("config file {} is not valid TOML: line {line}, column {column}{}: {message}", path.display(), key.as_ref().map_or(String::new(), |k| format!(" (key `{k}`)")))]
     Syntax {
         path: PathBuf,
         line: usize,
         column: usize,
+        /// The key whose value the error is in, where its line says (`cache.max_bytes`).
+        key: Option<String>,
         message: String,
     },
     #[error("environment variable {var}: {reason}")]
@@ -437,11 +439,13 @@ impl Config {
                     cause,
                 })?;
                 text.parse::<toml::Table>().map_err(|e| {
-                    let (line, column) = line_and_column(&text, e.span().map_or(0, |s| s.start));
+                    let at = e.span().map_or(0, |s| s.start);
+                    let (line, column) = line_and_column(&text, at);
                     ConfigError::Syntax {
                         path: path.to_owned(),
                         line,
                         column,
+                        key: key_at(&text, at),
                         message: e.message().trim_end().to_owned(),
                     }
                 })?
@@ -863,6 +867,32 @@ fn line_and_column(text: &str, offset: usize) -> (usize, usize) {
     let line = before.matches('\n').count() + 1;
     let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
     (line, column)
+}
+
+/// The key whose value starts before `offset` on its line (`key = value`), under the last `[table]`
+/// header above it: `cache.max_bytes` for a number too large for TOML. `None` where the line is no
+/// assignment (a bad header, a value continued from an earlier line).
+fn key_at(text: &str, offset: usize) -> Option<String> {
+    let before = text.get(..offset)?;
+    let line = before.rsplit('\n').next()?;
+    let (key, _) = line.split_once('=')?;
+    let key = key.trim().trim_matches('"');
+    if key.is_empty() || key.starts_with('#') {
+        return None;
+    }
+    let table = before
+        .lines()
+        .rev()
+        .skip(1)
+        .map(str::trim)
+        .find(|l| l.starts_with('[') && !l.starts_with("[["))
+        .and_then(|l| l.strip_prefix('[')?.split(']').next())
+        .map(str::trim)
+        .filter(|t| !t.is_empty());
+    Some(match table {
+        Some(t) => format!("{t}.{key}"),
+        None => key.to_owned(),
+    })
 }
 
 /// Refuses URLs the Redis client would misread: only the documented schemes. The URL itself is never echoed,
@@ -1642,9 +1672,26 @@ mod tests {
             .expect_err("syntax")
             .to_string();
         assert!(
-            e.contains("h.toml") && e.contains("line 3, column 18"),
+            e.contains("h.toml") && e.contains("line 3, column 18 (key `server.shutdown_grace`)"),
             "{e}"
         );
+        // A number beyond TOML's 64-bit integers: the parser refuses it, and the key is named.
+        let (_dir, path) = config_file(
+            "[server]\nbind = \"127.0.0.1:1\"\n\n[cache]\n# bytes\nmax_bytes = 18446744073709551615\n",
+        );
+        let e = Config::load(Some(&path), [])
+            .expect_err("too large")
+            .to_string();
+        assert!(
+            e.contains("line 6, column 13 (key `cache.max_bytes`)"),
+            "{e}"
+        );
+        // A line that assigns nothing names no key.
+        let (_dir, path) = config_file("[server\nbind = 1\n");
+        let e = Config::load(Some(&path), [])
+            .expect_err("header")
+            .to_string();
+        assert!(e.contains("line 1") && !e.contains("(key"), "{e}");
     }
 
     #[test]
