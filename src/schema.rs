@@ -565,17 +565,22 @@ impl Registry {
             // it was written: said, rather than skipped.
             let mut documents = 0;
             for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
-                // Errors below name the document, all but the first (`document 2: ...`); a YAML error
+                // Errors name the document, all but the first (`document 2: ...`); a YAML syntax error
                 // is the file's.
+                let prefix = if i == 0 {
+                    String::new()
+                } else {
+                    format!("document {}: ", i + 1)
+                };
                 errs.in_document("");
                 let value = match serde_yaml::Value::deserialize(doc) {
                     Ok(v) => v,
                     Err(e) => {
                         let (path, what) = yaml_problem(&e);
                         // One with a path (a number out of range, a key written twice) is in this
-                        // document; a syntax error is the file's.
-                        if !path.is_empty() && i > 0 {
-                            errs.in_document(&format!("document {}: ", i + 1));
+                        // document.
+                        if !path.is_empty() {
+                            errs.in_document(&prefix);
                         }
                         errs.push(file, &path, format!("not valid YAML: {what}"));
                         broken.unread(file);
@@ -586,11 +591,6 @@ impl Registry {
                     continue; // an empty document, e.g. a trailing `---`
                 }
                 documents += 1;
-                let prefix = if i == 0 {
-                    String::new()
-                } else {
-                    format!("document {}: ", i + 1)
-                };
                 errs.in_document(&prefix);
                 let Some(kind) = value
                     .get("kind")

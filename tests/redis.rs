@@ -782,15 +782,30 @@ async fn unreadable_records_are_defaulted_counted_and_never_a_500() {
 async fn a_sentinel_url_reaches_the_master_it_names() {
     let master = RedisServer::start();
     let sentinel = Sentinel::start(&master);
-    let mut c = config_for(&master);
-    c.store.redis.url = format!(
-        "redis-sentinel://127.0.0.1:{}/0?sentinelServiceName=mymaster",
-        sentinel.port
-    );
+    let (c, store) = open_through_sentinel(
+        &master,
+        format!(
+            "redis-sentinel://127.0.0.1:{}/0?sentinelServiceName=mymaster",
+            sentinel.port
+        ),
+    )
+    .await;
+    loads_and_serves_through_the_master(&master, c, store, "u_5").await;
+}
+
+/// A config for `master` that reaches it through the sentinel URL `url` (a sentinel that does not answer
+/// is given up on after 500 ms), and the store opened with it.
+async fn open_through_sentinel(
+    master: &RedisServer,
+    url: String,
+) -> (hydrant::config::Config, Arc<dyn Store>) {
+    let mut c = config_for(master);
+    c.store.redis.url = url;
+    c.store.redis.connect_timeout = Duration::from_millis(500);
     let store = open_store(&c)
         .await
         .expect("the master, through the sentinel");
-    loads_and_serves_through_the_master(&master, c, store, "u_5").await;
+    (c, store)
 }
 
 /// Loads the demo rows through `store` (opened through a sentinel), checks they went to `master`, and
@@ -826,15 +841,14 @@ async fn a_sentinel_url_with_its_first_sentinel_down_asks_the_next() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
         l.local_addr().expect("its address").port()
     };
-    let mut c = config_for(&master);
-    c.store.redis.url = format!(
-        "redis-sentinel://127.0.0.1:{down}/0?sentinelServiceName=mymaster&node=127.0.0.1:{}",
-        sentinel.port
-    );
-    c.store.redis.connect_timeout = Duration::from_millis(500);
-    let store = open_store(&c)
-        .await
-        .expect("the master, through the second sentinel");
+    let (c, store) = open_through_sentinel(
+        &master,
+        format!(
+            "redis-sentinel://127.0.0.1:{down}/0?sentinelServiceName=mymaster&node=127.0.0.1:{}",
+            sentinel.port
+        ),
+    )
+    .await;
     loads_and_serves_through_the_master(&master, c, store, "u_7").await;
 }
 
@@ -847,15 +861,14 @@ async fn a_sentinel_failover_moves_the_gateway_to_the_promoted_replica() {
     let port = master.port().to_string();
     replica.cmd(&["REPLICAOF", "127.0.0.1", &port]);
     let sentinel = Sentinel::start_quick_to_fail_over(&master);
-    let mut c = config_for(&master);
-    c.store.redis.url = format!(
-        "redis-sentinel://127.0.0.1:{}/0?sentinelServiceName=mymaster",
-        sentinel.port
-    );
-    c.store.redis.connect_timeout = Duration::from_millis(500);
-    let store = open_store(&c)
-        .await
-        .expect("the master, through the sentinel");
+    let (c, store) = open_through_sentinel(
+        &master,
+        format!(
+            "redis-sentinel://127.0.0.1:{}/0?sentinelServiceName=mymaster",
+            sentinel.port
+        ),
+    )
+    .await;
     load_demo_rows(&store).await;
     // Every row on the replica before the master goes, and the sentinel knows the replica.
     let synced = master.cmd(&["WAIT", "1", "5000"]);

@@ -363,7 +363,7 @@ pub fn classify(result: Result<Response, ExchangeError>) -> Outcome {
                 ]
             }),
         }),
-        Ok(_) | Err(_) => Outcome::Failed {
+        _ => Outcome::Failed {
             kind: ErrorKind::BadBody,
             code: None,
         },

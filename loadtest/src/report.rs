@@ -176,12 +176,8 @@ impl RunResult {
         }
         // The phase this mode exists for (the open loop at a fraction of the maximum) did not run.
         if self.mode == "max-then-fraction" && self.offered_rps.is_none() {
-            return Some(
-                match self.warnings.iter().find(|w| w.contains("open-loop phase")) {
-                    Some(why) => why.clone(),
-                    None => "the open-loop phase did not run".to_owned(),
-                },
-            );
+            let why = self.warnings.iter().find(|w| w.starts_with(NO_OPEN_LOOP));
+            return Some(why.map_or_else(|| NO_OPEN_LOOP.to_owned(), Clone::clone));
         }
         let max = max_error_rate?;
         let (label, worst) = phases
@@ -247,6 +243,9 @@ pub fn fmt_us(us: f64) -> String {
 }
 
 /// `200 rps`, `1234 rps`, `12.5 rps`.
+/// How the warning, and the failure, of a max-then-fraction run whose open-loop phase did not run begin.
+pub const NO_OPEN_LOOP: &str = "the open-loop phase did not run";
+
 pub fn fmt_rate(rps: f64) -> String {
     if rps >= 100.0 {
         format!("{rps:.0} rps")

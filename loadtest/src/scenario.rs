@@ -183,19 +183,13 @@ pub enum ContextValue {
 }
 
 impl ContextValue {
-    /// Whether a number is finite (anything else is): JSON has no NaN or infinity.
-    fn is_finite(&self) -> bool {
-        !matches!(self, ContextValue::Float(f) if !f.is_finite())
+    /// The number, when it is NaN or an infinity: JSON cannot carry it.
+    fn non_finite(&self) -> Option<f64> {
+        match self {
+            ContextValue::Float(f) if !f.is_finite() => Some(*f),
+            _ => None,
+        }
     }
-}
-
-/// The message for a context value of NaN or infinity.
-fn non_finite(v: &ContextValue) -> String {
-    let got = match v {
-        ContextValue::Float(f) => f.to_string(),
-        other => format!("{other:?}"),
-    };
-    format!("values must be finite numbers (got {got}): JSON cannot carry NaN or infinity")
 }
 
 impl<'de> Deserialize<'de> for ContextValue {
@@ -691,6 +685,19 @@ impl Check<'_> {
         })
     }
 
+    /// Refuses a context value of NaN or infinity (`non_finite`), which JSON would send as null.
+    fn finite(&self, key: &str, non_finite: Option<f64>) -> Result<(), ScenarioError> {
+        match non_finite {
+            Some(f) => self.fail(
+                key,
+                format!(
+                    "values must be finite numbers (got {f}): JSON cannot carry NaN or infinity"
+                ),
+            ),
+            None => Ok(()),
+        }
+    }
+
     fn context(&self, key: &str, g: &ContextGen) -> Result<(), ScenarioError> {
         match g {
             ContextGen::IntRange([lo, hi]) if lo > hi => {
@@ -706,11 +713,8 @@ impl Check<'_> {
             ContextGen::OneOf(v) if v.is_empty() => {
                 self.fail(key, "one_of needs at least one value")
             }
-            ContextGen::Value(v) if !v.is_finite() => self.fail(key, non_finite(v)),
-            ContextGen::OneOf(v) => match v.iter().find(|v| !v.is_finite()) {
-                Some(v) => self.fail(key, non_finite(v)),
-                None => Ok(()),
-            },
+            ContextGen::Value(v) => self.finite(key, v.non_finite()),
+            ContextGen::OneOf(v) => self.finite(key, v.iter().find_map(ContextValue::non_finite)),
             _ => Ok(()),
         }
     }
