@@ -454,6 +454,17 @@ pub async fn load_until<R: BufRead>(
         report.gave_up = Some(format!(
             "cannot read past line {last_read}: {e}; the rest of the file was not read"
         ));
+    } else if report.gave_up.is_none() && last_read < from_line && from_line > 1 {
+        // A line past the end (a resume from the wrong file, or a line number mistyped) loads nothing,
+        // and says so rather than reporting a load that did all it was asked.
+        report.gave_up = Some(match last_read {
+            0 => format!(
+                "the file has no rows, so none starts on line {from_line} or later: nothing was loaded"
+            ),
+            n => format!(
+                "the file's last row starts on line {n}, before line {from_line} where the load was to start: nothing was loaded"
+            ),
+        });
     }
     Ok(report)
 }
@@ -943,6 +954,14 @@ fn csv_rows<'a, R: BufRead + 'a>(
         .flexible(true)
         .from_reader(LineStarts::new(reader));
     let headers = rdr.headers()?.clone();
+    if headers.iter().all(str::is_empty) {
+        anyhow::bail!(
+            "the file is empty: a CSV file of view `{}` starts with a header line naming its columns (`{}`, `event_timestamp` and its features: {})",
+            view.name,
+            view.entity.name,
+            feature_names(view)
+        );
+    }
     if let Some(twice) = headers
         .iter()
         .enumerate()
@@ -1674,6 +1693,50 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_load_from_a_line_past_the_last_row_says_it_loaded_nothing() {
+        let (_dir, store) = store();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let limits = LimitsConfig::default();
+        let view = view();
+        // The last row starts on line 3 and runs over line 4.
+        let csv = "user_id,age,country\na,1,de\nb,2,\"two\nlines\"\n";
+        let json = "{\"user_id\": \"a\", \"age\": 1}\n\n{\"user_id\": \"b\", \"age\": 2}\n";
+        let past = |line| {
+            format!(
+                "the file's last row starts on line 3, before line {line} where the load was to start: nothing was loaded"
+            )
+        };
+        let empty = "the file has no rows, so none starts on line 2 or later: nothing was loaded";
+        for (text, csv, line, why) in [
+            (csv, true, 4, past(4)),
+            (csv, true, 90, past(90)),
+            (json, false, 4, past(4)),
+            ("", false, 2, empty.to_owned()),
+        ] {
+            let input = Input {
+                reader: text.as_bytes(),
+                csv,
+                from_line: line,
+            };
+            let report = load_until(&view, "hy", input, &limits, Arc::new(store.clone()), &stop)
+                .await
+                .expect("load");
+            assert_eq!(report.written, 0, "{report:?}");
+            assert_eq!(report.gave_up, Some(why), "line {line}");
+        }
+        // The last row's own line is not past it.
+        let input = Input {
+            reader: json.as_bytes(),
+            csv: false,
+            from_line: 3,
+        };
+        let report = load_until(&view, "hy", input, &limits, Arc::new(store.clone()), &stop)
+            .await
+            .expect("load");
+        assert_eq!((report.written, report.gave_up), (1, None));
+    }
+
+    #[tokio::test]
     async fn csv_rows_are_numbered_by_the_line_they_start_on() {
         let (_dir, store) = store();
         let csv = "user_id,age,country\na,1,\"two\nlines\"\nb,x,de\nc,3\nd,4,fr\n";
@@ -1748,6 +1811,21 @@ mod tests {
             .expect_err("no key column")
             .to_string();
         assert!(e.contains("no `user_id` column"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn an_empty_csv_file_is_called_empty() {
+        let (_dir, store) = store();
+        for empty in ["", "\n", "\r\n"] {
+            let e = load_users(&store, empty.as_bytes(), true)
+                .await
+                .expect_err("empty")
+                .to_string();
+            assert!(
+                e.starts_with("the file is empty: a CSV file of view `user_profile` starts with a header line naming its columns (`user_id`, "),
+                "{empty:?}: {e}"
+            );
+        }
     }
 
     #[tokio::test]
