@@ -367,6 +367,11 @@ fn version_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Erro
             f.write_str("a version number (a whole number from 1)")
         }
         fn visit_u64<E: de::Error>(self, v: u64) -> Result<u32, E> {
+            if v == 0 {
+                return Err(E::custom(
+                    "versions are numbered from 1: there is no version 0",
+                ));
+            }
             u32::try_from(v).map_err(|_| {
                 E::custom(format!(
                     "no version {v} can be kept (the largest is {})",
@@ -381,8 +386,9 @@ fn version_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Erro
         }
         fn visit_f64<E: de::Error>(self, v: f64) -> Result<u32, E> {
             crate::value::exact_integer(v)
-                .and_then(|i| u32::try_from(i).ok())
+                .and_then(|i| u64::try_from(i).ok())
                 .ok_or_else(|| E::invalid_value(de::Unexpected::Float(v), &self))
+                .and_then(|v| self.visit_u64(v))
         }
     }
     d.deserialize_any(V)

@@ -291,6 +291,15 @@ async fn a_new_view_version_is_served_at_once_kept_and_rolled_back() {
         r.json()["error"]["message"],
         "version: invalid type: string \"1\", expected a version number (a whole number from 1)"
     );
+    // Version 0 is not a version that might have been kept: a caller's mistake, as -1 is.
+    for zero in [json!({"version": 0}), json!({"version": 0.0})] {
+        let r = rollback(&app, "/v1/schemas/views/user_profile", zero).await;
+        assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
+        assert_eq!(
+            r.json()["error"]["message"],
+            "version: versions are numbered from 1: there is no version 0"
+        );
+    }
 
     // A kept file edited by hand: named in a 409, and nothing changes.
     std::fs::write(kept.join("2.yaml"), "kind: view\nname: [unclosed\n").expect("edit");
