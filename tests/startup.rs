@@ -524,6 +524,16 @@ fn a_load_resumed_from_a_line_writes_only_the_rows_from_it_on() {
             && !said.contains("skipped"),
         "{said}"
     );
+    // Past the last row: nothing to load, and the load fails saying why.
+    let out = load(&["--from-line", "9"]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{said} {err}");
+    assert!(
+        err.contains("rows.jsonl: the file's last row starts on line 4, before line 9 where the load was to start: nothing was loaded")
+            && said.contains("0 rows written"),
+        "{said} {err}"
+    );
 
     // Refused before anything is opened: line 0, and a line of several files.
     for (line, files, why) in [
