@@ -376,12 +376,16 @@ pub async fn load_until<R: BufRead>(
     let mut batch = Batch::default();
     let mut last_read = 0;
     let mut stopped = None;
+    // Whether `stop` was set once the input had ended: a pipe's writer stopped by the same Ctrl-C ends
+    // the input, and the end then says nothing of whether all of it came.
+    let mut ended_stopped = false;
     loop {
         if read.is_empty() {
             let want = BATCH.saturating_sub(batch.writes.len()).max(1);
             let mut fill = || {
                 while read.len() < want {
                     let Some(row) = rows.next() else {
+                        ended_stopped = stop.load(Relaxed);
                         break;
                     };
                     let stop_seen = stop.load(Relaxed);
@@ -453,6 +457,10 @@ pub async fn load_until<R: BufRead>(
     if let Some(e) = stopped {
         report.gave_up = Some(format!(
             "cannot read past line {last_read}: {e}; the rest of the file was not read"
+        ));
+    } else if ended_stopped && report.gave_up.is_none() {
+        report.gave_up = Some(format!(
+            "interrupted as the input ended, after line {last_read}: every row read was loaded, but an input piped from a command the same signal stopped may have been cut short"
         ));
     } else if report.gave_up.is_none() && last_read < from_line && from_line > 1 {
         // A line past the end (a resume from the wrong file, or a line number mistyped) loads nothing,
@@ -1428,6 +1436,58 @@ mod tests {
             "every row read before the stop is written"
         );
         assert!(report.failed.is_empty());
+    }
+
+    /// Ctrl-C in a shell stops a pipe's writer too, and the loader may see the input end before it sees
+    /// the signal's flag: the report still says the load was interrupted, and what that may mean.
+    #[tokio::test]
+    async fn an_input_that_ends_once_the_load_is_stopped_is_reported_as_interrupted() {
+        let (_dir, store) = store();
+        struct EndsStopped<'a> {
+            rows: &'a [u8],
+            stop: &'a std::sync::atomic::AtomicBool,
+        }
+        impl std::io::Read for EndsStopped<'_> {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                if self.rows.is_empty() {
+                    // The writer died of the same signal: the flag is up, then the input ends.
+                    self.stop.store(true, Relaxed);
+                    return Ok(0);
+                }
+                let n = buf.len().min(self.rows.len());
+                buf[..n].copy_from_slice(&self.rows[..n]);
+                self.rows = &self.rows[n..];
+                Ok(n)
+            }
+        }
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let rows = "{\"user_id\": \"a\", \"age\": 1}\n{\"user_id\": \"b\", \"age\": 2}\n";
+        let input = Input {
+            reader: std::io::BufReader::new(EndsStopped {
+                rows: rows.as_bytes(),
+                stop: &stop,
+            }),
+            csv: false,
+            from_line: 1,
+        };
+        let report = load_until(
+            &view(),
+            "hy",
+            input,
+            &LimitsConfig::default(),
+            Arc::new(store.clone()),
+            &stop,
+        )
+        .await
+        .expect("load");
+        assert_eq!(report.written, 2);
+        assert_eq!(
+            report.gave_up.as_deref(),
+            Some(
+                "interrupted as the input ended, after line 2: every row read was loaded, but an input piped from a command the same signal stopped may have been cut short"
+            )
+        );
+        assert_eq!(age_of(&store, "b").await, Some(Value::Int(2)));
     }
 
     #[tokio::test]
