@@ -40,7 +40,7 @@ pub enum ExchangeError {
     Body(String),
     #[error("the connection closed before the request was sent")]
     Closed,
-    #[error("no complete answer within {0:?}")]
+    #[error("no complete answer within {} ms", .0.as_millis())]
     Timeout(Duration),
     #[error("cannot build the request: {0}")]
     Build(String),

@@ -227,7 +227,7 @@ fn run(args: RunArgs) -> ExitCode {
             // SIGTERM as Ctrl-C: `timeout`, `docker stop` and a cancelled CI job send it, and the
             // partial report is what they need.
             hydrant::app::shutdown_signal().await;
-            loadtest::errln!("\ninterrupted: finishing the report (Ctrl-C again to quit at once)");
+            loadtest::errln!("\ninterrupted: stopping the load and reporting what was measured (Ctrl-C again to quit at once)");
             on_signal.cancel();
             hydrant::app::shutdown_signal().await;
             std::process::exit(130);
@@ -378,7 +378,8 @@ fn serve_floor(addr: SocketAddr, scores: usize, threads: usize, for_s: u64) -> a
 
 /// `Bearer <token>` from the first token in `path` (one per line; blank lines and `#` comments skipped).
 fn bearer_from_file(path: &std::path::Path) -> Result<hyper::header::HeaderValue, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let text = loadtest::scenario::read_at_most(path, 64 * 1024)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     let token = text
         .lines()
         .map(str::trim)

@@ -242,10 +242,10 @@ pub fn fmt_us(us: f64) -> String {
     }
 }
 
-/// `200 rps`, `1234 rps`, `12.5 rps`.
 /// How the warning, and the failure, of a max-then-fraction run whose open-loop phase did not run begin.
 pub const NO_OPEN_LOOP: &str = "the open-loop phase did not run";
 
+/// `200 rps`, `1234 rps`, `12.5 rps`.
 pub fn fmt_rate(rps: f64) -> String {
     if rps >= 100.0 {
         format!("{rps:.0} rps")

@@ -185,11 +185,11 @@ pub async fn wait_ready(pool: &Pool, wait: Duration, cancel: &Cancel) -> Result<
                 return Ok(());
             }
             Ok(r) => last_status = r.status.as_u16(),
-            Err(e @ ExchangeError::Timeout(_)) if start.elapsed() >= wait => {
+            Err(ExchangeError::Timeout(_)) if start.elapsed() >= wait => {
                 return Err(RunError::Unreachable {
                     target,
                     reason: format!(
-                        "it takes connections but GET /v2/health/ready got {e} in every try for {:.1} s (ready_timeout_s = {})",
+                        "it takes connections but GET /v2/health/ready never answered: no try (each waits up to 2 s) got a complete answer in {:.1} s (ready_timeout_s = {})",
                         start.elapsed().as_secs_f64(),
                         wait.as_secs_f64()
                     ),
@@ -1116,12 +1116,14 @@ fn assemble(
         );
     }
 
+    // In sweep modes the ratio is of the sweep's maxima, which stand even when the measured phase's
+    // floor never ran (Ctrl-C in the open-loop phase of max-then-fraction).
     let (floor_rps, ratio_to_floor) = match (&floor, ex.sweep) {
-        (None, _) => (None, None),
-        (Some(_), true) => (
+        (_, true) => (
             ex.floor_max_rps,
             ex.max_rps.and_then(|m| ratio(m, ex.floor_max_rps?)),
         ),
+        (None, false) => (None, None),
         (Some(f), false) => (
             Some(f.achieved_rps),
             ratio(hydrant.achieved_rps, f.achieved_rps),

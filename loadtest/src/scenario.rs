@@ -720,13 +720,44 @@ impl Check<'_> {
     }
 }
 
+/// A top-level key written below `[context]` whose value is no generator table (`max_error_rate = 0.5`
+/// after the last header), if the text is TOML at all.
+fn top_level_key_in_context(text: &str) -> Option<&'static str> {
+    let table: toml::Table = toml::from_str(text).ok()?;
+    let context = table.get("context")?.as_table()?;
+    TOP_LEVEL_KEYS
+        .into_iter()
+        .find(|k| context.get(*k).is_some_and(|v| !v.is_table()))
+}
+
+/// The largest scenario file read: a scenario is a page of TOML, and a path to something else (a device,
+/// a pipe that never ends, a data file named by mistake) must be an error, not a read without end.
+pub const MAX_SCENARIO_BYTES: u64 = 1 << 20;
+
+/// Reads a small text file whole, or says it is larger than `max` bytes without reading past them.
+pub fn read_at_most(path: &Path, max: u64) -> std::io::Result<String> {
+    use std::io::Read as _;
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(max + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > max {
+        return Err(std::io::Error::other(format!(
+            "it is larger than {} KiB, which no file of this kind is",
+            max / 1024
+        )));
+    }
+    Ok(text)
+}
+
 impl Scenario {
     /// Reads and validates a scenario file; its name defaults to the file stem.
     pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Read {
-            path: path.display().to_string(),
-            source,
-        })?;
+        let text =
+            read_at_most(path, MAX_SCENARIO_BYTES).map_err(|source| ScenarioError::Read {
+                path: path.display().to_string(),
+                source,
+            })?;
         let stem = path
             .file_stem()
             .and_then(|s| s.to_str())
@@ -749,6 +780,12 @@ impl Scenario {
             {
                 message.push_str(&format!(
                     "\nhint: `{key}` is a top-level key: write it above the first [table] header"
+                ));
+            } else if let Some(key) = top_level_key_in_context(text) {
+                // [context] takes any field name, so there the key is no unknown field: it is a
+                // context field whose value is no generator.
+                message.push_str(&format!(
+                    "\nhint: `{key}` is a top-level key, but written below [context] it is read as the context field `context.{key}`: write it above the first [table] header"
                 ));
             }
             ScenarioError::Parse {
@@ -1281,6 +1318,14 @@ keys = 2000
         let bad = BASE.replace("candidates = 1", "candidates = \"many\"");
         let msg = parse(&bad).expect_err("bad type").to_string();
         assert!(msg.contains("[min, max]"), "{msg}");
+        // A top-level key written below [context] reads as a context field: the error says so.
+        let msg = parse(&(text.clone() + "max_error_rate = 0.5\n"))
+            .expect_err("no generator")
+            .to_string();
+        assert!(
+            msg.contains("hint: `max_error_rate` is a top-level key, but written below [context] it is read as the context field `context.max_error_rate`"),
+            "{msg}"
+        );
 
         // Generators of the wrong shape are refused with what was expected, not ignored in part.
         let base = BASE.to_string() + "\n[context]\n";

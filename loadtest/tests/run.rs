@@ -610,6 +610,81 @@ async fn a_floor_that_never_ran_has_no_throughput() {
     );
 }
 
+/// Ctrl-C in the open-loop phase of max-then-fraction, after a sweep that ran the floor: the ratio of
+/// the sweep's maxima still stands, in the JSON and in the table, though the phase's floor never ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_keeps_its_floor_ratio_when_the_open_loop_phase_is_cut_short() {
+    let gw = FakeGateway::start(FakeConfig {
+        delay: Duration::from_millis(1),
+        ..FakeConfig::default()
+    })
+    .await;
+    let s = scenario(
+        &gw.url(),
+        "mode = \"max-then-fraction\"\nconcurrency = [1]\nfraction = 0.5\nstep_s = 0.5\nduration_s = 60\nwarm_up_s = 0",
+        "[floor]\nenabled = true\nthreads = 1",
+    );
+    let out = run(
+        s,
+        &quiet(temp_dir("sweep-then-cut")),
+        cancel_after(Duration::from_millis(2500)),
+    )
+    .await
+    .expect("partial run");
+    let r = &out.result;
+    assert!(r.interrupted);
+    assert!(r.floor.is_none(), "the open-loop phase's floor never ran");
+    let step_floor = r.steps[0].floor.as_ref().expect("the sweep's floor ran");
+    assert_eq!(r.floor_rps, Some(step_floor.achieved_rps));
+    let max = r.max_rps.expect("the sweep's max");
+    assert_eq!(r.ratio_to_floor, Some(max / step_floor.achieved_rps));
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&out.json_path).expect("json")).expect("json");
+    assert!(v["ratio_to_floor"].is_number(), "{}", v["ratio_to_floor"]);
+    let table = loadtest::report::table::render(r);
+    assert!(
+        table.contains(&format!(
+            "max throughput: {} (floor ",
+            loadtest::report::fmt_rate(max)
+        )),
+        "{table}"
+    );
+}
+
+/// The terminal table: columns as wide as their values stay apart, and a flood of distinct error codes
+/// is cut to the most frequent, with a count of the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_summary_keeps_columns_apart_and_lists_the_top_error_codes() {
+    let gw = FakeGateway::start(FakeConfig::default()).await;
+    let s = scenario(
+        &gw.url(),
+        "mode = \"open-loop\"\nrate = 50\nduration_s = 0.2\nwarm_up_s = 0",
+        "[floor]\nenabled = true\nthreads = 1",
+    );
+    let out = run(s, &quiet(temp_dir("table")), Cancel::new())
+        .await
+        .expect("run");
+    let mut r = out.result.clone();
+    r.hydrant.errors = 604;
+    r.hydrant.error_rate = 0.023;
+    let floor = r.floor.as_mut().expect("the floor ran");
+    floor.errors = 26160;
+    floor.error_rate = 1.0;
+    r.error_codes = (0..15u64)
+        .map(|i| (format!("code_{i:02}"), 100 + i))
+        .collect();
+    let table = loadtest::report::table::render(&r);
+    assert!(table.contains("604 (2.3%) 26160 (100.0%)"), "{table}");
+    assert!(
+        table.contains("error codes: code_14: 114, code_13: 113,")
+            && table.contains(
+                "code_05: 105, and 5 more (all of them are in the JSON result's error_codes)"
+            )
+            && !table.contains("code_04"),
+        "{table}"
+    );
+}
+
 /// Ctrl-C while the readiness probe waits on a target that accepts connections but never answers
 /// ends the wait at once, not when the probe's 2 s timeout runs out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -765,6 +840,19 @@ fn binary_check_validates() {
         .expect("run the binary");
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("burst"));
+
+    // A path to something that is no scenario and never ends: refused after the limit, not read on.
+    let out = Command::new(env!("CARGO_BIN_EXE_loadtest"))
+        .args(["check", "/dev/zero"])
+        .output()
+        .expect("run the binary");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("cannot read scenario /dev/zero: it is larger than 1024 KiB"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let refused = Command::new(env!("CARGO_BIN_EXE_loadtest"))
         .args(["floor", "--bind", "0.0.0.0:0", "--for-s", "1"])

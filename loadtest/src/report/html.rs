@@ -109,9 +109,16 @@ fn fmt_seconds(v: f64) -> String {
     }
 }
 
-fn seconds_axis() -> Axis {
+/// Time since the start, by the time each request was sent: in open loop the time it was meant to be
+/// sent (so a stall counts where it happened); a closed loop has no schedule, only send times.
+fn seconds_axis(mode: &str) -> Axis {
+    let by = match mode {
+        "closed-loop" => "by send time",
+        "open-loop" => "by intended send time",
+        _ => "by send time in the sweep, intended send time in open loop",
+    };
     Axis {
-        label: "seconds since start (by intended send time)".into(),
+        label: format!("seconds since start ({by})"),
         fmt: fmt_seconds,
         log: false,
         zero: true,
@@ -293,7 +300,7 @@ pub fn render(r: &RunResult) -> String {
     out.push_str(&line_chart(
         "chart-latency-over-time",
         "Latency per second (log scale); shaded: warm-up (grey), hydrant (blue), floor (orange)",
-        &seconds_axis(),
+        &seconds_axis(&r.mode),
         &Axis {
             label: "latency".into(),
             fmt: fmt_us,
@@ -336,8 +343,8 @@ pub fn render(r: &RunResult) -> String {
     }
     out.push_str(&line_chart(
         "chart-throughput-over-time",
-        "Answers per second (by intended send time)",
-        &seconds_axis(),
+        "Answers per second",
+        &seconds_axis(&r.mode),
         &Axis {
             label: "per second".into(),
             fmt: |v| format!("{v:.0}"),

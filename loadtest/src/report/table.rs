@@ -7,11 +7,13 @@ use super::{
 };
 
 fn row(out: &mut String, name: &str, h: String, f: Option<String>, r: Option<String>) {
-    let _ = write!(out, "  {name:<14}{h:>14}");
+    // A space before each column: a value as wide as its column (`26160 (100.0%)`) must not run into
+    // the one before it.
+    let _ = write!(out, "  {name:<14} {h:>14}");
     if let Some(f) = f {
-        let _ = write!(out, "{f:>14}");
+        let _ = write!(out, " {f:>14}");
         if let Some(r) = r {
-            let _ = write!(out, "{r:>10}");
+            let _ = write!(out, " {r:>9}");
         }
     }
     out.push('\n');
@@ -30,6 +32,9 @@ fn lat_rows(out: &mut String, h: &LatencySummary, f: Option<&LatencySummary>) {
         );
     }
 }
+
+/// How many error codes the summary lists (the most frequent).
+const MAX_LISTED_CODES: usize = 10;
 
 /// Renders the summary table.
 pub fn render(r: &RunResult) -> String {
@@ -153,12 +158,24 @@ pub fn render(r: &RunResult) -> String {
         let _ = writeln!(out, "  errors by status or kind: {}", kinds.join(", "));
     }
     if !r.error_codes.is_empty() {
-        let codes: Vec<String> = r
-            .error_codes
+        // The most frequent first, and only so many: a target that puts a request id in its error
+        // codes would otherwise print one line of thousands of them.
+        let mut codes: Vec<(&String, &u64)> = r.error_codes.iter().collect();
+        codes.sort_by(|a, b| b.1.cmp(a.1).then_with(|| a.0.cmp(b.0)));
+        let listed: Vec<String> = codes
             .iter()
+            .take(MAX_LISTED_CODES)
             .map(|(k, v)| format!("{k}: {v}"))
             .collect();
-        let _ = writeln!(out, "  error codes: {}", codes.join(", "));
+        let _ = write!(out, "  error codes: {}", listed.join(", "));
+        if codes.len() > MAX_LISTED_CODES {
+            let _ = write!(
+                out,
+                ", and {} more (all of them are in the JSON result's error_codes)",
+                codes.len() - MAX_LISTED_CODES
+            );
+        }
+        out.push('\n');
     }
     if r.degraded > 0 {
         let _ = writeln!(out, "  degraded answers: {}", r.degraded);
