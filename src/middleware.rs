@@ -142,7 +142,7 @@ where
     fn call(&mut self, mut req: Request) -> Self::Future {
         let started = Instant::now();
         let route = route_label(&req);
-        let body_read = body_read_for(route, &req);
+        let body_read = body_read_for(&req);
         if let Some(b) = &body_read {
             req.extensions_mut().insert(b.clone());
         }
@@ -166,7 +166,7 @@ impl RequestLayer {
         F: Future<Output = Result<Response, Infallible>>,
     {
         let started = Instant::now();
-        let body_read = body_read_for(route, &req);
+        let body_read = body_read_for(&req);
         self.shared
             .wrap(started, route, req, body_read.clone(), |req| {
                 handler(req, body_read)
@@ -174,10 +174,11 @@ impl RequestLayer {
     }
 }
 
-/// The body flag for a request on `route`: only the routes that take a body get one (and its
-/// allocation), and only when one was sent.
-fn body_read_for(route: &'static str, req: &Request) -> Option<BodyRead> {
-    (reads_body(route) && declares_body(req.headers())).then(BodyRead::default)
+/// The body flag for a request: only one that declares a body gets one (and its allocation). A route
+/// that takes no body (a `GET`, a 404, a 405) leaves it unread, so its answer closes the connection and
+/// says so: hyper closes it whenever a body it could not skip is left on it.
+fn body_read_for(req: &Request) -> Option<BodyRead> {
+    declares_body(req.headers()).then(BodyRead::default)
 }
 
 impl Shared {

@@ -1498,6 +1498,22 @@ async fn an_oversized_body_or_unknown_model_is_refused_before_the_body_arrives()
             "415",
             "unsupported_media_type",
         ),
+        // A body sent to a path no route has, and to a route that takes none.
+        (
+            "POST /v1/nope HTTP/1.1\r\nhost: h\r\ncontent-length: 100000\r\n\r\n",
+            "404",
+            "unknown_route",
+        ),
+        (
+            "POST /v1/stats HTTP/1.1\r\nhost: h\r\ncontent-length: 100000\r\n\r\n",
+            "405",
+            "method_not_allowed",
+        ),
+        (
+            "GET /v1/stats HTTP/1.1\r\nhost: h\r\ntransfer-encoding: chunked\r\n\r\n",
+            "200",
+            "",
+        ),
     ] {
         let mut s = tokio::net::TcpStream::connect(app.addr.trim_start_matches("http://"))
             .await
@@ -1511,7 +1527,10 @@ async fn an_oversized_body_or_unknown_model_is_refused_before_the_body_arrives()
             .expect("read");
         let text = String::from_utf8_lossy(&answer[..n]);
         assert!(text.starts_with(&format!("HTTP/1.1 {status} ")), "{text}");
-        assert!(text.contains(&format!(r#""code":"{code}""#)), "{text}");
+        assert!(
+            code.is_empty() || text.contains(&format!(r#""code":"{code}""#)),
+            "{text}"
+        );
         // Answered before the body was read: the connection closes, and the answer says so.
         assert!(
             text.to_ascii_lowercase()
