@@ -454,7 +454,12 @@ pub async fn load_until<R: BufRead>(
     report.failed.sort_by_key(|b| b.first_line);
     // A file that cannot be read on (a device error, a CSV quote never closed) still gets its report:
     // the batches that failed before it are in there, and nothing the load did goes unsaid.
-    if let Some(e) = stopped {
+    if stopped.is_some() && stop.load(Relaxed) {
+        // A read that waited on a paused input ([`Stoppable`]) while the load was stopped.
+        report.gave_up = Some(format!(
+            "interrupted while waiting for input after line {last_read}: the rows read were loaded, the rest of the input was not read"
+        ));
+    } else if let Some(e) = stopped {
         report.gave_up = Some(format!(
             "cannot read past line {last_read}: {e}; the rest of the file was not read"
         ));
@@ -480,6 +485,89 @@ pub async fn load_until<R: BufRead>(
 /// What writing a batch did: its keys (to announce, and to release), its first line, and its rows written
 /// or refused.
 type BatchDone = (Vec<String>, usize, Result<(usize, bool), FailedBatch>);
+
+/// A reader of input that can pause without end (a pipe, a FIFO, a terminal) whose read a stop
+/// interrupts: the blocking reads happen on a thread of their own, and a read that has been waiting
+/// while `stop` is set fails, so a load stopped by Ctrl-C or SIGTERM while its input pauses writes
+/// what it has read and ends, instead of waiting for the writer to send more or to close.
+pub struct Stoppable {
+    chunks: std::sync::mpsc::Receiver<std::io::Result<Vec<u8>>>,
+    chunk: Vec<u8>,
+    at: usize,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    ended: bool,
+}
+
+/// How often a read that waits for input looks at the stop flag.
+const STOP_POLL: Duration = Duration::from_millis(50);
+
+impl Stoppable {
+    pub fn new(
+        mut inner: impl Read + Send + 'static,
+        stop: Arc<std::sync::atomic::AtomicBool>,
+    ) -> std::io::Result<Stoppable> {
+        // Two chunks read ahead at most: memory stays bounded whatever the writer sends.
+        let (tx, chunks) = std::sync::mpsc::sync_channel(2);
+        std::thread::Builder::new()
+            .name("hydrant-load-read".into())
+            .spawn(move || {
+                loop {
+                    let mut buf = vec![0; 64 << 10];
+                    let read = match inner.read(&mut buf) {
+                        Ok(0) => return,
+                        Ok(n) => {
+                            buf.truncate(n);
+                            Ok(buf)
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                        Err(e) => Err(e),
+                    };
+                    let failed = read.is_err();
+                    // The loader gone (it stopped) or a read error sent: this thread is done.
+                    if tx.send(read).is_err() || failed {
+                        return;
+                    }
+                }
+            })?;
+        Ok(Stoppable {
+            chunks,
+            chunk: Vec::new(),
+            at: 0,
+            stop,
+            ended: false,
+        })
+    }
+}
+
+impl Read for Stoppable {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        while self.at == self.chunk.len() {
+            if self.ended {
+                return Ok(0);
+            }
+            match self.chunks.recv_timeout(STOP_POLL) {
+                Ok(Ok(chunk)) => {
+                    self.chunk = chunk;
+                    self.at = 0;
+                }
+                Ok(Err(e)) => {
+                    self.ended = true;
+                    return Err(e);
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    if self.stop.load(Relaxed) {
+                        return Err(std::io::Error::other("the load was stopped"));
+                    }
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => self.ended = true,
+            }
+        }
+        let n = out.len().min(self.chunk.len() - self.at);
+        out[..n].copy_from_slice(&self.chunk[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+}
 
 /// The batches being written, up to [`IN_FLIGHT`] at once. Batches in flight may land in any order, so a
 /// batch that writes a key still being written by an earlier one waits for the earlier ones first: the
@@ -1436,6 +1524,64 @@ mod tests {
             "every row read before the stop is written"
         );
         assert!(report.failed.is_empty());
+    }
+
+    /// A pipe whose writer pauses without end (`tail -f`, a stalled export): a stop ends the load at
+    /// once, with the rows read so far written, rather than when the writer sends more or closes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stop_ends_a_load_whose_pipe_pauses() {
+        use std::io::Write as _;
+        let (_dir, store) = store();
+        let (reader, mut writer) = std::io::pipe().expect("pipe");
+        writer
+            .write_all(b"{\"user_id\": \"a\", \"age\": 1}\n{\"user_id\": \"b\", \"age\": 2}\n")
+            .expect("write");
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let input = Input {
+            reader: std::io::BufReader::new(Stoppable::new(reader, stop.clone()).expect("thread")),
+            csv: false,
+            from_line: 1,
+        };
+        let flag = stop.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            flag.store(true, Relaxed);
+        });
+        let started = Instant::now();
+        let report = load_until(
+            &view(),
+            "hy",
+            input,
+            &LimitsConfig::default(),
+            Arc::new(store.clone()),
+            &stop,
+        )
+        .await
+        .expect("load");
+        // The writer is still open: only the stop can have ended the load.
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert_eq!(report.written, 2);
+        assert_eq!(
+            report.gave_up.as_deref(),
+            Some(
+                "interrupted while waiting for input after line 2: the rows read were loaded, the rest of the input was not read"
+            )
+        );
+        assert_eq!(age_of(&store, "b").await, Some(Value::Int(2)));
+        drop(writer);
+    }
+
+    /// Until a stop, a [`Stoppable`] reads what its input holds and ends where it ends.
+    #[test]
+    fn a_stoppable_reader_reads_its_input_whole() {
+        let text: Vec<u8> = (0..200_000u32).flat_map(|i| i.to_le_bytes()).collect();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut read = Vec::new();
+        Stoppable::new(std::io::Cursor::new(text.clone()), stop)
+            .expect("thread")
+            .read_to_end(&mut read)
+            .expect("read");
+        assert!(read == text, "{} bytes of {}", read.len(), text.len());
     }
 
     /// Ctrl-C in a shell stops a pipe's writer too, and the loader may see the input end before it sees

@@ -162,14 +162,29 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             // Every file opens before any is loaded (and before the store is opened, or created): a
             // typo in the last name must not leave the first files loaded and the rest not. Every problem
             // found here is named, file by file, so that one round of fixes settles them all.
-            let mut opened = Vec::with_capacity(files.len());
-            let mut problems = Vec::new();
-            for file in &files {
-                match open_rows(v, file) {
-                    Ok(f) => opened.push(f),
-                    Err(why) => problems.push(why),
+            // On a thread of their own, raced against a signal: opening a FIFO waits for a writer.
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let (view_copy, names) = (v.clone(), files.clone());
+            std::thread::Builder::new()
+                .name("hydrant-load-open".into())
+                .spawn(move || {
+                    let mut opened = Vec::with_capacity(names.len());
+                    let mut problems = Vec::new();
+                    for file in &names {
+                        match open_rows(&view_copy, file) {
+                            Ok(f) => opened.push(f),
+                            Err(why) => problems.push(why),
+                        }
+                    }
+                    let _ = tx.send((opened, problems));
+                })?;
+            let (opened, problems) = tokio::select! {
+                done = rx => done?,
+                _ = stopped.wait_for(|s| *s) => {
+                    eprintln!("interrupted while opening the files (a FIFO waits for a writer): nothing was loaded");
+                    return Ok(ExitCode::from(130));
                 }
-            }
+            };
             match problems.as_slice() {
                 [] => {}
                 [one] => anyhow::bail!("{one} (nothing was loaded)"),
@@ -208,8 +223,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     );
                     break;
                 }
+                // A pipe, FIFO or terminal can pause without end: a signal must still stop the load.
+                let reader: Box<dyn std::io::Read + Send> =
+                    if f.metadata().is_ok_and(|m| m.is_file()) {
+                        Box::new(f)
+                    } else {
+                        Box::new(hydrant::loader::Stoppable::new(f, stop.clone())?)
+                    };
                 let input = hydrant::loader::Input {
-                    reader: std::io::BufReader::new(f),
+                    reader: std::io::BufReader::new(reader),
                     csv: hydrant::loader::is_csv(&file),
                     from_line,
                 };

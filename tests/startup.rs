@@ -561,6 +561,64 @@ fn a_load_resumed_from_a_line_writes_only_the_rows_from_it_on() {
     );
 }
 
+/// A signal stops a load whose input waits: a FIFO no writer has opened yet (its open waits), and a
+/// pipe whose writer has sent some rows and then pauses (its read waits). Neither waits for the writer.
+#[test]
+fn a_load_waiting_for_its_input_stops_on_sigterm() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fifo = dir.path().join("rows.jsonl");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    let load = || {
+        let mut cmd = hydrant(&root());
+        cmd.env("HYDRANT_STORE__EMBEDDED__PATH", dir.path().join("s.redb"))
+            .args(["load", "--view", "user_profile"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        cmd
+    };
+    let started = std::time::Instant::now();
+    let child = load().arg(&fifo).spawn().expect("starts");
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    let out = sigterm(child);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(
+        err.contains(
+            "interrupted while opening the files (a FIFO waits for a writer): nothing was loaded"
+        ),
+        "{err}"
+    );
+
+    let mut child = load()
+        .arg("/dev/stdin")
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("starts");
+    let mut rows = child.stdin.take().expect("stdin");
+    std::io::Write::write_all(
+        &mut rows,
+        b"{\"user_id\": \"p_1\", \"age\": 1}\n{\"user_id\": \"p_2\", \"age\": 2}\n",
+    )
+    .expect("write");
+    std::thread::sleep(std::time::Duration::from_millis(2000));
+    let out = sigterm(child);
+    let said = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{said} {err}");
+    assert!(
+        err.contains("interrupted while waiting for input after line 2")
+            && said.contains("2 rows written to view `user_profile`"),
+        "{said} {err}"
+    );
+    // The pipe's writer (this test) never closed it.
+    drop(rows);
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+}
+
 /// A compressed data file is refused by name before anything is opened, the store included, rather
 /// than read as text and refused line by line as "not UTF-8".
 #[test]
