@@ -262,7 +262,7 @@ fn outside_models_folder(proposed: &Registry, touched: &BTreeSet<String>) -> Vec
 
 /// The kind and name of each document of `body`, in order, each once. A document without them is left
 /// to the compiler, which says what is missing.
-fn submitted(body: &str) -> Vec<(Kind, String)> {
+pub fn submitted(body: &str) -> Vec<(Kind, String)> {
     let mut out: Vec<(Kind, String)> = Vec::new();
     for doc in serde_yaml::Deserializer::from_str(body) {
         let Ok(value) = serde_yaml::Value::deserialize(doc) else {

@@ -83,6 +83,36 @@ pub async fn register(gw: &Arc<Gateway>, action: Action) -> Result<serde_json::V
     .await
 }
 
+/// Checks that the body of `PUT /v1/schemas/{kind}/{name}` holds that one document (`sent`, the kinds and
+/// names it holds).
+fn put_holds_one(kind: Kind, name: &str, sent: &[(Kind, String)]) -> Result<(), ApiError> {
+    if sent.len() == 1 && sent[0].0 == kind && sent[0].1 == name {
+        return Ok(());
+    }
+    let listed: Vec<String> = sent
+        .iter()
+        .map(|(k, n)| format!("{} `{n}`", k.as_str()))
+        .collect();
+    Err(ApiError::Invalid {
+        code: "schema_mismatch",
+        message: format!(
+            "PUT /v1/schemas/{}/{name} takes one document, the {} `{name}`; the body holds {}: send several documents together to POST /v1/schemas",
+            kind.plural(),
+            kind.as_str(),
+            if listed.is_empty() {
+                "none with a kind and a name".to_owned()
+            } else {
+                listed.join(", ")
+            }
+        ),
+        field: Some(if sent.first().is_some_and(|(k, _)| *k != kind) {
+            "kind".to_owned()
+        } else {
+            "name".to_owned()
+        }),
+    })
+}
+
 fn apply(
     gw: &Gateway,
     action: Action,
@@ -120,36 +150,18 @@ fn apply(
         removed: &removed,
         rollback,
     };
+    // A PUT whose body names other documents is refused before they are compiled: compiled, they would
+    // be refused for what they would change elsewhere, which is not the caller's mistake.
+    if let (Some((kind, name)), Some(body)) = (&expect, body.as_deref()) {
+        let named = proposal::submitted(body);
+        if !named.is_empty() {
+            put_holds_one(*kind, name, &named)?;
+        }
+    }
     let proposal =
         proposal::propose(&running, &edit, models_dir).map_err(ApiError::InvalidSchema)?;
-    if let Some((kind, name)) = &expect
-        && (proposal.submitted.len() != 1 || proposal.submitted[0] != (*kind, name.clone()))
-    {
-        let sent: Vec<String> = proposal
-            .submitted
-            .iter()
-            .map(|(k, n)| format!("{} `{n}`", k.as_str()))
-            .collect();
-        return Err(ApiError::Invalid {
-            code: "schema_mismatch",
-            message: format!(
-                "PUT /v1/schemas/{}/{name} takes one document, the {} `{name}`; the body holds {}: send several documents together to POST /v1/schemas",
-                kind.plural(),
-                kind.as_str(),
-                if sent.is_empty() {
-                    "none with a kind and a name".to_owned()
-                } else {
-                    sent.join(", ")
-                }
-            ),
-            field: Some(
-                if proposal.submitted.first().is_some_and(|(k, _)| k != kind) {
-                    "kind".to_owned()
-                } else {
-                    "name".to_owned()
-                },
-            ),
-        });
+    if let Some((kind, name)) = &expect {
+        put_holds_one(*kind, name, &proposal.submitted)?;
     }
 
     // A document added again after it was deleted keeps its history: its kept versions stay readable

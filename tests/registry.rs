@@ -450,6 +450,31 @@ async fn refused_changes_leave_the_gateway_and_the_files_as_they_were() {
     .await;
     assert_eq!((r.status, r.code().as_str()), (400, "schema_mismatch"));
     assert_eq!(r.json()["error"]["field"], "name");
+    // Also when the document it holds, put in the other's place, would not compile: the mismatch is
+    // the mistake, and the caller is told that rather than what `item_stats` would break.
+    let r = put(
+        &app,
+        "/v1/schemas/views/user_profile",
+        &edit(
+            &schema_file("user_profile.yaml"),
+            "name: user_profile",
+            "name: item_stats",
+        ),
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.code().as_str()),
+        (400, "schema_mismatch"),
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("the body holds view `item_stats`")),
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
     // A dtype change under a running model that is not re-bound.
     let retyped = edit(
         &edit(
