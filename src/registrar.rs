@@ -1328,6 +1328,8 @@ fn versions(schemas_dir: &Path, kind: Kind, name: &str) -> Vec<u32> {
         .map(|entries| {
             entries
                 .filter_map(|e| e.ok())
+                // A folder of that name (made by hand) is no kept version: it could not be shown.
+                .filter(|e| e.path().is_file())
                 .filter_map(|e| e.file_name().to_str()?.strip_suffix(".yaml")?.parse().ok())
                 .collect()
         })

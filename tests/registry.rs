@@ -326,6 +326,12 @@ async fn a_new_view_version_is_served_at_once_kept_and_rolled_back() {
     // A folder where a kept file would be is named, not taken for a failing disk (503).
     std::fs::create_dir(kept.join("3.yaml")).expect("a folder");
     kept_refused(&app, 3, "kept_version_unreadable").await;
+    // ... and not listed as a kept version, which it is not.
+    let j = ok(&app.get("/v1/schemas/views/user_profile/versions").await);
+    assert_eq!(
+        j["versions"],
+        json!([{"version": 1, "running": true}, {"version": 2, "running": false}])
+    );
     std::fs::remove_dir(kept.join("3.yaml")).expect("removed");
     let other = edit(
         &schema_file("user_profile.yaml"),
