@@ -24,7 +24,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::extract::{MatchedPath, Request};
-use axum::http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use axum::http::header::{CONNECTION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::Response;
 use tokio::time::Sleep;
@@ -210,11 +210,22 @@ impl Shared {
         );
         let deadline = tokio::time::Instant::from_std(started + self.backstop);
         let shape = Shape::of_path(req.uri().path());
-        // A request without the credentials its route needs goes no further: no handler, no body read.
-        let refused = self.auth.as_ref().and_then(|auth| {
-            let need = crate::auth::need(route, req.uri().path(), req.method());
-            auth.load().check(need, req.headers()).err()
-        });
+        // An HTTP/1.1 request without a Host header is malformed (RFC 9112, section 3.2: a server must
+        // answer it with 400), and one without the credentials its route needs goes no further: no
+        // handler, no body read.
+        let refused =
+            if req.version() == axum::http::Version::HTTP_11 && !req.headers().contains_key(HOST) {
+                Some(ApiError::invalid(
+                    "missing_host",
+                    "Host",
+                    "an HTTP/1.1 request must carry a Host header (RFC 9112, section 3.2)",
+                ))
+            } else {
+                self.auth.as_ref().and_then(|auth| {
+                    let need = crate::auth::need(route, req.uri().path(), req.method());
+                    auth.load().check(need, req.headers()).err()
+                })
+            };
         let inner = match refused {
             Some(_) => None,
             None => Some(call(req).instrument(span)),

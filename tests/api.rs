@@ -1472,6 +1472,51 @@ async fn event_timestamps_apply_their_offset_and_float32_values_are_stored_as_fl
     assert_eq!(r.status, 400, "a fraction with no digits");
 }
 
+/// An HTTP/1.1 request without a `Host` header is malformed (RFC 9112 says a server must answer 400);
+/// HTTP/1.0 had no such header and is served without one.
+#[tokio::test]
+async fn an_http11_request_without_host_is_refused() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let app = TestApp::spawn().await;
+    app.wait_ready().await;
+    let body = r#"{"entities": {"user_id": "u_1"}, "candidates": [{"item_id": "i_1"}]}"#;
+    for (version, host, status) in [
+        ("HTTP/1.1", "", "400"),
+        ("HTTP/1.1", "host: h\r\n", "200"),
+        ("HTTP/1.0", "", "200"),
+    ] {
+        let mut s = tokio::net::TcpStream::connect(app.addr.trim_start_matches("http://"))
+            .await
+            .expect("connect");
+        let head = format!(
+            "POST /v1/models/ctr/predict {version}\r\n{host}content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(head.as_bytes()).await.expect("send");
+        let mut answer = Vec::new();
+        tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            s.read_to_end(&mut answer),
+        )
+        .await
+        .expect("answered")
+        .expect("read");
+        let text = String::from_utf8_lossy(&answer);
+        assert_eq!(
+            text.split(' ').nth(1),
+            Some(status),
+            "{version} {host:?}: {text}"
+        );
+        if status == "400" {
+            assert!(
+                text.contains(r#""code":"missing_host""#) && text.contains(r#""field":"Host""#),
+                "{text}"
+            );
+        }
+    }
+}
+
 /// What the headers alone settle is answered without waiting for the body: a body declared over
 /// `limits.max_body_bytes` (413), a predict for a model that does not exist (404), and a content type
 /// hydrant does not read (415: a client that asked `Expect: 100-continue` gets no 100 first). Each closes
