@@ -29,6 +29,10 @@ use crate::serve::{ResponseFuture, Routes, Shortcut};
 const PREDICT: &str = "/v1/models/{model}/predict";
 const INFER: &str = "/v2/models/{model}/infer";
 const FEATURES: &str = "/v1/features";
+/// The Open Inference Protocol's paths that name a model version.
+pub const VERSIONED_MODEL: &str = "/v2/models/{model}/versions/{version}";
+pub const VERSIONED_READY: &str = "/v2/models/{model}/versions/{version}/ready";
+pub const VERSIONED_INFER: &str = "/v2/models/{model}/versions/{version}/infer";
 
 /// The routes over `gw`: the router, and in front of it a shortcut for the routes callers send on every
 /// request: `POST /v1/models/{model}/predict`, `POST /v2/models/{model}/infer` and `POST /v1/features`.
@@ -166,6 +170,10 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/v2/models/{model}", get(model_metadata))
         .route("/v2/models/{model}/ready", get(model_ready))
         .route(INFER, routed(v2_infer))
+        // The protocol's versioned paths: the version the model serves, or a 404 naming it.
+        .route(VERSIONED_MODEL, get(versioned_metadata))
+        .route(VERSIONED_READY, get(versioned_ready))
+        .route(VERSIONED_INFER, routed(versioned_infer))
         // Before `route_layer`, so that the request layer wraps the 405s too (request id, span, metrics).
         .method_not_allowed_fallback(method_not_allowed)
         .route_layer(layer.clone())
@@ -726,6 +734,50 @@ async fn model_ready(State(gw): State<Arc<Gateway>>, uri: Uri) -> Response {
             .into_response()
     } else {
         not_registered(&model)
+    }
+}
+
+/// On a versioned V2 path, the 404 for a version other than the one the model serves (counted in the
+/// model's stats when `count`); `None` when the model serves it, or is not registered (which the
+/// unversioned handler answers).
+fn other_version(gw: &Gateway, uri: &Uri, count: bool) -> Option<Response> {
+    let model = path_segment(uri, 3);
+    let engine = gw.engine(&model).ok()?;
+    let version = path_segment(uri, 5);
+    let serves = engine.model().version;
+    if version == serves.to_string() {
+        return None;
+    }
+    if count {
+        engine.stats().failed(StatusCode::NOT_FOUND);
+    }
+    Some(
+        crate::oip::OipError(
+            StatusCode::NOT_FOUND,
+            format!("model `{model}` has no version `{version}`: it serves version {serves}"),
+        )
+        .into_response(),
+    )
+}
+
+async fn versioned_metadata(State(gw): State<Arc<Gateway>>, uri: Uri) -> Response {
+    match other_version(&gw, &uri, false) {
+        Some(refused) => refused,
+        None => model_metadata(State(gw), uri).await,
+    }
+}
+
+async fn versioned_ready(State(gw): State<Arc<Gateway>>, uri: Uri) -> Response {
+    match other_version(&gw, &uri, false) {
+        Some(refused) => refused,
+        None => model_ready(State(gw), uri).await,
+    }
+}
+
+async fn versioned_infer(gw: Arc<Gateway>, req: Request, body_read: Option<BodyRead>) -> Response {
+    match other_version(&gw, req.uri(), true) {
+        Some(refused) => refused,
+        None => v2_infer(gw, req, body_read).await.into_response(),
     }
 }
 

@@ -44,6 +44,7 @@ pub fn need(route: &str, path: &str, method: &Method) -> Need {
     // Probes and scrapers: kubelets and KServe poll the readiness routes, Prometheus `/metrics`.
     if matches!(path, "/v2/health/live" | "/v2/health/ready" | "/metrics")
         || route == "/v2/models/{model}/ready"
+        || route == crate::api::VERSIONED_READY
     {
         return Need::Open;
     }

@@ -320,7 +320,7 @@ where
         // Only the routes whose answers the handlers count: the model's metadata routes never count.
         let counts = matches!(
             *this.route,
-            "/v1/models/{model}/predict" | "/v2/models/{model}/infer"
+            "/v1/models/{model}/predict" | "/v2/models/{model}/infer" | crate::api::VERSIONED_INFER
         );
         if !counted && counts && !model.is_empty() {
             this.shared.telemetry.model(model).failed(resp.status());
@@ -358,6 +358,7 @@ pub(crate) fn reads_body(route: &str) -> bool {
         "/v1/models/{model}/predict"
             | "/v1/features"
             | "/v2/models/{model}/infer"
+            | crate::api::VERSIONED_INFER
             | "/v1/prefetch"
             | "/v1/views/{view}/rows"
             | "/get-online-features"
@@ -390,6 +391,9 @@ fn route_label(req: &Request) -> &'static str {
         Some("/v2/models/{model}/infer") => "/v2/models/{model}/infer",
         Some("/v2/models/{model}") => "/v2/models/{model}",
         Some("/v2/models/{model}/ready") => "/v2/models/{model}/ready",
+        Some(crate::api::VERSIONED_MODEL) => crate::api::VERSIONED_MODEL,
+        Some(crate::api::VERSIONED_READY) => crate::api::VERSIONED_READY,
+        Some(crate::api::VERSIONED_INFER) => crate::api::VERSIONED_INFER,
         Some("/metrics") => "/metrics",
         Some("/v1/stats") => "/v1/stats",
         Some("/v1/prefetch") => "/v1/prefetch",

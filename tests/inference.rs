@@ -237,6 +237,40 @@ async fn v2_infer_runs_raw_tensors_through_the_same_model() {
     assert_eq!(s["models"]["ctr"]["errors"], 0, "{s}");
     assert_eq!(app.get("/v2/models/ctr/ready").await.status, 200);
     assert_eq!(app.get("/v2/models/nope/ready").await.status, 404);
+
+    // The protocol's versioned paths: the version the model serves answers as the unversioned path
+    // does; another version is a 404 that names the one served, and counts as the model's rejection.
+    let body = serde_json::to_vec(&json!({"inputs": [{"name": "features", "shape": [2, 27], "datatype": "FP32", "data": rows}]})).expect("j");
+    let r = app
+        .post(
+            "/v2/models/ctr/versions/1/infer",
+            "application/json",
+            body.clone(),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["outputs"][0]["data"], p["outputs"]["score"]);
+    assert_eq!(app.get("/v2/models/ctr/versions/1/ready").await.status, 200);
+    assert_eq!(
+        app.get("/v2/models/ctr/versions/1").await.json()["versions"],
+        json!(["1"])
+    );
+    for r in [
+        app.post("/v2/models/ctr/versions/2/infer", "application/json", body)
+            .await,
+        app.get("/v2/models/ctr/versions/2").await,
+        app.get("/v2/models/ctr/versions/2/ready").await,
+    ] {
+        assert_eq!(r.status, 404);
+        assert_eq!(
+            r.json()["error"],
+            "model `ctr` has no version `2`: it serves version 1"
+        );
+    }
+    assert_eq!(app.get("/v2/models/nope/versions/1").await.status, 404);
+    let s = app.get("/v1/stats").await.json();
+    assert_eq!(s["models"]["ctr"]["requests"], 4, "{s}");
+    assert_eq!(s["models"]["ctr"]["rejected"], 2, "{s}");
 }
 
 #[tokio::test]
