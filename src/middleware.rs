@@ -508,7 +508,7 @@ mod tests {
     }
 
     async fn send(app: &Router, path: &str, id: Option<&str>) -> (StatusCode, HeaderMap, String) {
-        let mut req = Request::get(path);
+        let mut req = Request::get(path).header(HOST, "h");
         if let Some(id) = id {
             req = req.header(REQUEST_ID, id);
         }
