@@ -691,12 +691,9 @@ impl Config {
             ("server.shutdown_grace", self.server.shutdown_grace, ms(0)),
             ("server.idle_timeout", self.server.idle_timeout, ms(100)),
             ("limits.request_timeout", limits.request_timeout, ms(1)),
-            // Sub-millisecond queue timeouts are a real setting for a fast model.
-            (
-                "inference.queue_timeout",
-                inference.queue_timeout,
-                Duration::from_micros(10),
-            ),
+            // The wait includes waking a parked session (50-100 µs on an idle machine, more on a busy
+            // one): below a millisecond an idle gateway would shed requests no other request held up.
+            ("inference.queue_timeout", inference.queue_timeout, ms(1)),
             ("store.redis.connect_timeout", redis.connect_timeout, ms(10)),
             ("store.redis.command_timeout", redis.command_timeout, ms(1)),
             ("store.redis.write_timeout", redis.write_timeout, ms(10)),
@@ -1543,7 +1540,9 @@ mod tests {
                 "{e}"
             );
         }
-        Config::load(None, env(&[("HYDRANT_INFERENCE__QUEUE_TIMEOUT", "200us")])).expect("200us");
+        let e = load_err(&[("HYDRANT_INFERENCE__QUEUE_TIMEOUT", "200us")]);
+        assert!(e.contains("at least 1ms"), "{e}");
+        Config::load(None, env(&[("HYDRANT_INFERENCE__QUEUE_TIMEOUT", "1ms")])).expect("1ms");
         let e = load_err(&[
             ("HYDRANT_SERVER__BIND", "127.0.0.1:1"),
             ("HYDRANT_server__bind", "127.0.0.1:2"),
