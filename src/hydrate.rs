@@ -448,7 +448,13 @@ impl Hydrator {
 
     fn spawn_fetch(self: &Arc<Self>, items: Vec<FetchItem>, purpose: Purpose) {
         let this = self.clone();
-        tokio::spawn(async move { this.fetch(items, purpose).await });
+        // In the span of the request that started it, so that what the fetch logs (a store that failed,
+        // an unreadable record) carries that request's id; no span where logging it is off.
+        let span = tracing::Span::current();
+        tokio::spawn(tracing::Instrument::instrument(
+            async move { this.fetch(items, purpose).await },
+            span,
+        ));
     }
 
     /// Reads `items` in one round trip, caches what came back and publishes each key's outcome.

@@ -842,6 +842,62 @@ fn sigterm_while_the_loader_connects_stops_it_at_once() {
     assert!(err.contains("nothing was loaded"), "{err}");
 }
 
+/// What a request's store fetch logs (an unreadable record here) carries the request's id: the fetch
+/// task runs in the span of the request that started it.
+#[test]
+fn a_fetch_logs_in_the_span_of_its_request() {
+    use std::io::{Read as _, Write as _};
+
+    let redis = common::redis::RedisServer::start();
+    redis.cmd(&["SET", "hy:user_profile:u_garbled", "not a record"]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let child = hydrant(&root())
+        .env("HYDRANT_SERVER__BIND", format!("127.0.0.1:{port}"))
+        .env("HYDRANT_STORE__REDIS__URL", redis.url())
+        .env("HYDRANT_TELEMETRY__LOG_LEVEL", "info")
+        .env("HYDRANT_PREFETCH__WARM_TOP_K", "0")
+        .arg("serve")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starts");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let body = r#"{"entities": {"user_id": "u_garbled"}, "candidates": [{"item_id": "i_1"}]}"#;
+    let answer = loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server did not start"
+        );
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            continue;
+        };
+        let request = format!(
+            "POST /v1/models/ctr/predict HTTP/1.1\r\nhost: h\r\nx-request-id: trace-me-7\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(request.as_bytes()).expect("send");
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).expect("read");
+        if answer.starts_with("HTTP/1.1 503") {
+            // Not ready yet.
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            continue;
+        }
+        break answer;
+    };
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let err = terminate(child);
+    let line = err
+        .lines()
+        .find(|l| l.contains("unreadable record served as defaults"))
+        .unwrap_or_else(|| panic!("no such line: {err}"));
+    assert!(line.contains("trace-me-7"), "{line}");
+}
+
 #[test]
 fn sigterm_drains_and_exits_cleanly() {
     let dir = tempfile::tempdir().expect("tempdir");
