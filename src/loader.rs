@@ -1340,6 +1340,18 @@ mod tests {
         load(&view(), "hy", reader, csv, &LimitsConfig::default(), store).await
     }
 
+    /// [`load_users`] from `input` (its first line and format), until `stop` is set.
+    async fn load_users_until<R: BufRead>(
+        store: &(impl Store + Clone + 'static),
+        input: Input<R>,
+        stop: &std::sync::atomic::AtomicBool,
+    ) -> Report {
+        let store: Arc<dyn Store> = Arc::new(store.clone());
+        load_until(&view(), "hy", input, &LimitsConfig::default(), store, stop)
+            .await
+            .expect("load")
+    }
+
     async fn age_of(store: &dyn Store, user: &str) -> Option<Value> {
         let got = store
             .get_many(&[format!("hy:user_profile:{user}")])
@@ -1499,16 +1511,7 @@ mod tests {
             csv: false,
             from_line: 1,
         };
-        let report = load_until(
-            &view(),
-            "hy",
-            input,
-            &LimitsConfig::default(),
-            Arc::new(store.clone()),
-            &stop,
-        )
-        .await
-        .expect("load");
+        let report = load_users_until(&store, input, &stop).await;
         let why = report.gave_up.expect("interrupted");
         let line: usize = why
             .strip_prefix("interrupted before line ")
@@ -1549,16 +1552,7 @@ mod tests {
             flag.store(true, Relaxed);
         });
         let started = Instant::now();
-        let report = load_until(
-            &view(),
-            "hy",
-            input,
-            &LimitsConfig::default(),
-            Arc::new(store.clone()),
-            &stop,
-        )
-        .await
-        .expect("load");
+        let report = load_users_until(&store, input, &stop).await;
         // The writer is still open: only the stop can have ended the load.
         assert!(started.elapsed() < Duration::from_secs(5));
         assert_eq!(report.written, 2);
@@ -1617,16 +1611,7 @@ mod tests {
             csv: false,
             from_line: 1,
         };
-        let report = load_until(
-            &view(),
-            "hy",
-            input,
-            &LimitsConfig::default(),
-            Arc::new(store.clone()),
-            &stop,
-        )
-        .await
-        .expect("load");
+        let report = load_users_until(&store, input, &stop).await;
         assert_eq!(report.written, 2);
         assert_eq!(
             report.gave_up.as_deref(),
@@ -1879,22 +1864,20 @@ mod tests {
         // Line 2: a bad age; lines 3-4: one row over two lines; lines 5 and 6: good rows.
         let csv = "user_id,age,country\na,x,de\nb,2,\"two\nlines\"\nc,3,fr\nd,4,us\n";
         let stop = std::sync::atomic::AtomicBool::new(false);
-        let limits = LimitsConfig::default();
-        let view = view();
         let from = |line| {
             let input = Input {
                 reader: csv.as_bytes(),
                 csv: true,
                 from_line: line,
             };
-            load_until(&view, "hy", input, &limits, Arc::new(store.clone()), &stop)
+            load_users_until(&store, input, &stop)
         };
-        let report = from(6).await.expect("load");
+        let report = from(6).await;
         assert_eq!((report.skipped, report.written), (3, 1), "{report:?}");
         assert!(report.rejected.is_empty(), "{:?}", report.rejected);
         assert_eq!(age_of(&store, "d").await, Some(Value::Int(4)));
         assert_eq!(age_of(&store, "c").await, None, "before the line");
-        let report = from(5).await.expect("load");
+        let report = from(5).await;
         assert_eq!((report.skipped, report.written), (2, 2), "{report:?}");
         assert_eq!(age_of(&store, "c").await, Some(Value::Int(3)));
     }
@@ -1903,8 +1886,6 @@ mod tests {
     async fn a_load_from_a_line_past_the_last_row_says_it_loaded_nothing() {
         let (_dir, store) = store();
         let stop = std::sync::atomic::AtomicBool::new(false);
-        let limits = LimitsConfig::default();
-        let view = view();
         // The last row starts on line 3 and runs over line 4.
         let csv = "user_id,age,country\na,1,de\nb,2,\"two\nlines\"\n";
         let json = "{\"user_id\": \"a\", \"age\": 1}\n\n{\"user_id\": \"b\", \"age\": 2}\n";
@@ -1925,9 +1906,7 @@ mod tests {
                 csv,
                 from_line: line,
             };
-            let report = load_until(&view, "hy", input, &limits, Arc::new(store.clone()), &stop)
-                .await
-                .expect("load");
+            let report = load_users_until(&store, input, &stop).await;
             assert_eq!(report.written, 0, "{report:?}");
             assert_eq!(report.gave_up, Some(why), "line {line}");
         }
@@ -1937,9 +1916,7 @@ mod tests {
             csv: false,
             from_line: 3,
         };
-        let report = load_until(&view, "hy", input, &limits, Arc::new(store.clone()), &stop)
-            .await
-            .expect("load");
+        let report = load_users_until(&store, input, &stop).await;
         assert_eq!((report.written, report.gave_up), (1, None));
     }
 

@@ -1476,8 +1476,6 @@ async fn event_timestamps_apply_their_offset_and_float32_values_are_stored_as_fl
 /// HTTP/1.0 had no such header and is served without one.
 #[tokio::test]
 async fn an_http11_request_without_host_is_refused() {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-
     let app = TestApp::spawn().await;
     app.wait_ready().await;
     let body = r#"{"entities": {"user_id": "u_1"}, "candidates": [{"item_id": "i_1"}]}"#;
@@ -1486,22 +1484,11 @@ async fn an_http11_request_without_host_is_refused() {
         ("HTTP/1.1", "host: h\r\n", "200"),
         ("HTTP/1.0", "", "200"),
     ] {
-        let mut s = tokio::net::TcpStream::connect(app.addr.trim_start_matches("http://"))
-            .await
-            .expect("connect");
         let head = format!(
             "POST /v1/models/ctr/predict {version}\r\n{host}content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
             body.len()
         );
-        s.write_all(head.as_bytes()).await.expect("send");
-        let mut answer = Vec::new();
-        tokio::time::timeout(
-            std::time::Duration::from_secs(5),
-            s.read_to_end(&mut answer),
-        )
-        .await
-        .expect("answered")
-        .expect("read");
+        let answer = common::exchange(&app.addr, head.as_bytes(), version).await;
         let text = String::from_utf8_lossy(&answer);
         assert_eq!(
             text.split(' ').nth(1),

@@ -782,14 +782,7 @@ async fn unreadable_records_are_defaulted_counted_and_never_a_500() {
 async fn a_sentinel_url_reaches_the_master_it_names() {
     let master = RedisServer::start();
     let sentinel = Sentinel::start(&master);
-    let (c, store) = open_through_sentinel(
-        &master,
-        format!(
-            "redis-sentinel://127.0.0.1:{}/0?sentinelServiceName=mymaster",
-            sentinel.port
-        ),
-    )
-    .await;
+    let (c, store) = open_through_sentinel(&master, sentinel.url()).await;
     loads_and_serves_through_the_master(&master, c, store, "u_5").await;
 }
 
@@ -861,14 +854,7 @@ async fn a_sentinel_failover_moves_the_gateway_to_the_promoted_replica() {
     let port = master.port().to_string();
     replica.cmd(&["REPLICAOF", "127.0.0.1", &port]);
     let sentinel = Sentinel::start_quick_to_fail_over(&master);
-    let (c, store) = open_through_sentinel(
-        &master,
-        format!(
-            "redis-sentinel://127.0.0.1:{}/0?sentinelServiceName=mymaster",
-            sentinel.port
-        ),
-    )
-    .await;
+    let (c, store) = open_through_sentinel(&master, sentinel.url()).await;
     load_demo_rows(&store).await;
     // Every row on the replica before the master goes, and the sentinel knows the replica.
     let synced = master.cmd(&["WAIT", "1", "5000"]);

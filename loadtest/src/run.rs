@@ -688,39 +688,39 @@ impl Runner {
                     crate::errln!(
                         "note: no request succeeded during the sweep; skipping the open-loop phase"
                     );
-                } else if !self.cancel.is_cancelled() {
-                    if sends < 1.0 {
-                        // The scenario check cannot know the maximum; a phase that would send nothing
-                        // measures nothing, and the run says so (and fails) rather than reporting it.
-                        let fraction = if *fraction >= 1e-3 {
-                            fraction.to_string()
-                        } else {
-                            format!("{fraction:e}")
-                        };
-                        ex.warnings.push(format!(
-                            "{}: load.fraction {fraction} x the sweep's maximum of {} is {rate:.3e} rps, which schedules no request in {:.0} s (load.duration_s); raise load.fraction or load.duration_s",
-                            report::NO_OPEN_LOOP,
-                            report::fmt_rate(max),
-                            s.load.duration.as_secs_f64(),
-                        ));
+                } else if self.cancel.is_cancelled() {
+                    // Ctrl-C during the sweep: no open-loop phase, and the sweep is the report.
+                } else if sends < 1.0 {
+                    // The scenario check cannot know the maximum; a phase that would send nothing
+                    // measures nothing, and the run says so (and fails) rather than reporting it.
+                    let fraction = if *fraction >= 1e-3 {
+                        fraction.to_string()
                     } else {
-                        if sends > MAX_REQUESTS_PER_SEGMENT as f64 {
-                            ex.warnings.push(format!(
-                                "the open-loop phase at {} for {:.0} s (load.duration_s) would send {sends:.0} requests: it stopped at the limit of {MAX_REQUESTS_PER_SEGMENT} per phase, after {:.0} s (measured_s); lower load.duration_s",
-                                report::fmt_rate(rate),
-                                s.load.duration.as_secs_f64(),
-                                MAX_REQUESTS_PER_SEGMENT as f64 / rate
-                            ));
-                        }
-                        let label = format!(
-                            "open loop at {} ({} x max)",
+                        format!("{fraction:e}")
+                    };
+                    ex.warnings.push(format!(
+                        "{}: load.fraction {fraction} x the sweep's maximum of {} is {rate:.3e} rps, which schedules no request in {:.0} s (load.duration_s); raise load.fraction or load.duration_s",
+                        report::NO_OPEN_LOOP,
+                        report::fmt_rate(max),
+                        s.load.duration.as_secs_f64(),
+                    ));
+                } else {
+                    if sends > MAX_REQUESTS_PER_SEGMENT as f64 {
+                        ex.warnings.push(format!(
+                            "the open-loop phase at {} for {:.0} s (load.duration_s) would send {sends:.0} requests: it stopped at the limit of {MAX_REQUESTS_PER_SEGMENT} per phase, after {:.0} s (measured_s); lower load.duration_s",
                             report::fmt_rate(rate),
-                            fraction
-                        );
-                        let p = self.phase(label, Shape::Open(rate), s.load.duration).await;
-                        ex.phases.push(p);
-                        ex.headline = Some(ex.phases.len() - 1);
+                            s.load.duration.as_secs_f64(),
+                            MAX_REQUESTS_PER_SEGMENT as f64 / rate
+                        ));
                     }
+                    let label = format!(
+                        "open loop at {} ({} x max)",
+                        report::fmt_rate(rate),
+                        fraction
+                    );
+                    let p = self.phase(label, Shape::Open(rate), s.load.duration).await;
+                    ex.phases.push(p);
+                    ex.headline = Some(ex.phases.len() - 1);
                 }
             }
         }

@@ -38,8 +38,7 @@ async fn max_then_fraction_with_floor_writes_json_and_html() {
         .expect("run");
     assert_eq!(out.json_path, dir.join("test.json"));
 
-    let v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&out.json_path).expect("json file")).expect("json");
+    let v = result_json(&out);
     for key in [
         "achieved_rps",
         "p50_us",
@@ -293,8 +292,7 @@ async fn cancel_writes_a_partial_report() {
     let dir = temp_dir("cancel");
     let out = run(s, &quiet(dir), cancel).await.expect("partial run");
     assert!(started.elapsed() < Duration::from_secs(10), "stopped early");
-    let v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&out.json_path).expect("json")).expect("json");
+    let v = result_json(&out);
     assert_eq!(v["interrupted"], true);
     let ok = v["ok"].as_u64().unwrap_or(0);
     assert!((40..=120).contains(&ok), "about 1.5 s at 50 rps: {ok}");
@@ -574,27 +572,15 @@ async fn binary_with_its_terminal_gone_keeps_the_runs_status() {
 /// throughput (null, `-`), not 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_floor_that_never_ran_has_no_throughput() {
-    let gw = FakeGateway::start(FakeConfig {
-        delay: Duration::from_millis(1),
-        ..FakeConfig::default()
-    })
-    .await;
-    let s = scenario(
-        &gw.url(),
+    let out = interrupted_with_floor(
         "mode = \"closed-loop\"\nconcurrency = [1, 2]\nduration_s = 30",
-        "[floor]\nenabled = true\nthreads = 1",
-    );
-    let out = run(
-        s,
-        &quiet(temp_dir("floor-never-ran")),
-        cancel_after(Duration::from_millis(800)),
+        "floor-never-ran",
+        Duration::from_millis(800),
     )
-    .await
-    .expect("partial run");
+    .await;
     assert!(out.result.interrupted);
     assert!(out.result.hydrant.ok > 0, "hydrant ran");
-    let v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&out.json_path).expect("json")).expect("json");
+    let v = result_json(&out);
     assert!(v["floor_rps"].is_null(), "floor_rps: {}", v["floor_rps"]);
     assert!(v["ratio_to_floor"].is_null(), "{}", v["ratio_to_floor"]);
     assert!(v["floor"].is_null(), "{}", v["floor"]);
@@ -614,23 +600,12 @@ async fn a_floor_that_never_ran_has_no_throughput() {
 /// the sweep's maxima still stands, in the JSON and in the table, though the phase's floor never ran.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sweep_keeps_its_floor_ratio_when_the_open_loop_phase_is_cut_short() {
-    let gw = FakeGateway::start(FakeConfig {
-        delay: Duration::from_millis(1),
-        ..FakeConfig::default()
-    })
-    .await;
-    let s = scenario(
-        &gw.url(),
+    let out = interrupted_with_floor(
         "mode = \"max-then-fraction\"\nconcurrency = [1]\nfraction = 0.5\nstep_s = 0.5\nduration_s = 60\nwarm_up_s = 0",
-        "[floor]\nenabled = true\nthreads = 1",
-    );
-    let out = run(
-        s,
-        &quiet(temp_dir("sweep-then-cut")),
-        cancel_after(Duration::from_millis(2500)),
+        "sweep-then-cut",
+        Duration::from_millis(2500),
     )
-    .await
-    .expect("partial run");
+    .await;
     let r = &out.result;
     assert!(r.interrupted);
     assert!(r.floor.is_none(), "the open-loop phase's floor never ran");
@@ -638,8 +613,7 @@ async fn a_sweep_keeps_its_floor_ratio_when_the_open_loop_phase_is_cut_short() {
     assert_eq!(r.floor_rps, Some(step_floor.achieved_rps));
     let max = r.max_rps.expect("the sweep's max");
     assert_eq!(r.ratio_to_floor, Some(max / step_floor.achieved_rps));
-    let v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&out.json_path).expect("json")).expect("json");
+    let v = result_json(&out);
     assert!(v["ratio_to_floor"].is_number(), "{}", v["ratio_to_floor"]);
     let table = loadtest::report::table::render(r);
     assert!(
@@ -710,6 +684,29 @@ async fn cancel_ends_the_wait_for_a_target_that_never_answers() {
 }
 
 /// Run options writing to `out_dir`, without the progress line.
+/// The JSON result file a run wrote.
+fn result_json(out: &loadtest::run::RunOutput) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(&out.json_path).expect("json file")).expect("json")
+}
+
+/// A run of `load` with the floor, against a gateway answering in 1 ms, cut short by a Ctrl-C `after`
+/// (its report written to a folder named `dir`).
+async fn interrupted_with_floor(
+    load: &str,
+    dir: &str,
+    after: Duration,
+) -> loadtest::run::RunOutput {
+    let gw = FakeGateway::start(FakeConfig {
+        delay: Duration::from_millis(1),
+        ..FakeConfig::default()
+    })
+    .await;
+    let s = scenario(&gw.url(), load, "[floor]\nenabled = true\nthreads = 1");
+    run(s, &quiet(temp_dir(dir)), cancel_after(after))
+        .await
+        .expect("partial run")
+}
+
 /// A cancellation that fires by itself after `after`, as a Ctrl-C would.
 fn cancel_after(after: Duration) -> Cancel {
     let cancel = Cancel::new();

@@ -316,6 +316,14 @@ impl Sentinel {
         Self::start_with(master, "")
     }
 
+    /// The `redis-sentinel://` URL that reaches the master this sentinel watches.
+    pub fn url(&self) -> String {
+        format!(
+            "redis-sentinel://127.0.0.1:{}/0?sentinelServiceName=mymaster",
+            self.port
+        )
+    }
+
     /// A sentinel that calls the master down after 500 ms without an answer and fails over at once.
     pub fn start_quick_to_fail_over(master: &RedisServer) -> Self {
         Self::start_with(
