@@ -162,6 +162,11 @@ impl OutputRows {
 /// (besides `inference.queue_timeout`, which bounds every wait).
 const LATE_ARRIVAL_GRACE: Duration = Duration::from_millis(50);
 
+/// How long any request may wait in the queue before its deadline sheds it: waking an idle session takes
+/// 50-100 µs, so a request that reached an idle gateway's queue a few microseconds before its deadline
+/// was shed while one that came a little later, past it, was run.
+const MIN_QUEUE_WAIT: Duration = Duration::from_millis(1);
+
 struct Job {
     rows: usize,
     input: Vec<f32>,
@@ -346,14 +351,7 @@ impl Engine {
     ) -> Result<InferOutput, InferError> {
         let (reply, rx) = oneshot::channel();
         let enqueued = Instant::now();
-        // The deadline sheds requests that wait for a session past it. One that arrives already past it
-        // spent its time in the store, whose miss is answered as degraded (stale values or defaults): it
-        // is run, within `queue_timeout`, rather than turning that degraded 200 into a 503.
-        let deadline = if deadline <= enqueued {
-            enqueued + LATE_ARRIVAL_GRACE
-        } else {
-            deadline
-        };
+        let deadline = queue_deadline(deadline, enqueued);
         let job = Job {
             rows,
             input,
@@ -376,6 +374,19 @@ impl Engine {
         }
         rx.await
             .map_err(|_| InferError::Closed(self.model.name.clone()))?
+    }
+}
+
+/// When a request queued at `enqueued` with `deadline` is shed if no session has taken it. The deadline
+/// sheds requests that wait for a session past it, but never before [`MIN_QUEUE_WAIT`]: a deadline that
+/// falls within the time it takes to wake a session is no sign of a backlog. One that arrives already past
+/// it spent its time in the store, whose miss is answered as degraded (stale values or defaults): it is
+/// run, within `queue_timeout` and [`LATE_ARRIVAL_GRACE`], rather than turning that degraded 200 into a 503.
+fn queue_deadline(deadline: Instant, enqueued: Instant) -> Instant {
+    if deadline <= enqueued {
+        enqueued + LATE_ARRIVAL_GRACE
+    } else {
+        deadline.max(enqueued + MIN_QUEUE_WAIT)
     }
 }
 
@@ -788,4 +799,22 @@ fn run_session(
         out.push(per_row, data);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deadline_sheds_only_after_the_time_a_wake_up_takes_and_a_late_arrival_gets_its_grace() {
+        let t = Instant::now();
+        let us = Duration::from_micros;
+        // Far enough ahead: the deadline itself.
+        assert_eq!(queue_deadline(t + us(5_000), t), t + us(5_000));
+        // A few microseconds ahead: at least the minimum wait, not a shed before a session can wake.
+        assert_eq!(queue_deadline(t + us(5), t), t + MIN_QUEUE_WAIT);
+        // Already past, or at it: the late arrival's grace.
+        assert_eq!(queue_deadline(t, t), t + LATE_ARRIVAL_GRACE);
+        assert_eq!(queue_deadline(t, t + us(5)), t + us(5) + LATE_ARRIVAL_GRACE);
+    }
 }

@@ -178,6 +178,31 @@ async fn a_request_that_waits_past_the_queue_timeout_is_shed() {
 }
 
 #[tokio::test]
+async fn an_idle_gateway_runs_a_request_whose_deadline_falls_while_a_session_wakes() {
+    // Sequential requests that reach the queue a few microseconds before their deadline, each after
+    // the sessions have fallen asleep: waking one takes longer than that, and the wake-up is no backlog
+    // to shed for. A request that arrives just after its deadline was already run; one just before it
+    // was answered 503.
+    let (store, dir) = demo_store().await;
+    let app = TestApp::spawn_with(test_config(), store, Some(dir)).await;
+    let engine = app.gateway.engine("ctr").expect("the demo model");
+    let width = engine.model().width;
+    let mut expired = 0;
+    for _ in 0..20 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_micros(5);
+        match engine.infer(1, vec![0.0; width], deadline).await {
+            Ok(out) => assert!(!out.outputs.is_empty()),
+            Err(hydrant::infer::InferError::Expired(_)) => expired += 1,
+            Err(e) => panic!("unexpected error: {e}"),
+        }
+    }
+    // One slip is a test machine that took over a millisecond to wake a thread; a deadline taken as is
+    // sheds nearly all of them.
+    assert!(expired <= 1, "{expired} of 20 shed for their deadline");
+}
+
+#[tokio::test]
 async fn v2_infer_runs_raw_tensors_through_the_same_model() {
     let app = TestApp::spawn().await;
     // The assembled rows of a predict request, sent back as a raw tensor, give the same scores.
