@@ -291,6 +291,14 @@ fn parse_body_tracked<T: DeserializeOwned + Positional>(
                 match inner {
                     rmp_serde::decode::Error::Syntax(m)
                     | rmp_serde::decode::Error::Uncategorized(m) => {
+                        if let Some(name) = missing_by_position(&m, &path, T::FIELDS) {
+                            // As a map without the field is answered, not in the words of a Rust type.
+                            return malformed(
+                                "invalid_field",
+                                field_message(&path, &format!("missing field `{name}`")),
+                                path,
+                            );
+                        }
                         // In MessagePack's words rather than serde's.
                         let m = m
                             .replace("unit value", "nil (null)")
@@ -535,6 +543,26 @@ fn named_field(path: &str, message: &str) -> Option<String> {
     } else {
         format!("{path}.{name}")
     })
+}
+
+/// The field that a request (or a field of it) written by position lacks, from serde's words for an array
+/// with fewer values than the fields it needs (`invalid length 1, expected struct FeaturesRequest with 3
+/// elements`: the value at index 1 is missing). `path` is where the array is: `.` at the top.
+fn missing_by_position(
+    message: &str,
+    path: &str,
+    fields: &'static [(&'static str, &'static [&'static str])],
+) -> Option<&'static str> {
+    let (n, _) = message
+        .strip_prefix("invalid length ")?
+        .split_once(", expected struct ")?;
+    let n: usize = n.parse().ok()?;
+    if path == "." {
+        fields.get(n).map(|(name, _)| *name)
+    } else {
+        let (_, inner) = fields.iter().find(|(name, _)| *name == path)?;
+        inner.get(n).copied()
+    }
 }
 
 /// A request type's field names by position. MessagePack encoders write a struct as an array of its
@@ -2018,6 +2046,38 @@ mod tests {
 
     /// In MessagePack a wrong-typed value is a field error naming the field, as in JSON, also where
     /// the encoder wrote the request (or its options) as an array of fields.
+    #[test]
+    fn a_request_written_by_position_with_too_few_values_names_the_missing_field() {
+        fn check<T: DeserializeOwned + Positional + fmt::Debug>(
+            body: serde_json::Value,
+            field: &str,
+        ) {
+            let packed = rmp_serde::to_vec(&body).expect("msgpack");
+            let e = parse_body::<T>(Format::Msgpack, &packed).expect_err("a missing field");
+            assert_eq!(e.code(), "invalid_field", "{body}: {e}");
+            let ApiError::Malformed {
+                field: Some(named),
+                message,
+                ..
+            } = &e
+            else {
+                panic!("{body}: no field named: {e:?}");
+            };
+            assert_eq!(named, field, "{body}: {message}");
+            // Not serde's words for a Rust type, which a caller has never seen.
+            assert!(!message.contains("struct"), "{body}: {message}");
+            assert!(
+                message.contains(&format!("`{}`", field.rsplit('.').next().unwrap_or(field))),
+                "{body}: {message}"
+            );
+        }
+        check::<FeaturesRequest>(serde_json::json!([]), "entities");
+        check::<FeaturesRequest>(serde_json::json!([{"user_id": ["u_1"]}]), "features");
+        check::<crate::feast::OnlineFeaturesRequest>(serde_json::json!([]), "entities");
+        check::<crate::prefetch::PrefetchRequest>(serde_json::json!([]), "entities");
+        check::<crate::loader::RowsRequest>(serde_json::json!([]), "rows");
+    }
+
     #[test]
     fn msgpack_type_errors_name_the_field_in_map_and_array_form() {
         let mp = |v: serde_json::Value| rmp_serde::to_vec_named(&v).expect("msgpack");
