@@ -210,22 +210,15 @@ impl Shared {
         );
         let deadline = tokio::time::Instant::from_std(started + self.backstop);
         let shape = Shape::of_path(req.uri().path());
-        // An HTTP/1.1 request without a Host header is malformed (RFC 9112, section 3.2: a server must
-        // answer it with 400), and one without the credentials its route needs goes no further: no
-        // handler, no body read.
-        let refused =
-            if req.version() == axum::http::Version::HTTP_11 && !req.headers().contains_key(HOST) {
-                Some(ApiError::invalid(
-                    "missing_host",
-                    "Host",
-                    "an HTTP/1.1 request must carry a Host header (RFC 9112, section 3.2)",
-                ))
-            } else {
-                self.auth.as_ref().and_then(|auth| {
-                    let need = crate::auth::need(route, req.uri().path(), req.method());
-                    auth.load().check(need, req.headers()).err()
-                })
-            };
+        // A request whose Host header is missing (in HTTP/1.1), given twice or not a host is malformed
+        // (RFC 9112, section 3.2: a server must answer it with 400), and one without the credentials its
+        // route needs goes no further: no handler, no body read.
+        let refused = host_problem(&req).or_else(|| {
+            self.auth.as_ref().and_then(|auth| {
+                let need = crate::auth::need(route, req.uri().path(), req.method());
+                auth.load().check(need, req.headers()).err()
+            })
+        });
         let inner = match refused {
             Some(_) => None,
             None => Some(call(req).instrument(span)),
@@ -243,6 +236,42 @@ impl Shared {
             shared: self.clone(),
         }
     }
+}
+
+/// What is wrong with a request's `Host` header, if anything: RFC 9112 (section 3.2) has a server answer
+/// 400 to an HTTP/1.1 request without one, and to any request with more than one or with a value that is
+/// no host (and port).
+fn host_problem<B>(req: &Request<B>) -> Option<ApiError> {
+    const RFC: &str = "(RFC 9112, section 3.2)";
+    let mut hosts = req.headers().get_all(HOST).iter();
+    let Some(host) = hosts.next() else {
+        return (req.version() == axum::http::Version::HTTP_11).then(|| {
+            ApiError::invalid(
+                "missing_host",
+                "Host",
+                format!("an HTTP/1.1 request must carry a Host header {RFC}"),
+            )
+        });
+    };
+    if hosts.next().is_some() {
+        return Some(ApiError::invalid(
+            "invalid_host",
+            "Host",
+            format!("a request carries one Host header, not more {RFC}"),
+        ));
+    }
+    // A host name, an IPv4 address or a bracketed IPv6 one, and an optional port: the characters of
+    // RFC 3986's `host` and `port`. An empty value is allowed (a target with no authority).
+    let host_char = |b: &u8| b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=%:[]".contains(b);
+    (!host.as_bytes().iter().all(host_char)).then(|| {
+        ApiError::invalid(
+            "invalid_host",
+            "Host",
+            format!(
+                "the Host header is not a host and optional port: it holds a character neither can (a space, `/`, `@`, a control or non-ASCII byte) {RFC}"
+            ),
+        )
+    })
 }
 
 pin_project_lite::pin_project! {

@@ -1472,17 +1472,35 @@ async fn event_timestamps_apply_their_offset_and_float32_values_are_stored_as_fl
     assert_eq!(r.status, 400, "a fraction with no digits");
 }
 
-/// An HTTP/1.1 request without a `Host` header is malformed (RFC 9112 says a server must answer 400);
-/// HTTP/1.0 had no such header and is served without one.
+/// A request's `Host` header must be there (in HTTP/1.1), once, and be a host: RFC 9112 says a server
+/// must answer 400 otherwise. HTTP/1.0 had no such header and is served without one.
 #[tokio::test]
-async fn an_http11_request_without_host_is_refused() {
+async fn a_request_without_one_valid_host_is_refused() {
     let app = TestApp::spawn().await;
     app.wait_ready().await;
     let body = r#"{"entities": {"user_id": "u_1"}, "candidates": [{"item_id": "i_1"}]}"#;
-    for (version, host, status) in [
-        ("HTTP/1.1", "", "400"),
-        ("HTTP/1.1", "host: h\r\n", "200"),
-        ("HTTP/1.0", "", "200"),
+    for (version, host, status, code) in [
+        ("HTTP/1.1", "", "400", "missing_host"),
+        ("HTTP/1.1", "host: h\r\n", "200", ""),
+        ("HTTP/1.1", "host: 127.0.0.1:8080\r\n", "200", ""),
+        ("HTTP/1.1", "host: [::1]:8080\r\n", "200", ""),
+        ("HTTP/1.1", "host:\r\n", "200", ""),
+        ("HTTP/1.0", "", "200", ""),
+        ("HTTP/1.1", "host: a\r\nhost: b\r\n", "400", "invalid_host"),
+        ("HTTP/1.0", "host: a\r\nhost: a\r\n", "400", "invalid_host"),
+        ("HTTP/1.1", "host: a b\r\n", "400", "invalid_host"),
+        (
+            "HTTP/1.1",
+            "host: evil.example/x\r\n",
+            "400",
+            "invalid_host",
+        ),
+        (
+            "HTTP/1.1",
+            "host: caf\u{e9}.example\r\n",
+            "400",
+            "invalid_host",
+        ),
     ] {
         let head = format!(
             "POST /v1/models/ctr/predict {version}\r\n{host}content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
@@ -1497,8 +1515,8 @@ async fn an_http11_request_without_host_is_refused() {
         );
         if status == "400" {
             assert!(
-                text.contains(r#""code":"missing_host""#) && text.contains(r#""field":"Host""#),
-                "{text}"
+                text.contains(&format!(r#""code":"{code}""#)) && text.contains(r#""field":"Host""#),
+                "{version} {host:?}: {text}"
             );
         }
     }
