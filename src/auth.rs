@@ -105,6 +105,19 @@ impl Auth {
         if need == Need::Open {
             return Ok(());
         }
+        if headers
+            .get_all(header::AUTHORIZATION)
+            .iter()
+            .nth(1)
+            .is_some()
+        {
+            // Which one would count is anybody's guess (a proxy may have added one): neither does.
+            return Err(ApiError::Unauthorized {
+                message: "the request carries more than one Authorization header: send one"
+                    .to_owned(),
+                invalid_token: true,
+            });
+        }
         let Some(sent) = bearer(headers) else {
             return Err(ApiError::Unauthorized {
                 message: "this route needs `Authorization: Bearer <token>` (the gateway's auth.token_file holds the tokens)".to_owned(),
@@ -324,6 +337,17 @@ mod tests {
         let admin = headers("bearer  admin-token-0123456789ab ");
         assert!(auth.check(Need::Client, &client).is_ok());
         assert!(auth.check(Need::Client, &admin).is_ok());
+        // Two headers, whichever comes first: neither counts.
+        for second in ["Bearer wrong-token", "Bearer client-token-0123456789"] {
+            let mut twice = admin.clone();
+            twice.append(
+                header::AUTHORIZATION,
+                second.parse().expect("a header value"),
+            );
+            let e = auth.check(Need::Client, &twice).expect_err("two headers");
+            assert_eq!(e.status().as_u16(), 401, "{second}");
+            assert!(e.to_string().contains("more than one"), "{e}");
+        }
         assert!(auth.check(Need::Admin, &admin).is_ok());
         let e = auth
             .check(Need::Admin, &client)
