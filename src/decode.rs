@@ -749,9 +749,9 @@ pub fn whole_key(f: f64) -> Result<i64, String> {
     match crate::value::float_as_int(f) {
         FloatAsInt::Exact(i) => Ok(i),
         FloatAsInt::OutOfRange => {
-            Err("entity key out of int64 range (write it as a string if it is an id)".to_owned())
+            Err("entity key out of int64 range (write it as a string if the entity's keys are strings)".to_owned())
         }
-        FloatAsInt::LowerBound => Err("entity key out of int64 range, or -9223372036854775808 written as a float (past 2^53 a float cannot tell neighbouring integers apart): write it as an integer, or as a string if it is an id".to_owned()),
+        FloatAsInt::LowerBound => Err("entity key out of int64 range, or -9223372036854775808 written as a float (past 2^53 a float cannot tell neighbouring integers apart): write it as an integer, or as a string if the entity's keys are strings".to_owned()),
         FloatAsInt::Inexact => Err(format!(
             "expected an entity key (a string or an integer), got {f} written as a float: past 2^53 a float cannot tell neighbouring integers apart, so write it as an integer or a string"
         )),

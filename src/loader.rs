@@ -152,7 +152,7 @@ pub fn parse_row(
         }
         serde_json::Value::Number(n) if n.is_u64() => {
             return Err(key_error(format!(
-                "`{}` {n} is past the int64 range of integer entity keys (write it as a string if it is an id)",
+                "`{}` {n} is past the int64 range of integer entity keys (write it as a string if the entity's keys are strings)",
                 entity.name
             )));
         }
