@@ -1008,7 +1008,7 @@ fn check_log_level(filter: &str) -> Result<(), String> {
 }
 
 /// The config's sections, which must be tables.
-const SECTIONS: [&str; 10] = [
+const SECTIONS: [&str; 11] = [
     "server",
     "store",
     "store.embedded",
@@ -1019,6 +1019,7 @@ const SECTIONS: [&str; 10] = [
     "prefetch",
     "inference",
     "telemetry",
+    "auth",
 ];
 
 /// Refuses a section written as something other than a table. Left to serde, `[[server]]` (an array of
@@ -1774,6 +1775,12 @@ mod tests {
             "{e}"
         );
         assert!(!e.contains("ServerConfig"), "{e}");
+        let e = load_err(&[("HYDRANT_AUTH", "1")]);
+        assert!(
+            e.contains("`auth`") && e.contains("expected a table"),
+            "{e}"
+        );
+        assert!(!e.contains("AuthConfig"), "{e}");
     }
 
     #[test]
@@ -1799,6 +1806,7 @@ mod tests {
                 "write `[store.redis]`",
             ),
             ("limits = 5\n", "`limits`", "found integer 5"),
+            ("[[auth]]\ntoken_file = \"t\"\n", "`auth`", "write `[auth]`"),
             (
                 "[store]\nembedded = \"x\"\n",
                 "`store.embedded`",
