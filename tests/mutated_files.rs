@@ -3,8 +3,8 @@
 //! (the file, the key, the line) or accepts, and never panics; a row the loader accepts reads back as
 //! loaded.
 //!
-//! Seeded like `tests/mutated_requests.rs`: `HYDRANT_MUTATIONS=N` runs N cases per file,
-//! `HYDRANT_MUTATION_SEED=S` starts from another seed.
+//! Seeded like `tests/mutated_requests.rs`: `MUTATION_CASES=N` runs N cases per file,
+//! `MUTATION_SEED=S` starts from another seed.
 
 mod common;
 
@@ -143,8 +143,8 @@ async fn serve_with(schemas: &Path, case: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutated_schema_files_are_loaded_or_refused_naming_the_file() {
     let root = common::root();
-    let cases = env_number("HYDRANT_MUTATIONS", 150);
-    let mut rng = Rng(env_number("HYDRANT_MUTATION_SEED", SEED));
+    let cases = env_number("MUTATION_CASES", 150);
+    let mut rng = Rng(env_number("MUTATION_SEED", SEED));
     // Each schema file's name and text, read once.
     let files: Vec<_> = std::fs::read_dir(root.join("schemas"))
         .expect("schemas")
@@ -219,8 +219,8 @@ async fn mutated_schema_files_are_loaded_or_refused_naming_the_file() {
 fn a_mutated_config_file_or_environment_is_loaded_or_refused_naming_the_key() {
     let root = common::root();
     let text = std::fs::read_to_string(root.join("config/hydrant.toml")).expect("config");
-    let cases = env_number("HYDRANT_MUTATIONS", 300);
-    let mut rng = Rng(env_number("HYDRANT_MUTATION_SEED", SEED) ^ 1);
+    let cases = env_number("MUTATION_CASES", 300);
+    let mut rng = Rng(env_number("MUTATION_SEED", SEED) ^ 1);
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("hydrant.toml");
     let (mut loaded, mut refused) = (0, 0);
@@ -291,8 +291,8 @@ async fn stored(store: &dyn Store, key: &str) -> Option<Vec<Value>> {
 async fn mutated_feature_rows_are_loaded_or_rejected_by_line() {
     let root = common::root();
     let registry = common::registry();
-    let cases = env_number("HYDRANT_MUTATIONS", 150);
-    let mut rng = Rng(env_number("HYDRANT_MUTATION_SEED", SEED) ^ 2);
+    let cases = env_number("MUTATION_CASES", 150);
+    let mut rng = Rng(env_number("MUTATION_SEED", SEED) ^ 2);
     let limits = Config::default().limits;
     let (mut written, mut rejected) = (0, 0);
     for (view, key_field) in [("user_profile", "user_id"), ("item_stats", "item_id")] {

@@ -2,9 +2,9 @@
 //! error body (never a 5xx, a dropped connection or a hang), and afterwards the gateway still answers
 //! valid requests with the same scores as before.
 //!
-//! The mutations are seeded, so a failure names a case that can be replayed. `HYDRANT_MUTATIONS=N` runs
+//! The mutations are seeded, so a failure names a case that can be replayed. `MUTATION_CASES=N` runs
 //! N cases per endpoint and format instead of the default (for a longer campaign on a workstation);
-//! `HYDRANT_MUTATION_SEED=S` starts from another seed.
+//! `MUTATION_SEED=S` starts from another seed.
 
 mod common;
 
@@ -108,8 +108,8 @@ async fn mutated_requests_get_2xx_or_a_named_4xx_and_change_nothing() {
         .timeout(Duration::from_secs(20))
         .build()
         .expect("client");
-    let cases = env_number("HYDRANT_MUTATIONS", 300);
-    let seed = env_number("HYDRANT_MUTATION_SEED", 0x0068_7964_7261_6e74);
+    let cases = env_number("MUTATION_CASES", 300);
+    let seed = env_number("MUTATION_SEED", 0x0068_7964_7261_6e74);
 
     let meta = app.get("/v2/models/ctr").await.json();
     let input = meta["inputs"][0]["name"]
@@ -272,8 +272,8 @@ async fn raw(addr: &str, request: &[u8]) -> (u16, Vec<u8>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutated_paths_and_headers_get_2xx_or_a_named_4xx() {
     let app = TestApp::spawn().await;
-    let cases = env_number("HYDRANT_MUTATIONS", 300);
-    let mut rng = Rng(env_number("HYDRANT_MUTATION_SEED", 0x0068_7964_7261_6e74) ^ 0x5eed);
+    let cases = env_number("MUTATION_CASES", 300);
+    let mut rng = Rng(env_number("MUTATION_SEED", 0x0068_7964_7261_6e74) ^ 0x5eed);
     const SEGMENTS: &[&str] = &[
         "ctr",
         "c%74r",

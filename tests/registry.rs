@@ -852,15 +852,15 @@ fn files(dir: &std::path::Path) -> Vec<(String, String)> {
 /// and `POST /v1/schemas` (a file's documents together). Each gets a 2xx or a 4xx with a code and a
 /// message. A refusal leaves every file as it was; an acceptance leaves a folder that loads into exactly
 /// what is served; and a gateway restarted over the folder serves what the first one served last.
-/// Seeded like `tests/mutated_requests.rs` (`HYDRANT_MUTATIONS`, `HYDRANT_MUTATION_SEED`).
+/// Seeded like `tests/mutated_requests.rs` (`MUTATION_CASES`, `MUTATION_SEED`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutated_registrations_get_a_named_4xx_or_leave_a_folder_that_loads_as_served() {
     use common::mutate::{Rng, SCHEMA_NAMES, describe, env_number, mutated};
     use common::{print_yaml_documents, yaml_documents};
     use hydrant::schema::Registry;
 
-    let cases = env_number("HYDRANT_MUTATIONS", 300);
-    let mut rng = Rng(env_number("HYDRANT_MUTATION_SEED", 0x0072_6567_6973));
+    let cases = env_number("MUTATION_CASES", 300);
+    let mut rng = Rng(env_number("MUTATION_SEED", 0x0072_6567_6973));
     let dir = copy_of_schemas();
     let app = spawn(&dir, true).await;
     let models = root().join("models");

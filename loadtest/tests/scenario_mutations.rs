@@ -1,6 +1,6 @@
 //! Mutated scenario files: each is refused with a message that names the scenario (and, for a bad value,
 //! the key), or accepted; an accepted one plans its run and generates request bodies without panicking or
-//! hanging. Seeded like hydrant's mutation tests: `HYDRANT_MUTATIONS=N`, `HYDRANT_MUTATION_SEED=S`.
+//! hanging. Seeded like hydrant's mutation tests: `MUTATION_CASES=N`, `MUTATION_SEED=S`.
 
 #[path = "../../tests/common/mutate.rs"]
 #[allow(dead_code)]
@@ -62,8 +62,8 @@ fn mutated_scenarios_are_refused_naming_the_key_or_run_their_workload() {
         .map(|e| e.expect("entry").path())
         .filter(|p| p.extension().is_some_and(|e| e == "toml"))
         .collect();
-    let cases = env_number("HYDRANT_MUTATIONS", 300);
-    let mut rng = Rng(env_number("HYDRANT_MUTATION_SEED", 0x6c6f_6164) ^ 3);
+    let cases = env_number("MUTATION_CASES", 300);
+    let mut rng = Rng(env_number("MUTATION_SEED", 0x6c6f_6164) ^ 3);
     let (mut accepted, mut refused) = (0, 0);
     for i in 0..cases {
         let file = rng.pick(&files).clone();
