@@ -243,6 +243,14 @@ fn apply(
     // same time nor reloads a change half written. What the plan was made from is read again under it:
     // an edit made meanwhile is not written over.
     let _lock = lock_folder(schemas_dir, true)?;
+    // The wait for the lock (up to 5 s, while a deploy holds it) can outlast the request: a caller
+    // answered 503 must find nothing registered.
+    if gone.load(Relaxed) {
+        return Err(ApiError::Timeout(
+            "the registration's request ended while it waited for the schemas folder's lock: nothing was registered"
+                .to_owned(),
+        ));
+    }
     unchanged_since_planned(&plan, schemas_dir, reload)?;
     write_files(&plan.writes, &plan.read)?;
     // The folder watch checks the folder against what runs again: a change that puts the files back

@@ -1325,6 +1325,54 @@ async fn files_written_under_the_folder_lock_are_taken_in_one_step_when_it_is_re
     app.stop().await;
 }
 
+/// A registration that waits for the folder's lock past its request's end (the backstop answers 503, a
+/// retry is the caller's) registers nothing once the lock is free: a caller told to retry must not find
+/// the change made anyway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_whose_request_ends_while_it_waits_for_the_folder_lock_registers_nothing() {
+    use std::io::{BufRead as _, BufReader};
+    let dir = copy_of_schemas();
+    let app = spawn_configured(&dir, |c| {
+        c.registry.writes = true;
+        c.limits.request_timeout = std::time::Duration::from_millis(300);
+    })
+    .await;
+    let before = std::fs::read_to_string(dir.path().join("user_profile.yaml")).expect("schema");
+    let mut deploy = std::process::Command::new("flock")
+        .arg(dir.path().join(".hydrant.lock"))
+        .args(["sh", "-c", "echo locked; cat"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("flock(1) (util-linux) runs");
+    let mut line = String::new();
+    BufReader::new(deploy.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("flock's first line");
+    assert_eq!(line, "locked\n");
+
+    let r = put(
+        &app,
+        "/v1/schemas/views/user_profile",
+        &with_tenure_days(&before),
+    )
+    .await;
+    assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
+    drop(deploy.stdin.take());
+    assert!(deploy.wait().expect("flock ends").success());
+    // Time for the registration, still waiting for the lock, to take it and go on.
+    tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+    assert_eq!(
+        ok(&app.get("/v1/schemas/views/user_profile").await)["document"]["version"],
+        1
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("user_profile.yaml")).expect("schema"),
+        before
+    );
+    app.stop().await;
+}
+
 /// Waits until `app` serves `version` of the view `user_profile`.
 async fn version_on(app: &TestApp, version: u64) {
     let what = format!("user_profile version {version} served");
