@@ -289,7 +289,8 @@ impl FeatureCache {
         let now_ms = self.clock.now_ms();
         let mut removed = 0;
         for (seen, (key, entry)) in cache.iter().enumerate() {
-            if entry.outlived(now_ms) {
+            // An entry of a deleted view can never be served again.
+            if entry.outlived(now_ms) || entry.stats.is_retired() {
                 cache.invalidate(&**key);
                 removed += 1;
                 if removed % STEP == 0 {

@@ -77,6 +77,8 @@ impl Gateway {
     /// change found in the schemas folder). Its views are listed in the stats from now on.
     pub fn put_in_force(&self, registry: Arc<Registry>, engines: HashMap<String, Arc<Engine>>) {
         self.telemetry.know_views(registry.views.keys());
+        self.telemetry
+            .retain_views(|v| registry.views.contains_key(v));
         self.catalog
             .store(Arc::new(Catalog::new(registry, engines)));
     }

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
 use parking_lot::RwLock;
@@ -164,6 +164,9 @@ pub struct ViewStats {
     /// Background refreshes (refresh-ahead) by outcome: `hydrant_refresh_total{view,outcome}`. A key counts
     /// once per refresh round trip it was part of.
     pub refresh: Outcomes,
+    /// The view was deleted: its counters are no longer reported, and the cache's upkeep removes the
+    /// entries that account themselves here.
+    retired: AtomicBool,
 }
 
 impl ViewStats {
@@ -175,6 +178,11 @@ impl ViewStats {
     pub fn removed(&self, weight: u32) {
         self.entries.fetch_sub(1, Relaxed);
         self.bytes.fetch_sub(i64::from(weight), Relaxed);
+    }
+
+    /// Whether the view these counters belong to was deleted.
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Relaxed)
     }
 }
 
@@ -641,6 +649,19 @@ impl Telemetry {
                 known.insert(v.clone(), Arc::default());
             }
         }
+    }
+
+    /// Forgets the counters of the views `registered` says no to (deleted ones), and retires them, so the
+    /// cache's upkeep removes the entries they account for: a view registered again under the name starts
+    /// from zeros.
+    pub fn retain_views(&self, registered: impl Fn(&str) -> bool) {
+        self.views.write().retain(|name, stats| {
+            let keep = registered(name);
+            if !keep {
+                stats.retired.store(true, Relaxed);
+            }
+            keep
+        });
     }
 
     /// Forgets the counters of the models `running` says no to (refused or deleted ones).

@@ -1373,6 +1373,54 @@ async fn a_registration_whose_request_ends_while_it_waits_for_the_folder_lock_re
     app.stop().await;
 }
 
+/// A deleted view leaves `/v1/stats` and `/metrics` as a deleted model does, and the cache's upkeep
+/// removes its entries, which can never be served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_view_leaves_the_stats_and_its_cached_entries_go() {
+    let dir = copy_of_schemas();
+    let app = spawn(&dir, true).await;
+    let promo = "kind: view\nname: promo\nversion: 1\nentity: user_id\nfeatures:\n  - {name: x, dtype: float32, default: 1}\n";
+    ok(&put(&app, "/v1/schemas/views/promo", promo).await);
+    let r = app
+        .post_json(
+            "/v1/features",
+            &json!({"entities": {"user_id": ["u_1", "u_2"]}, "features": ["promo:x"]}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let counters = app.gateway.telemetry.view("promo");
+    assert_eq!(
+        counters.entries.load(std::sync::atomic::Ordering::Relaxed),
+        2
+    );
+    let stats = ok(&app.get("/v1/stats").await);
+    assert_eq!(stats["views"]["promo"]["entries"], 2, "{stats}");
+
+    ok(&delete(&app, "/v1/schemas/views/promo").await);
+    let stats = ok(&app.get("/v1/stats").await);
+    assert!(stats["views"].get("promo").is_none(), "{stats}");
+    assert!(stats["views"].get("user_profile").is_some(), "{stats}");
+    let metrics = String::from_utf8_lossy(&app.get("/metrics").await.body).into_owned();
+    assert!(!metrics.contains("view=\"promo\""), "{metrics}");
+    // The upkeep runs every second.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while counters.entries.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+        assert!(
+            std::time::Instant::now() < until,
+            "the deleted view's entries stayed cached"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(counters.bytes.load(std::sync::atomic::Ordering::Relaxed), 0);
+
+    // Registered again, it starts from zeros.
+    ok(&put(&app, "/v1/schemas/views/promo", promo).await);
+    let stats = ok(&app.get("/v1/stats").await);
+    assert_eq!(stats["views"]["promo"]["entries"], 0, "{stats}");
+    assert_eq!(stats["views"]["promo"]["misses"], 0, "{stats}");
+    app.stop().await;
+}
+
 /// Waits until `app` serves `version` of the view `user_profile`.
 async fn version_on(app: &TestApp, version: u64) {
     let what = format!("user_profile version {version} served");
