@@ -206,6 +206,17 @@ impl<T: Rows> Dispatch<T> {
         self.bells[w].notify_one();
     }
 
+    /// Takes the first queued job `which` picks back out of the queue, if it is still there: for a caller
+    /// that stops waiting for it.
+    pub fn withdraw(&self, which: impl Fn(&T) -> bool) -> Option<T> {
+        let mut s = self.lock();
+        let at = s.jobs.iter().position(which)?;
+        let job = s.jobs.remove(at)?;
+        s.rows -= job.rows();
+        self.len.store(s.jobs.len(), Relaxed);
+        Some(job)
+    }
+
     /// Refuses further pushes and wakes every session: each takes what is still queued, then [`next`]
     /// answers false.
     ///

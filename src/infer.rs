@@ -8,7 +8,7 @@
 //! hands each request exactly its own rows back.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -168,6 +168,8 @@ const LATE_ARRIVAL_GRACE: Duration = Duration::from_millis(50);
 const MIN_QUEUE_WAIT: Duration = Duration::from_millis(1);
 
 struct Job {
+    /// Tells the job apart in the queue, for a caller that withdraws it ([`Engine::infer`]).
+    id: u64,
     rows: usize,
     input: Vec<f32>,
     output: OutputRows,
@@ -191,6 +193,10 @@ pub struct Engine {
     buffers: ArrayQueue<Vec<f32>>,
     out_buffers: ArrayQueue<OutputRows>,
     stats: Arc<ModelStats>,
+    /// `inference.queue_timeout`.
+    queue_timeout: Duration,
+    /// The next job's id.
+    next_id: AtomicU64,
 }
 
 impl Engine {
@@ -304,6 +310,8 @@ impl Engine {
             buffers: ArrayQueue::new(256),
             out_buffers: ArrayQueue::new(256),
             stats,
+            queue_timeout: cfg.queue_timeout,
+            next_id: AtomicU64::new(0),
         })
     }
 
@@ -342,7 +350,8 @@ impl Engine {
     }
 
     /// Queues `rows` rows (`input` is `rows × width`, row-major) and waits for their outputs. A request whose
-    /// `deadline` passes while queued is not run.
+    /// `deadline` passes while queued, or that waits longer than `inference.queue_timeout`, is not run: it
+    /// is answered then, even while every session is busy with a long run.
     pub async fn infer(
         &self,
         rows: usize,
@@ -352,7 +361,9 @@ impl Engine {
         let (reply, rx) = oneshot::channel();
         let enqueued = Instant::now();
         let deadline = queue_deadline(deadline, enqueued);
+        let id = self.next_id.fetch_add(1, Relaxed);
         let job = Job {
+            id,
             rows,
             input,
             output: self.out_buffers.pop().unwrap_or_default(),
@@ -372,8 +383,27 @@ impl Engine {
                 return Err(InferError::Closed(self.model.name.clone()));
             }
         }
-        rx.await
-            .map_err(|_| InferError::Closed(self.model.name.clone()))?
+        let closed = |_| InferError::Closed(self.model.name.clone());
+        // A session sheds a job it takes past its bounds; one that no session takes by then (all of them
+        // busy with long runs) is taken back out of the queue here and shed at its time.
+        let shed_at = deadline.min(enqueued + self.queue_timeout);
+        let mut rx = rx;
+        if let Ok(answer) = tokio::time::timeout_at(shed_at.into(), &mut rx).await {
+            return answer.map_err(closed)?;
+        }
+        let Some(job) = self.queue.withdraw(|j| j.id == id) else {
+            // A session has it: its answer comes.
+            return rx.await.map_err(closed)?;
+        };
+        self.give_buffer(job.input);
+        let _ = self.out_buffers.push(job.output);
+        Err(if deadline <= shed_at {
+            self.stats.shed_deadline.fetch_add(1, Relaxed);
+            InferError::Expired(self.model.name.clone())
+        } else {
+            self.stats.shed_queue_timeout.fetch_add(1, Relaxed);
+            InferError::QueueTimeout(self.model.name.clone(), self.queue_timeout)
+        })
     }
 }
 

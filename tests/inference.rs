@@ -178,6 +178,62 @@ async fn a_request_that_waits_past_the_queue_timeout_is_shed() {
 }
 
 #[tokio::test]
+async fn a_request_queued_behind_a_long_run_is_shed_at_its_queue_timeout_not_when_the_run_ends() {
+    let mut c = test_config();
+    c.inference.default_sessions = 1;
+    c.inference.batching = false;
+    c.inference.queue_timeout = std::time::Duration::from_millis(2);
+    c.limits.request_timeout = std::time::Duration::from_secs(120);
+    // The wide benchmark model: 4,000 rows take about 100 ms, during which the one session is busy.
+    let wide = common::root().join("loadtest/bench/ctr_wide.onnx");
+    let schemas =
+        common::schemas_with_ctr_edit("file: ctr.onnx", &format!("file: {}", wide.display()));
+    c.registry.schemas = schemas.path().to_owned();
+    let (store, dir) = demo_store().await;
+    let app = TestApp::spawn_with(c, store, Some(dir)).await;
+    let engine = app.gateway.engine("ctr").expect("the model");
+    let width = engine.model().width;
+    let far = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let long = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            let r = engine.infer(4000, vec![0.5; 4000 * width], far).await;
+            (r.is_ok(), std::time::Instant::now())
+        })
+    };
+    // Time for the session to take the long run.
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    assert!(
+        !long.is_finished(),
+        "1,000 rows of the wide model ran in 5 ms"
+    );
+    let queued = std::time::Instant::now();
+    let (short, shed_at) = {
+        let r = engine.infer(1, vec![0.5; width], far).await;
+        (r, std::time::Instant::now())
+    };
+    let (long_ok, long_done) = long.await.expect("the long run");
+    assert!(long_ok, "the long run was served");
+    match short {
+        Err(hydrant::infer::InferError::QueueTimeout(..)) => {}
+        other => panic!(
+            "expected a queue timeout, got {:?}",
+            other.map(|_| "an answer")
+        ),
+    }
+    // Shed at its 2 ms timeout (and the timer's millisecond), well before the tens of milliseconds of the
+    // run ahead of it end.
+    assert!(
+        (shed_at - queued) * 2 < long_done - queued,
+        "the queued request was answered only when the run before it ended ({:?} after it was queued, the run {:?})",
+        shed_at - queued,
+        long_done - queued
+    );
+    assert_eq!(engine.stats().shed_queue_timeout.load(Relaxed), 1);
+    assert_eq!(engine.queue_depth(), 0);
+}
+
+#[tokio::test]
 async fn an_idle_gateway_runs_a_request_whose_deadline_falls_while_a_session_wakes() {
     // Sequential requests that reach the queue a few microseconds before their deadline, each after
     // the sessions have fallen asleep: waking one takes longer than that, and the wake-up is no backlog
