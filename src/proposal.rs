@@ -524,8 +524,9 @@ fn still_keyed_by(running: &Registry, proposed: &Registry, name: &str) -> String
 }
 
 /// For view `view` as proposed: a message per feature whose dtype changes while a running model that
-/// keeps its binding (no new version in the proposal) reads it. Such a model would take values of
-/// another type through transforms written for the old one.
+/// keeps its binding (no new version in the proposal) reads it, and one per such model when the view's
+/// entity changes. Such a model would take values of another type through transforms written for the
+/// old one, or have its callers send another entity than the one they send.
 fn retyped_under_models(running: &Registry, proposed: &Registry, view: &View) -> Vec<String> {
     let mut out = Vec::new();
     for model in running.models.values() {
@@ -535,6 +536,14 @@ fn retyped_under_models(running: &Registry, proposed: &Registry, view: &View) ->
             .is_some_and(|m| m.version > model.version);
         if rebound {
             continue;
+        }
+        if let Some(read) = model.views.iter().find(|v| v.name == view.name)
+            && read.entity.name != view.entity.name
+        {
+            out.push(format!(
+                "the entity changes from {} to {}, and model `{}` (version {}) reads the view: its callers send `{}`; submit a new version of model `{}` in the same change",
+                read.entity.name, view.entity.name, model.name, model.version, read.entity.name, model.name
+            ));
         }
         for slot in &model.slots {
             let Source::View { view: vi, feature } = slot.source else {

@@ -208,6 +208,21 @@ async fn changes_that_would_break_stored_records_or_running_models_are_refused()
         .collect();
     assert_eq!(changes, [("user_profile", "changed"), ("ctr", "changed")]);
 
+    // A new version keyed by another entity, while ctr reads it and keeps its binding: ctr's callers
+    // send `user_id`, and would be refused.
+    let rekeyed = edit(
+        &edit(&profile, "version: 1", "version: 2"),
+        "entity: user_id",
+        "entity: item_id",
+    );
+    let p = problems(&validate(&app, &rekeyed).await);
+    assert!(
+        p.iter().any(|(_, field, m)| field == "features"
+            && m.contains("entity changes from user_id to item_id")
+            && m.contains("model `ctr`")),
+        "{p:?}"
+    );
+
     // A feature ctr reads, removed: named where ctr reads it.
     let removed = edit(
         &edit(&profile, "version: 1", "version: 2"),
@@ -251,9 +266,10 @@ async fn changes_that_would_break_stored_records_or_running_models_are_refused()
         documents(&validate(&app, same).await)[0]["change"],
         "unchanged"
     );
-    // It may change once no view keys records by it any more: item_stats moves to a new entity.
+    // It may change once no view keys records by it any more: item_stats moves to a new entity, and ctr,
+    // which reads it, gets a new version in the same change (its callers send `item_num` now).
     let moved = format!(
-        "{}---\nkind: entity\nname: item_num\n---\nkind: entity\nname: item_id\ndtype: int64\n",
+        "{}---\nkind: entity\nname: item_num\n---\nkind: entity\nname: item_id\ndtype: int64\n---\n{ctr2}",
         edit(
             &edit(&schema_file("item_stats.yaml"), "version: 1", "version: 2"),
             "entity: item_id",
