@@ -120,7 +120,7 @@ impl Auth {
         }
         let Some(sent) = bearer(headers) else {
             return Err(ApiError::Unauthorized {
-                message: "this route needs `Authorization: Bearer <token>` (the gateway's auth.token_file holds the tokens)".to_owned(),
+                message: "this route needs `Authorization: Bearer <token>` (a token of the gateway's auth.token_file or auth.admin_token_file)".to_owned(),
                 invalid_token: false,
             });
         };
