@@ -137,11 +137,24 @@ fn apply(
             name,
             version,
         } => {
-            let text = read_version(schemas_dir, &running, kind, &name, version)?;
-            let file = kept_file(schemas_dir, kind, &name, version);
-            // A kept file edited by hand is named as such, before it is compiled as if it were sent;
-            // past this check it holds the one document it is kept as.
-            kept_document(&text, &file, kind, &name, version)?;
+            let text = match read_version(schemas_dir, &running, kind, &name, version) {
+                Ok(text) => {
+                    let file = kept_file(schemas_dir, kind, &name, version);
+                    // A kept file edited by hand is named as such, before it is compiled as if it were
+                    // sent; past this check it holds the one document it is kept as.
+                    kept_document(&text, &file, kind, &name, version)?;
+                    text
+                }
+                // The running version, never kept (registered from the folder, and not changed over
+                // HTTP since): rolling back to it changes nothing, as it does where it is kept.
+                Err(e) => match running
+                    .document(kind, &name)
+                    .filter(|d| document_version(&d.body) == Some(version))
+                {
+                    Some(doc) => running_text(doc)?,
+                    None => return Err(e),
+                },
+            };
             (Some(text), Vec::new(), true, None)
         }
     };
@@ -165,11 +178,15 @@ fn apply(
     }
 
     // A document added again after it was deleted keeps its history: its kept versions stay readable
-    // and versions go on above them, so one number never names two bindings.
+    // and versions go on above them, so one number never names two bindings. So does one rolled back
+    // below versions it had: a new number goes above them all.
     for c in &proposal.changes {
-        let (Some(version), None) = (c.version, c.running_version) else {
+        let Some(version) = c.version else {
             continue;
         };
+        if c.running_version == Some(version) {
+            continue;
+        }
         let kept = versions(schemas_dir, c.kind, &c.name);
         let Some(&highest) = kept.last() else {
             continue;
@@ -837,6 +854,21 @@ fn bare(piece: &str) -> String {
         text.push('\n');
     }
     text
+}
+
+/// A registered document's text as its file holds it (comments and layout kept, so submitting it again
+/// writes nothing), or as the parser read it when the file no longer cuts into its documents.
+fn running_text(doc: &crate::schema::Document) -> Result<String, ApiError> {
+    let from_file = std::fs::read_to_string(&doc.file).ok().and_then(|text| {
+        let file = cut(&text)?;
+        let piece = file.piece_of(doc.index)?;
+        (file.values.get(doc.index) == Some(&doc.body)).then(|| bare(&file.pieces[piece]))
+    });
+    match from_file {
+        Some(text) => Ok(text),
+        None => serde_yaml::to_string(&doc.body)
+            .map_err(|e| ApiError::Internal(format!("cannot write `{}` as YAML: {e}", doc.name))),
+    }
 }
 
 /// A submitted document as it is written to its files.

@@ -1421,6 +1421,63 @@ async fn a_deleted_view_leaves_the_stats_and_its_cached_entries_go() {
     app.stop().await;
 }
 
+/// Rolling back to the running version changes nothing, whether or not it is kept: one loaded from the
+/// folder and never changed over HTTP has no kept file, and used to get 404 where a kept one got 200.
+#[tokio::test]
+async fn a_rollback_to_the_running_version_changes_nothing_when_it_was_never_kept() {
+    let dir = copy_of_schemas();
+    let app = spawn(&dir, true).await;
+    let before = std::fs::read_to_string(dir.path().join("item_stats.yaml")).expect("schema");
+    let r = rollback(&app, "/v1/schemas/views/item_stats", json!({"version": 1})).await;
+    let j = ok(&r);
+    assert_eq!(j["documents"][0]["change"], "unchanged", "{j}");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("item_stats.yaml")).expect("schema"),
+        before
+    );
+    // Any other version is still not kept.
+    let r = rollback(&app, "/v1/schemas/views/item_stats", json!({"version": 2})).await;
+    assert_eq!((r.status, r.code().as_str()), (404, "unknown_version"));
+    app.stop().await;
+}
+
+/// After a rollback, a version number that is kept stays the document it was: registering other content
+/// under it is refused with 409, as it is for a document added back after a delete, and the kept
+/// binding stays readable. The same content under it, or a number above every kept one, is taken.
+#[tokio::test]
+async fn a_version_kept_above_a_rollback_cannot_name_another_document() {
+    let dir = copy_of_schemas();
+    let app = spawn(&dir, true).await;
+    let v1 = schema_file("user_profile.yaml");
+    let v2 = with_tenure_days(&v1);
+    ok(&put(&app, "/v1/schemas/views/user_profile", &v2).await);
+    ok(&rollback(
+        &app,
+        "/v1/schemas/views/user_profile",
+        json!({"version": 1}),
+    )
+    .await);
+    let other_v2 = edit(
+        &v2,
+        "name: tenure_days, dtype: int64, default: 7",
+        "name: tenure_days, dtype: int64, default: 8",
+    );
+    let r = put(&app, "/v1/schemas/views/user_profile", &other_v2).await;
+    assert_eq!(
+        (r.status, r.code().as_str()),
+        (409, "version_kept"),
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    let kept = ok(&app.get("/v1/schemas/views/user_profile/versions/2").await);
+    assert_eq!(kept["document"]["features"][1]["default"], 7, "{kept}");
+    // Version 2 as kept is taken again; so is other content as version 3.
+    ok(&put(&app, "/v1/schemas/views/user_profile", &v2).await);
+    let v3 = edit(&other_v2, "version: 2", "version: 3");
+    ok(&put(&app, "/v1/schemas/views/user_profile", &v3).await);
+    app.stop().await;
+}
+
 /// Waits until `app` serves `version` of the view `user_profile`.
 async fn version_on(app: &TestApp, version: u64) {
     let what = format!("user_profile version {version} served");
