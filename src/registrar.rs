@@ -212,7 +212,7 @@ fn apply(
     let reload = if gw.config.registry.reload_interval.is_zero() {
         "restart to load it, then register"
     } else {
-        "the folder watch loads it within registry.reload_interval, or refuses it as GET /v1/schemas shows; then register"
+        "the folder watch loads it within registry.reload_interval; if the watch refused it (GET /v1/schemas shows why under `folder`), fix or revert the file; then register"
     };
     let plan = plan_files(
         &running,
