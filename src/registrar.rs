@@ -177,37 +177,7 @@ fn apply(
         put_holds_one(*kind, name, &proposal.submitted)?;
     }
 
-    // A document added again after it was deleted keeps its history: its kept versions stay readable
-    // and versions go on above them, so one number never names two bindings. So does one rolled back
-    // below versions it had: a new number goes above them all.
-    for c in &proposal.changes {
-        let Some(version) = c.version else {
-            continue;
-        };
-        if c.running_version == Some(version) {
-            continue;
-        }
-        let kept = versions(schemas_dir, c.kind, &c.name);
-        let Some(&highest) = kept.last() else {
-            continue;
-        };
-        let same_as_kept = proposal
-            .registry
-            .document(c.kind, &c.name)
-            .is_some_and(|d| kept_holds(schemas_dir, c.kind, &c.name, &d.body));
-        if version <= highest && !same_as_kept {
-            return Err(ApiError::Conflict {
-                code: "version_kept",
-                message: format!(
-                    "version: {} `{}` was registered before, up to version {highest} (kept in {}), and version {version} would name another document: versions only go up, so register it as version {} or more, or roll back to a kept version",
-                    c.kind.as_str(),
-                    c.name,
-                    kept_dir(schemas_dir, c.kind, &c.name).display(),
-                    highest + 1
-                ),
-            });
-        }
-    }
+    kept_numbers_hold(schemas_dir, &proposal.changes, &proposal.registry)?;
 
     let reload = if gw.config.registry.reload_interval.is_zero() {
         "restart to load it, then register"
@@ -634,6 +604,7 @@ fn reload(
     else {
         return Ok(None);
     };
+    kept_numbers_hold(schemas_dir, &proposal.changes, &proposal.registry).map_err(refused)?;
     let engines = start_engines(
         gw,
         &proposal.registry,
@@ -669,6 +640,45 @@ fn reload(
         }
     }
     Ok(Some(changes))
+}
+
+/// A document added again after it was deleted keeps its history: its kept versions stay readable and
+/// versions go on above them, so one number never names two bindings. So does one rolled back below
+/// versions it had: a new number goes above them all, or is a kept version as it was kept. A
+/// registration and the folder watch check this alike.
+fn kept_numbers_hold(
+    schemas_dir: &Path,
+    changes: &[proposal::Change],
+    proposed: &Registry,
+) -> Result<(), ApiError> {
+    for c in changes {
+        let Some(version) = c.version else {
+            continue;
+        };
+        if c.running_version == Some(version) {
+            continue;
+        }
+        let kept = versions(schemas_dir, c.kind, &c.name);
+        let Some(&highest) = kept.last() else {
+            continue;
+        };
+        let same_as_kept = proposed
+            .document(c.kind, &c.name)
+            .is_some_and(|d| kept_holds(schemas_dir, c.kind, &c.name, &d.body));
+        if version <= highest && !same_as_kept {
+            return Err(ApiError::Conflict {
+                code: "version_kept",
+                message: format!(
+                    "version: {} `{}` was registered before, up to version {highest} (kept in {}), and version {version} would name another document: versions only go up, so register it as version {} or more, or roll back to a kept version",
+                    c.kind.as_str(),
+                    c.name,
+                    kept_dir(schemas_dir, c.kind, &c.name).display(),
+                    highest + 1
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The 404 of a name of `kind` that is not registered, listing the registered ones.

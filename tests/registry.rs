@@ -1478,6 +1478,47 @@ async fn a_version_kept_above_a_rollback_cannot_name_another_document() {
     app.stop().await;
 }
 
+/// The folder watch keeps a kept version number to its document as a registration does: a hand edit
+/// that writes other content under a kept number is refused, and what runs stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_folder_watch_refuses_other_content_under_a_kept_version() {
+    let dir = copy_of_schemas();
+    let app = watching(&dir, std::time::Duration::from_millis(100)).await;
+    let v1 = schema_file("user_profile.yaml");
+    let v2 = with_tenure_days(&v1);
+    ok(&put(&app, "/v1/schemas/views/user_profile", &v2).await);
+    ok(&rollback(
+        &app,
+        "/v1/schemas/views/user_profile",
+        json!({"version": 1}),
+    )
+    .await);
+    let other_v2 = edit(
+        &v2,
+        "name: tenure_days, dtype: int64, default: 7",
+        "name: tenure_days, dtype: int64, default: 8",
+    );
+    std::fs::write(dir.path().join("user_profile.yaml"), &other_v2).expect("hand edit");
+    let j = wait_for(&app, "/v1/schemas", "the hand edit refused", |j| {
+        !j["folder"]["refused"].is_null()
+    })
+    .await;
+    assert!(
+        j["folder"]["refused"]
+            .to_string()
+            .contains("version 2 would name another document"),
+        "{j}"
+    );
+    assert_eq!(
+        ok(&app.get("/v1/schemas/views/user_profile").await)["document"]["version"],
+        1
+    );
+    // The kept version 2, written back by hand as it was kept, is taken.
+    std::fs::write(dir.path().join("user_profile.yaml"), &v2).expect("hand edit");
+    version_on(&app, 2).await;
+    app.stop().await;
+}
+
 /// Waits until `app` serves `version` of the view `user_profile`.
 async fn version_on(app: &TestApp, version: u64) {
     let what = format!("user_profile version {version} served");
