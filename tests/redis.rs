@@ -944,6 +944,40 @@ async fn start_up_fails_clearly_when_redis_is_unreachable_or_refuses_the_passwor
     assert!(e.contains("Redis"), "{e}");
 }
 
+/// Redis 7 gives a new ACL user no pub/sub access, and refuses its `SUBSCRIBE`; the client does not pass
+/// that on, so a replica started that way never heard an invalidation. It is now refused at start-up,
+/// saying what to grant.
+#[tokio::test]
+async fn start_up_fails_clearly_when_the_redis_user_may_not_use_the_invalidation_channel() {
+    let redis = RedisServer::start();
+    let user = |name: &str, channels: &str| {
+        redis.cmd(&[
+            "ACL", "SETUSER", name, "on", ">app-pw", "~*", "+@all", channels,
+        ]);
+    };
+    user("nochannels", "resetchannels");
+    user("channels", "allchannels");
+    let mut c = config_for(&redis);
+    c.store.redis.url = format!("redis://nochannels:app-pw@127.0.0.1:{}", redis.port());
+    let store = open_store(&c)
+        .await
+        .expect("the user may read and write keys");
+    let e = store
+        .subscribe_invalidations(std::sync::Arc::new(|_| {}))
+        .await
+        .expect_err("the subscription is refused");
+    assert!(
+        e.to_string().contains("pub/sub access") && e.to_string().contains("ACL SETUSER"),
+        "{e}"
+    );
+    c.store.redis.url = format!("redis://channels:app-pw@127.0.0.1:{}", redis.port());
+    let store = open_store(&c).await.expect("store");
+    store
+        .subscribe_invalidations(std::sync::Arc::new(|_| {}))
+        .await
+        .expect("subscribed");
+}
+
 // ------------------------------------------------------------------------------------------------------
 // Writes, invalidation and the loader
 

@@ -305,6 +305,7 @@ impl RedisStore {
         sub.subscribe(self.channel.as_str())
             .await
             .map_err(store_error)?;
+        self.check_subscribed(&sub).await?;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         // Heartbeat: an idle subscription has no command in flight, so a dead socket would go unnoticed. An
         // unanswered PING trips the unresponsive check, which reconnects, which flushes (below).
@@ -366,6 +367,57 @@ impl RedisStore {
             let _ = old.send(true);
         }
         Ok(())
+    }
+
+    /// Proves that `sub` hears the invalidation channel: Redis refuses a `SUBSCRIBE` by an ACL user
+    /// without pub/sub access (Redis 7's default for a new user), and the client does not pass that
+    /// refusal on, so a replica would run without ever hearing an announcement. An empty message (no
+    /// keys: every replica ignores it) is published on the channel and must come back. Where publishing
+    /// itself fails, nothing can be proven, and the failure is only logged: writes will say so too.
+    async fn check_subscribed(
+        &self,
+        sub: &fred::clients::SubscriberClient,
+    ) -> Result<(), StoreError> {
+        /// How long the echo may take: a round trip to a store that just answered.
+        const ECHO_WAIT: Duration = Duration::from_secs(2);
+        let mut heard = sub.message_rx();
+        let channel = self.channel.as_str();
+        let refused = |why: String| {
+            StoreError::Unavailable(format!(
+                "{why}: the Redis user most likely has no pub/sub access to the invalidation channel `{channel}` (Redis 7 gives new ACL users none), so this replica would never hear of a write through another: grant it, e.g. ACL SETUSER <user> '&{channel}' (or allchannels)"
+            ))
+        };
+        if let Err(e) = self.pool.next().publish::<i64, _, _>(channel, "").await {
+            // The same user subscribes and publishes: refused one, it was refused the other.
+            if e.to_string().contains("NOPERM") {
+                let _ = sub.quit().await;
+                return Err(refused(format!(
+                    "publishing on the channel was refused ({e})"
+                )));
+            }
+            tracing::warn!(
+                "cannot check the subscription to the invalidation channel `{channel}`: publishing on it failed: {e}"
+            );
+            return Ok(());
+        }
+        let echo = tokio::time::timeout(ECHO_WAIT, async {
+            loop {
+                match heard.recv().await {
+                    Ok(m) if m.channel == channel => return true,
+                    Ok(_) => {}
+                    Err(RecvError::Lagged(_)) => return true,
+                    Err(RecvError::Closed) => return false,
+                }
+            }
+        })
+        .await;
+        if echo == Ok(true) {
+            return Ok(());
+        }
+        let _ = sub.quit().await;
+        Err(refused(format!(
+            "a message published on the invalidation channel did not come back to its subscriber within {ECHO_WAIT:?}"
+        )))
     }
 
     async fn incr_hot(&self, counts: &[HotCounts], keep: usize) -> Result<(), StoreError> {
