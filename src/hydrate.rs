@@ -248,6 +248,7 @@ impl Hydrator {
             views: Vec::with_capacity(views.len()),
             ..Hydrated::default()
         };
+        let started = Instant::now();
         let mut pending: Vec<Pending> = Vec::new();
         let mut to_fetch: Vec<FetchItem> = Vec::new();
         let mut key = String::with_capacity(64);
@@ -321,7 +322,10 @@ impl Hydrator {
         }
         for p in pending {
             let view = views[p.view].0;
-            let outcome = wait(p.rx, deadline).await;
+            // A key joined to another's fetch (a prefetch's, whose bound is longer, or a request's of a
+            // view with a longer `store.timeout`) waits no longer than this view's own read would.
+            let until = deadline.min(started + view.policy.store_timeout);
+            let outcome = wait(p.rx, until).await;
             let resolved = match outcome {
                 Ok(entry) => Self::resolve(view, entry, wall),
                 Err(fail) => {
@@ -872,5 +876,33 @@ mod tests {
         assert_eq!(stats.misses.load(Relaxed) + stats.hits.load(Relaxed), 0);
         let got = h.hydrate(&[(&v, &keys)], soon()).await;
         assert_eq!(got.cache.hits, 2);
+    }
+
+    #[tokio::test]
+    async fn a_request_joined_to_a_prefetch_waits_no_longer_than_its_view_allows() {
+        let (h, store, gate, _) = setup(true);
+        let gate = gate.expect("gated");
+        let v = view();
+        let keys = vec!["u_1".to_owned()];
+        // A prefetch may wait for the store up to its own deadline, seconds away.
+        let prefetch = {
+            let (h, v, keys) = (h.clone(), v.clone(), keys.clone());
+            tokio::spawn(async move { h.prefetch(&[(&v, &keys)], soon()).await })
+        };
+        while store.reads.load(Relaxed) == 0 {
+            tokio::task::yield_now().await;
+        }
+        let started = Instant::now();
+        let got = h.hydrate(&[(&v, &keys)], soon()).await;
+        let waited = started.elapsed();
+        assert!(got.degraded, "served while the store had not answered");
+        // user_profile's store.timeout is 50ms: the request's own read would have given up then.
+        assert!(
+            waited < v.policy.store_timeout * 4,
+            "waited {waited:?} for a read its view bounds at {:?}",
+            v.policy.store_timeout
+        );
+        gate.add_permits(1);
+        prefetch.await.expect("prefetch");
     }
 }
