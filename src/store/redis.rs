@@ -25,7 +25,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use fred::prelude::{
@@ -378,8 +378,11 @@ impl RedisStore {
         &self,
         sub: &fred::clients::SubscriberClient,
     ) -> Result<(), StoreError> {
-        /// How long the echo may take: a round trip to a store that just answered.
-        const ECHO_WAIT: Duration = Duration::from_secs(2);
+        /// How long the echo may take: a round trip to a store that just answered, on a busy machine.
+        const ECHO_WAIT: Duration = Duration::from_secs(3);
+        /// How often the message is published again meanwhile: the client answers `subscribe` before the
+        /// server has taken the `SUBSCRIBE`, and a message published before that is not delivered.
+        const REPUBLISH: Duration = Duration::from_millis(100);
         let mut heard = sub.message_rx();
         let channel = self.channel.as_str();
         let refused = |why: String| {
@@ -387,36 +390,42 @@ impl RedisStore {
                 "{why}: the Redis user most likely has no pub/sub access to the invalidation channel `{channel}` (Redis 7 gives new ACL users none), so this replica would never hear of a write through another: grant it, e.g. ACL SETUSER <user> '&{channel}' (or allchannels)"
             ))
         };
-        if let Err(e) = self.pool.next().publish::<i64, _, _>(channel, "").await {
-            // The same user subscribes and publishes: refused one, it was refused the other.
-            if e.to_string().contains("NOPERM") {
-                let _ = sub.quit().await;
-                return Err(refused(format!(
-                    "publishing on the channel was refused ({e})"
-                )));
-            }
-            tracing::warn!(
-                "cannot check the subscription to the invalidation channel `{channel}`: publishing on it failed: {e}"
-            );
-            return Ok(());
-        }
-        let echo = tokio::time::timeout(ECHO_WAIT, async {
-            loop {
-                match heard.recv().await {
-                    Ok(m) if m.channel == channel => return true,
-                    Ok(_) => {}
-                    Err(RecvError::Lagged(_)) => return true,
-                    Err(RecvError::Closed) => return false,
+        let until = Instant::now() + ECHO_WAIT;
+        loop {
+            if let Err(e) = self.pool.next().publish::<i64, _, _>(channel, "").await {
+                // The same user subscribes and publishes: refused one, it was refused the other.
+                if e.to_string().contains("NOPERM") {
+                    let _ = sub.quit().await;
+                    return Err(refused(format!(
+                        "publishing on the channel was refused ({e})"
+                    )));
                 }
+                tracing::warn!(
+                    "cannot check the subscription to the invalidation channel `{channel}`: publishing on it failed: {e}"
+                );
+                return Ok(());
             }
-        })
-        .await;
-        if echo == Ok(true) {
-            return Ok(());
+            let echo = tokio::time::timeout(REPUBLISH, async {
+                loop {
+                    match heard.recv().await {
+                        Ok(m) if m.channel == channel => return true,
+                        Ok(_) => {}
+                        Err(RecvError::Lagged(_)) => return true,
+                        Err(RecvError::Closed) => return false,
+                    }
+                }
+            })
+            .await;
+            match echo {
+                Ok(true) => return Ok(()),
+                Ok(false) => break,
+                Err(_) if Instant::now() >= until => break,
+                Err(_) => {}
+            }
         }
         let _ = sub.quit().await;
         Err(refused(format!(
-            "a message published on the invalidation channel did not come back to its subscriber within {ECHO_WAIT:?}"
+            "messages published on the invalidation channel did not come back to its subscriber within {ECHO_WAIT:?}"
         )))
     }
 
