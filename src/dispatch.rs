@@ -68,6 +68,8 @@ struct State<T> {
     woken: Vec<bool>,
     /// A session is looking for work before it sleeps: a push need wake nobody.
     searching: bool,
+    /// The reaper sleeps until a push.
+    reaper_asleep: bool,
     /// Sessions whose thread still runs.
     alive: usize,
     closed: bool,
@@ -85,6 +87,8 @@ pub struct Dispatch<T> {
     state: Mutex<State<T>>,
     /// One per session, so a push wakes exactly the session it chose.
     bells: Box<[Condvar]>,
+    /// The reaper's, rung by the first push after it went to sleep.
+    reaper_bell: Condvar,
     capacity: usize,
     /// Jobs queued now, readable without the lock.
     len: AtomicUsize,
@@ -108,10 +112,12 @@ impl<T: Rows> Dispatch<T> {
                 gathering: Vec::with_capacity(workers),
                 woken: vec![false; workers],
                 searching: false,
+                reaper_asleep: false,
                 alive: workers,
                 closed: false,
             }),
             bells: (0..workers).map(|_| Condvar::new()).collect(),
+            reaper_bell: Condvar::new(),
             capacity,
             len: AtomicUsize::new(0),
             run_ns: AtomicU64::new(0),
@@ -181,6 +187,10 @@ impl<T: Rows> Dispatch<T> {
         s.rows += job.rows();
         s.jobs.push_back(job);
         self.len.store(s.jobs.len(), Relaxed);
+        if std::mem::take(&mut s.reaper_asleep) {
+            // Rare under load: the reaper sleeps only after the queue has been empty for a while.
+            self.reaper_bell.notify_one();
+        }
         let wake = if let Some(w) = s.gathering.pop() {
             Some(w)
         } else if s.searching {
@@ -206,15 +216,50 @@ impl<T: Rows> Dispatch<T> {
         self.bells[w].notify_one();
     }
 
-    /// Takes the first queued job `which` picks back out of the queue, if it is still there: for a caller
-    /// that stops waiting for it.
-    pub fn withdraw(&self, which: impl Fn(&T) -> bool) -> Option<T> {
+    /// Moves the queued jobs `expired` picks into `out`, keeping the others in order. Answers how many are
+    /// left, or `None` once the queue is closed.
+    pub fn withdraw_all(
+        &self,
+        mut expired: impl FnMut(&T) -> bool,
+        out: &mut Vec<T>,
+    ) -> Option<usize> {
         let mut s = self.lock();
-        let at = s.jobs.iter().position(which)?;
-        let job = s.jobs.remove(at)?;
-        s.rows -= job.rows();
-        self.len.store(s.jobs.len(), Relaxed);
-        Some(job)
+        if s.closed {
+            return None;
+        }
+        if s.jobs.iter().any(&mut expired) {
+            let mut kept = VecDeque::with_capacity(s.jobs.len());
+            for job in s.jobs.drain(..) {
+                if expired(&job) {
+                    out.push(job);
+                } else {
+                    kept.push_back(job);
+                }
+            }
+            s.jobs = kept;
+            s.rows = s.jobs.iter().map(Rows::rows).sum();
+            self.len.store(s.jobs.len(), Relaxed);
+        }
+        Some(s.jobs.len())
+    }
+
+    /// The reaper's sleep: blocks until a job is queued (at once if one is). Answers false once the queue
+    /// is closed.
+    pub fn reaper_wait(&self) -> bool {
+        let mut s = self.lock();
+        loop {
+            if s.closed {
+                return false;
+            }
+            if !s.jobs.is_empty() {
+                return true;
+            }
+            s.reaper_asleep = true;
+            s = self
+                .reaper_bell
+                .wait(s)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
     }
 
     /// Refuses further pushes and wakes every session: each takes what is still queued, then [`next`]
@@ -225,6 +270,7 @@ impl<T: Rows> Dispatch<T> {
         let mut s = self.lock();
         let s = &mut *s;
         s.closed = true;
+        self.reaper_bell.notify_one();
         let sleeping: Vec<usize> = s.idle.drain(..).chain(s.gathering.drain(..)).collect();
         for &w in &sleeping {
             s.woken[w] = true;
@@ -327,6 +373,7 @@ impl<T: Rows> Dispatch<T> {
         s.alive = s.alive.saturating_sub(1);
         if s.alive == 0 {
             s.closed = true;
+            self.reaper_bell.notify_one();
             let orphans = std::mem::take(&mut s.jobs);
             s.rows = 0;
             self.len.store(0, Relaxed);

@@ -8,7 +8,7 @@
 //! hands each request exactly its own rows back.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -168,8 +168,6 @@ const LATE_ARRIVAL_GRACE: Duration = Duration::from_millis(50);
 const MIN_QUEUE_WAIT: Duration = Duration::from_millis(1);
 
 struct Job {
-    /// Tells the job apart in the queue, for a caller that withdraws it ([`Engine::infer`]).
-    id: u64,
     rows: usize,
     input: Vec<f32>,
     output: OutputRows,
@@ -193,10 +191,6 @@ pub struct Engine {
     buffers: ArrayQueue<Vec<f32>>,
     out_buffers: ArrayQueue<OutputRows>,
     stats: Arc<ModelStats>,
-    /// `inference.queue_timeout`.
-    queue_timeout: Duration,
-    /// The next job's id.
-    next_id: AtomicU64,
 }
 
 impl Engine {
@@ -301,6 +295,20 @@ impl Engine {
                 })?;
             workers.push(handle);
         }
+        let reaper = Reaper {
+            model: model.clone(),
+            queue: queue.clone(),
+            stats: stats.clone(),
+            queue_timeout: cfg.queue_timeout,
+        };
+        let handle = std::thread::Builder::new()
+            .name(format!("reap-{}", model.name))
+            .spawn(move || reaper.run())
+            .map_err(|e| {
+                queue.close();
+                InferError::Runtime(format!("cannot start an inference thread: {e}"))
+            })?;
+        workers.push(handle);
         tracing::info!(model = %model.name, version = model.version, sessions = n, device, "model loaded");
         Ok(Self {
             model,
@@ -310,8 +318,6 @@ impl Engine {
             buffers: ArrayQueue::new(256),
             out_buffers: ArrayQueue::new(256),
             stats,
-            queue_timeout: cfg.queue_timeout,
-            next_id: AtomicU64::new(0),
         })
     }
 
@@ -351,7 +357,7 @@ impl Engine {
 
     /// Queues `rows` rows (`input` is `rows × width`, row-major) and waits for their outputs. A request whose
     /// `deadline` passes while queued, or that waits longer than `inference.queue_timeout`, is not run: it
-    /// is answered then, even while every session is busy with a long run.
+    /// is answered then (within [`REAP_EVERY`]), even while every session is busy with a long run.
     pub async fn infer(
         &self,
         rows: usize,
@@ -361,9 +367,7 @@ impl Engine {
         let (reply, rx) = oneshot::channel();
         let enqueued = Instant::now();
         let deadline = queue_deadline(deadline, enqueued);
-        let id = self.next_id.fetch_add(1, Relaxed);
         let job = Job {
-            id,
             rows,
             input,
             output: self.out_buffers.pop().unwrap_or_default(),
@@ -383,27 +387,10 @@ impl Engine {
                 return Err(InferError::Closed(self.model.name.clone()));
             }
         }
-        let closed = |_| InferError::Closed(self.model.name.clone());
         // A session sheds a job it takes past its bounds; one that no session takes by then (all of them
-        // busy with long runs) is taken back out of the queue here and shed at its time.
-        let shed_at = deadline.min(enqueued + self.queue_timeout);
-        let mut rx = rx;
-        if let Ok(answer) = tokio::time::timeout_at(shed_at.into(), &mut rx).await {
-            return answer.map_err(closed)?;
-        }
-        let Some(job) = self.queue.withdraw(|j| j.id == id) else {
-            // A session has it: its answer comes.
-            return rx.await.map_err(closed)?;
-        };
-        self.give_buffer(job.input);
-        let _ = self.out_buffers.push(job.output);
-        Err(if deadline <= shed_at {
-            self.stats.shed_deadline.fetch_add(1, Relaxed);
-            InferError::Expired(self.model.name.clone())
-        } else {
-            self.stats.shed_queue_timeout.fetch_add(1, Relaxed);
-            InferError::QueueTimeout(self.model.name.clone(), self.queue_timeout)
-        })
+        // busy with long runs) is shed by the engine's reaper.
+        rx.await
+            .map_err(|_| InferError::Closed(self.model.name.clone()))?
     }
 }
 
@@ -607,6 +594,61 @@ struct Worker {
     stats: Arc<ModelStats>,
     queue_timeout: Duration,
     batching: bool,
+}
+
+/// How often the reaper looks for queued requests past their bounds while the queue is in use.
+pub const REAP_EVERY: Duration = Duration::from_millis(1);
+
+/// How long the queue stays empty before the reaper sleeps until the next push: under steady load it
+/// keeps its tick rather than being woken by a push (a system call on the request's path) each time the
+/// queue empties.
+const REAPER_IDLE: Duration = Duration::from_millis(100);
+
+/// Sheds the requests that no session took within their deadline or `inference.queue_timeout`: a session
+/// sheds what it takes late, but while every session is busy with a long run (a slow model, a large
+/// batch) the requests behind it would otherwise wait for the run to end, past any bound.
+struct Reaper {
+    model: Arc<Model>,
+    queue: Arc<Dispatch<Job>>,
+    stats: Arc<ModelStats>,
+    queue_timeout: Duration,
+}
+
+impl Reaper {
+    fn run(self) {
+        let mut expired = Vec::new();
+        while self.queue.reaper_wait() {
+            let mut empty_since: Option<Instant> = None;
+            loop {
+                std::thread::sleep(REAP_EVERY);
+                let now = Instant::now();
+                let left = self.queue.withdraw_all(
+                    |j| j.deadline <= now || now.duration_since(j.enqueued) > self.queue_timeout,
+                    &mut expired,
+                );
+                for j in expired.drain(..) {
+                    let err = if j.deadline <= now {
+                        self.stats.shed_deadline.fetch_add(1, Relaxed);
+                        InferError::Expired(self.model.name.clone())
+                    } else {
+                        self.stats.shed_queue_timeout.fetch_add(1, Relaxed);
+                        InferError::QueueTimeout(self.model.name.clone(), self.queue_timeout)
+                    };
+                    let _ = j.reply.send(Err(err));
+                }
+                match left {
+                    None => return,
+                    Some(0) => {
+                        let since = *empty_since.get_or_insert(now);
+                        if now.duration_since(since) >= REAPER_IDLE {
+                            break;
+                        }
+                    }
+                    Some(_) => empty_since = None,
+                }
+            }
+        }
+    }
 }
 
 /// Tells the queue that a session is gone when its thread ends, however it ends.
