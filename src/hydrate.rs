@@ -248,7 +248,6 @@ impl Hydrator {
             views: Vec::with_capacity(views.len()),
             ..Hydrated::default()
         };
-        let started = Instant::now();
         let mut pending: Vec<Pending> = Vec::new();
         let mut to_fetch: Vec<FetchItem> = Vec::new();
         let mut key = String::with_capacity(64);
@@ -320,8 +319,12 @@ impl Hydrator {
         if !to_fetch.is_empty() {
             self.spawn_fetch(to_fetch, Purpose::Request);
         }
+        // When the waits for the store start: the clock is read at the first, so not on an all-hits
+        // request.
+        let mut started = None;
         for p in pending {
             let view = views[p.view].0;
+            let started = *started.get_or_insert_with(Instant::now);
             // A key joined to another's fetch (a prefetch's, whose bound is longer, or a request's of a
             // view with a longer `store.timeout`) waits no longer than this view's own read would.
             let until = deadline.min(started + view.policy.store_timeout);

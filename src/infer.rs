@@ -285,15 +285,8 @@ impl Engine {
                 queue_timeout: cfg.queue_timeout,
                 batching: cfg.batching,
             };
-            let handle = std::thread::Builder::new()
-                .name(format!("infer-{}-{i}", model.name))
-                .spawn(move || worker.run())
-                .map_err(|e| {
-                    // The sessions already started would wait on the queue for ever: let them end.
-                    queue.close();
-                    InferError::Runtime(format!("cannot start an inference thread: {e}"))
-                })?;
-            workers.push(handle);
+            let name = format!("infer-{}-{i}", model.name);
+            workers.push(start_thread(&queue, name, move || worker.run())?);
         }
         let reaper = Reaper {
             model: model.clone(),
@@ -301,14 +294,8 @@ impl Engine {
             stats: stats.clone(),
             queue_timeout: cfg.queue_timeout,
         };
-        let handle = std::thread::Builder::new()
-            .name(format!("reap-{}", model.name))
-            .spawn(move || reaper.run())
-            .map_err(|e| {
-                queue.close();
-                InferError::Runtime(format!("cannot start an inference thread: {e}"))
-            })?;
-        workers.push(handle);
+        let name = format!("reap-{}", model.name);
+        workers.push(start_thread(&queue, name, move || reaper.run())?);
         tracing::info!(model = %model.name, version = model.version, sessions = n, device, "model loaded");
         Ok(Self {
             model,
@@ -622,19 +609,11 @@ impl Reaper {
             loop {
                 std::thread::sleep(REAP_EVERY);
                 let now = Instant::now();
-                let left = self.queue.withdraw_all(
-                    |j| j.deadline <= now || now.duration_since(j.enqueued) > self.queue_timeout,
-                    &mut expired,
-                );
-                for j in expired.drain(..) {
-                    let err = if j.deadline <= now {
-                        self.stats.shed_deadline.fetch_add(1, Relaxed);
-                        InferError::Expired(self.model.name.clone())
-                    } else {
-                        self.stats.shed_queue_timeout.fetch_add(1, Relaxed);
-                        InferError::QueueTimeout(self.model.name.clone(), self.queue_timeout)
-                    };
-                    let _ = j.reply.send(Err(err));
+                let left = self
+                    .queue
+                    .withdraw_all(|j| overdue(j, now, self.queue_timeout), &mut expired);
+                for job in expired.drain(..) {
+                    shed(job, now, self.queue_timeout, &self.model.name, &self.stats);
                 }
                 match left {
                     None => return,
@@ -649,6 +628,40 @@ impl Reaper {
             }
         }
     }
+}
+
+/// Whether `job` must not run at `now`: its deadline passed, or it waited longer than `queue_timeout`.
+fn overdue(job: &Job, now: Instant, queue_timeout: Duration) -> bool {
+    job.deadline <= now || now.duration_since(job.enqueued) > queue_timeout
+}
+
+/// Answers an [`overdue`] job without running it (its caller has given up, or should retry elsewhere),
+/// counted by reason.
+fn shed(job: Job, now: Instant, queue_timeout: Duration, model: &str, stats: &ModelStats) {
+    let err = if job.deadline <= now {
+        stats.shed_deadline.fetch_add(1, Relaxed);
+        InferError::Expired(model.to_owned())
+    } else {
+        stats.shed_queue_timeout.fetch_add(1, Relaxed);
+        InferError::QueueTimeout(model.to_owned(), queue_timeout)
+    };
+    let _ = job.reply.send(Err(err));
+}
+
+/// Starts one of a model's threads. One that cannot start closes `queue`, so the threads already
+/// started, which would wait on it for ever, end.
+fn start_thread(
+    queue: &Dispatch<Job>,
+    name: String,
+    run: impl FnOnce() + Send + 'static,
+) -> Result<JoinHandle<()>, InferError> {
+    std::thread::Builder::new()
+        .name(name)
+        .spawn(run)
+        .map_err(|e| {
+            queue.close();
+            InferError::Runtime(format!("cannot start an inference thread: {e}"))
+        })
 }
 
 /// Tells the queue that a session is gone when its thread ends, however it ends.
@@ -683,25 +696,11 @@ impl Worker {
         // running: their callers have given up or should retry elsewhere.
         let mut i = 0;
         while i < jobs.len() {
-            let waited = now.duration_since(jobs[i].enqueued);
-            let shed = if jobs[i].deadline <= now {
-                self.stats.shed_deadline.fetch_add(1, Relaxed);
-                Some(InferError::Expired(self.model.name.clone()))
-            } else if waited > self.queue_timeout {
-                self.stats.shed_queue_timeout.fetch_add(1, Relaxed);
-                Some(InferError::QueueTimeout(
-                    self.model.name.clone(),
-                    self.queue_timeout,
-                ))
+            if overdue(&jobs[i], now, self.queue_timeout) {
+                let job = jobs.swap_remove(i);
+                shed(job, now, self.queue_timeout, &self.model.name, &self.stats);
             } else {
-                None
-            };
-            match shed {
-                Some(err) => {
-                    let j = jobs.swap_remove(i);
-                    let _ = j.reply.send(Err(err));
-                }
-                None => i += 1,
+                i += 1;
             }
         }
         if jobs.is_empty() {

@@ -147,10 +147,7 @@ fn apply(
                 }
                 // The running version, never kept (registered from the folder, and not changed over
                 // HTTP since): rolling back to it changes nothing, as it does where it is kept.
-                Err(e) => match running
-                    .document(kind, &name)
-                    .filter(|d| document_version(&d.body) == Some(version))
-                {
+                Err(e) => match running_at(&running, kind, &name, version) {
                     Some(doc) => running_text(doc)?,
                     None => return Err(e),
                 },
@@ -219,25 +216,23 @@ fn apply(
         gone,
     )?;
 
-    if gone.load(Relaxed) {
-        return Err(ApiError::Timeout(
-            "the registration's request ended before its files were written: nothing was registered"
-                .to_owned(),
-        ));
-    }
+    // A caller answered 503 (its request ended: the backstop, a disconnect) must find nothing registered.
+    let still_asked = |when: &str| {
+        if gone.load(Relaxed) {
+            return Err(ApiError::Timeout(format!(
+                "the registration's request ended {when}: nothing was registered"
+            )));
+        }
+        Ok(())
+    };
+    still_asked("before its files were written")?;
     // The lock is held only to check and write, not while models start (which can take longer than
     // another replica waits for it): so that another replica sharing the folder neither writes at the
     // same time nor reloads a change half written. What the plan was made from is read again under it:
     // an edit made meanwhile is not written over.
     let _lock = lock_folder(schemas_dir, true)?;
-    // The wait for the lock (up to 5 s, while a deploy holds it) can outlast the request: a caller
-    // answered 503 must find nothing registered.
-    if gone.load(Relaxed) {
-        return Err(ApiError::Timeout(
-            "the registration's request ended while it waited for the schemas folder's lock: nothing was registered"
-                .to_owned(),
-        ));
-    }
+    // The wait for the lock (up to 5 s, while a deploy holds it) can outlast the request.
+    still_asked("while it waited for the schemas folder's lock")?;
     unchanged_since_planned(&plan, schemas_dir, reload)?;
     write_files(&plan.writes, &plan.read)?;
     // The folder watch checks the folder against what runs again: a change that puts the files back
@@ -931,6 +926,18 @@ fn document_version(value: &serde_yaml::Value) -> Option<u32> {
         .and_then(|v| u32::try_from(v).ok())
 }
 
+/// The registered document of `kind` and `name`, when it runs at `version`.
+fn running_at<'a>(
+    registry: &'a Registry,
+    kind: Kind,
+    name: &str,
+    version: u32,
+) -> Option<&'a crate::schema::Document> {
+    registry
+        .document(kind, name)
+        .filter(|d| document_version(&d.body) == Some(version))
+}
+
 /// Whether the kept file of `body`'s version holds `body`: what a registration keeps, and a rollback
 /// writes back.
 fn kept_holds(schemas_dir: &Path, kind: Kind, name: &str, body: &serde_yaml::Value) -> bool {
@@ -1430,8 +1437,7 @@ pub fn show_version(
         });
     };
     let registry = gw.registry();
-    let running = registry.document(kind, name);
-    let from_registry = running.filter(|d| document_version(&d.body) == Some(version));
+    let from_registry = running_at(&registry, kind, name, version);
     let (document, file) =
         match read_version(&gw.config.registry.schemas, &registry, kind, name, version) {
             Ok(text) => {

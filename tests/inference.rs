@@ -87,21 +87,28 @@ async fn batched_results_equal_unbatched_results_row_for_row() {
     );
 }
 
-#[tokio::test]
-async fn a_full_queue_sheds_with_503_and_retry_after() {
-    let mut c = test_config();
+/// `c` set to serve `ctr` with the benchmark's wide model (tens of milliseconds for 1,000 rows) on one
+/// session without batching, so the session stays busy while the next requests arrive, and with a
+/// request timeout long enough that only the queue sheds, however slow the machine is. The schemas
+/// folder must outlive the app.
+fn one_busy_session(c: &mut hydrant::config::Config) -> tempfile::TempDir {
     c.inference.default_sessions = 1;
-    c.inference.max_queue = 1;
     c.inference.batching = false;
-    // Only the queue may refuse requests here, however slow the machine is.
     c.limits.request_timeout = std::time::Duration::from_secs(120);
-    // The benchmark's wide model (tens of milliseconds for 1,000 rows), so the one session is still busy
-    // when the next requests arrive: with the demo model, a session could finish each request before
-    // the test's one thread had decoded the next, and nothing was shed.
     let wide = common::root().join("loadtest/bench/ctr_wide.onnx");
     let schemas =
         common::schemas_with_ctr_edit("file: ctr.onnx", &format!("file: {}", wide.display()));
     c.registry.schemas = schemas.path().to_owned();
+    schemas
+}
+
+#[tokio::test]
+async fn a_full_queue_sheds_with_503_and_retry_after() {
+    let mut c = test_config();
+    c.inference.max_queue = 1;
+    // With the demo model, a session could finish each request before the test's one thread had
+    // decoded the next, and nothing was shed.
+    let _schemas = one_busy_session(&mut c);
     let (store, dir) = demo_store().await;
     let app = Arc::new(TestApp::spawn_with(c, store, Some(dir)).await);
     let mut tasks = Vec::new();
@@ -180,15 +187,9 @@ async fn a_request_that_waits_past_the_queue_timeout_is_shed() {
 #[tokio::test]
 async fn a_request_queued_behind_a_long_run_is_shed_at_its_queue_timeout_not_when_the_run_ends() {
     let mut c = test_config();
-    c.inference.default_sessions = 1;
-    c.inference.batching = false;
     c.inference.queue_timeout = std::time::Duration::from_millis(2);
-    c.limits.request_timeout = std::time::Duration::from_secs(120);
-    // The wide benchmark model: 4,000 rows take about 100 ms, during which the one session is busy.
-    let wide = common::root().join("loadtest/bench/ctr_wide.onnx");
-    let schemas =
-        common::schemas_with_ctr_edit("file: ctr.onnx", &format!("file: {}", wide.display()));
-    c.registry.schemas = schemas.path().to_owned();
+    // 4,000 rows of the wide model take about 100 ms, during which the one session is busy.
+    let _schemas = one_busy_session(&mut c);
     let (store, dir) = demo_store().await;
     let app = TestApp::spawn_with(c, store, Some(dir)).await;
     let engine = app.gateway.engine("ctr").expect("the model");

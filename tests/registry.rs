@@ -1262,7 +1262,6 @@ async fn replicas_sharing_a_folder_take_each_others_registrations_and_rollbacks(
 /// so a read in between would find an invalid folder.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn files_written_under_the_folder_lock_are_taken_in_one_step_when_it_is_released() {
-    use std::io::{BufRead as _, BufReader};
     let dir = copy_of_schemas();
     let app = watching(&dir, std::time::Duration::from_millis(100)).await;
     let applied = "hydrant_schema_reloads_total{outcome=\"applied\"}";
@@ -1270,19 +1269,7 @@ async fn files_written_under_the_folder_lock_are_taken_in_one_step_when_it_is_re
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let before = metric(&app, applied).await;
 
-    // `flock` holds the lock until its `cat` ends, which is when the test closes the pipe.
-    let mut deploy = std::process::Command::new("flock")
-        .arg(dir.path().join(".hydrant.lock"))
-        .args(["sh", "-c", "echo locked; cat"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("flock(1) (util-linux) runs");
-    let mut line = String::new();
-    BufReader::new(deploy.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("flock's first line");
-    assert_eq!(line, "locked\n");
+    let deploy = FolderLock::hold(&dir);
 
     let read = |dir: &tempfile::TempDir, file: &str| {
         std::fs::read_to_string(dir.path().join(file)).expect("schema file")
@@ -1305,8 +1292,7 @@ async fn files_written_under_the_folder_lock_are_taken_in_one_step_when_it_is_re
         1
     );
 
-    drop(deploy.stdin.take());
-    assert!(deploy.wait().expect("flock ends").success());
+    deploy.release();
     wait_for(
         &app,
         "/v1/schemas/models/ctr",
@@ -1330,7 +1316,6 @@ async fn files_written_under_the_folder_lock_are_taken_in_one_step_when_it_is_re
 /// the change made anyway.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_registration_whose_request_ends_while_it_waits_for_the_folder_lock_registers_nothing() {
-    use std::io::{BufRead as _, BufReader};
     let dir = copy_of_schemas();
     let app = spawn_configured(&dir, |c| {
         c.registry.writes = true;
@@ -1338,18 +1323,7 @@ async fn a_registration_whose_request_ends_while_it_waits_for_the_folder_lock_re
     })
     .await;
     let before = std::fs::read_to_string(dir.path().join("user_profile.yaml")).expect("schema");
-    let mut deploy = std::process::Command::new("flock")
-        .arg(dir.path().join(".hydrant.lock"))
-        .args(["sh", "-c", "echo locked; cat"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("flock(1) (util-linux) runs");
-    let mut line = String::new();
-    BufReader::new(deploy.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("flock's first line");
-    assert_eq!(line, "locked\n");
+    let deploy = FolderLock::hold(&dir);
 
     let r = put(
         &app,
@@ -1358,8 +1332,7 @@ async fn a_registration_whose_request_ends_while_it_waits_for_the_folder_lock_re
     )
     .await;
     assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
-    drop(deploy.stdin.take());
-    assert!(deploy.wait().expect("flock ends").success());
+    deploy.release();
     // Time for the registration, still waiting for the lock, to take it and go on.
     tokio::time::sleep(std::time::Duration::from_millis(800)).await;
     assert_eq!(
@@ -1448,20 +1421,7 @@ async fn a_rollback_to_the_running_version_changes_nothing_when_it_was_never_kep
 async fn a_version_kept_above_a_rollback_cannot_name_another_document() {
     let dir = copy_of_schemas();
     let app = spawn(&dir, true).await;
-    let v1 = schema_file("user_profile.yaml");
-    let v2 = with_tenure_days(&v1);
-    ok(&put(&app, "/v1/schemas/views/user_profile", &v2).await);
-    ok(&rollback(
-        &app,
-        "/v1/schemas/views/user_profile",
-        json!({"version": 1}),
-    )
-    .await);
-    let other_v2 = edit(
-        &v2,
-        "name: tenure_days, dtype: int64, default: 7",
-        "name: tenure_days, dtype: int64, default: 8",
-    );
+    let (v2, other_v2) = rolled_back_from_v2(&app).await;
     let r = put(&app, "/v1/schemas/views/user_profile", &other_v2).await;
     assert_eq!(
         (r.status, r.code().as_str()),
@@ -1484,20 +1444,7 @@ async fn a_version_kept_above_a_rollback_cannot_name_another_document() {
 async fn the_folder_watch_refuses_other_content_under_a_kept_version() {
     let dir = copy_of_schemas();
     let app = watching(&dir, std::time::Duration::from_millis(100)).await;
-    let v1 = schema_file("user_profile.yaml");
-    let v2 = with_tenure_days(&v1);
-    ok(&put(&app, "/v1/schemas/views/user_profile", &v2).await);
-    ok(&rollback(
-        &app,
-        "/v1/schemas/views/user_profile",
-        json!({"version": 1}),
-    )
-    .await);
-    let other_v2 = edit(
-        &v2,
-        "name: tenure_days, dtype: int64, default: 7",
-        "name: tenure_days, dtype: int64, default: 8",
-    );
+    let (v2, other_v2) = rolled_back_from_v2(&app).await;
     std::fs::write(dir.path().join("user_profile.yaml"), &other_v2).expect("hand edit");
     let j = wait_for(&app, "/v1/schemas", "the hand edit refused", |j| {
         !j["folder"]["refused"].is_null()
@@ -1517,6 +1464,48 @@ async fn the_folder_watch_refuses_other_content_under_a_kept_version() {
     std::fs::write(dir.path().join("user_profile.yaml"), &v2).expect("hand edit");
     version_on(&app, 2).await;
     app.stop().await;
+}
+
+/// `user_profile` registered as version 2 (a `tenure_days` defaulting to 7), then rolled back to 1.
+/// Answers version 2 as kept, and other content under the same number (the default 8).
+async fn rolled_back_from_v2(app: &TestApp) -> (String, String) {
+    let v2 = with_tenure_days(&schema_file("user_profile.yaml"));
+    ok(&put(app, "/v1/schemas/views/user_profile", &v2).await);
+    ok(&rollback(app, "/v1/schemas/views/user_profile", json!({"version": 1})).await);
+    let other_v2 = edit(
+        &v2,
+        "name: tenure_days, dtype: int64, default: 7",
+        "name: tenure_days, dtype: int64, default: 8",
+    );
+    (v2, other_v2)
+}
+
+/// A deploy holding the schemas folder's lock with `flock(1)`, as the README shows, until released.
+struct FolderLock(std::process::Child);
+
+impl FolderLock {
+    /// Returns once `flock` holds the lock: it runs `cat`, which ends when the pipe is closed.
+    fn hold(dir: &tempfile::TempDir) -> Self {
+        use std::io::{BufRead as _, BufReader};
+        let mut deploy = std::process::Command::new("flock")
+            .arg(dir.path().join(".hydrant.lock"))
+            .args(["sh", "-c", "echo locked; cat"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("flock(1) (util-linux) runs");
+        let mut line = String::new();
+        BufReader::new(deploy.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("flock's first line");
+        assert_eq!(line, "locked\n");
+        Self(deploy)
+    }
+
+    fn release(mut self) {
+        drop(self.0.stdin.take());
+        assert!(self.0.wait().expect("flock ends").success());
+    }
 }
 
 /// Waits until `app` serves `version` of the view `user_profile`.

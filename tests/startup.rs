@@ -500,8 +500,7 @@ fn a_load_resumed_from_a_line_writes_only_the_rows_from_it_on() {
             .expect("runs")
     };
     let out = load(&["--from-line", "3"]);
-    let said = String::from_utf8_lossy(&out.stdout);
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (said, err) = texts(&out);
     assert_eq!(
         out.status.code(),
         Some(2),
@@ -526,8 +525,7 @@ fn a_load_resumed_from_a_line_writes_only_the_rows_from_it_on() {
     );
     // Past the last row: nothing to load, and the load fails saying why.
     let out = load(&["--from-line", "9"]);
-    let said = String::from_utf8_lossy(&out.stdout);
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (said, err) = texts(&out);
     assert_eq!(out.status.code(), Some(2), "{said} {err}");
     assert!(
         err.contains("rows.jsonl: the file's last row starts on line 4, before line 9 where the load was to start: nothing was loaded")
@@ -606,8 +604,7 @@ fn a_load_waiting_for_its_input_stops_on_sigterm() {
     .expect("write");
     std::thread::sleep(std::time::Duration::from_millis(2000));
     let out = sigterm(child);
-    let said = String::from_utf8_lossy(&out.stdout);
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (said, err) = texts(&out);
     assert_eq!(out.status.code(), Some(130), "{said} {err}");
     assert!(
         err.contains("interrupted while waiting for input after line 2")
@@ -924,4 +921,12 @@ fn sigterm_drains_and_exits_cleanly() {
     }
     let err = terminate(child);
     assert!(err.contains("draining in-flight requests"), "{err}");
+}
+
+/// A finished command's standard output and error, as text.
+fn texts(out: &std::process::Output) -> (std::borrow::Cow<'_, str>, std::borrow::Cow<'_, str>) {
+    (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    )
 }
