@@ -244,19 +244,33 @@ async fn an_idle_gateway_runs_a_request_whose_deadline_falls_while_a_session_wak
     let app = TestApp::spawn_with(test_config(), store, Some(dir)).await;
     let engine = app.gateway.engine("ctr").expect("the demo model");
     let width = engine.model().width;
-    let mut expired = 0;
+    let (mut served, mut early) = (0, Vec::new());
     for _ in 0..20 {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        let deadline = std::time::Instant::now() + std::time::Duration::from_micros(5);
+        let sent = std::time::Instant::now();
+        let deadline = sent + std::time::Duration::from_micros(5);
         match engine.infer(1, vec![0.0; width], deadline).await {
-            Ok(out) => assert!(!out.outputs.is_empty()),
-            Err(hydrant::infer::InferError::Expired(_)) => expired += 1,
+            Ok(out) => {
+                assert!(!out.outputs.is_empty());
+                served += 1;
+            }
+            // Shed by its deadline only after the queue's minimum wait (1 ms): a machine busy enough to
+            // take longer than that to wake a thread may shed it then, which is the rule. Shed sooner,
+            // the deadline was taken as is (before the fix, 9 of 20 were, 50-100 us after sending).
+            Err(hydrant::infer::InferError::Expired(_)) => {
+                let waited = sent.elapsed();
+                if waited < std::time::Duration::from_millis(1) {
+                    early.push(waited);
+                }
+            }
             Err(e) => panic!("unexpected error: {e}"),
         }
     }
-    // One slip is a test machine that took over a millisecond to wake a thread; a deadline taken as is
-    // sheds nearly all of them.
-    assert!(expired <= 1, "{expired} of 20 shed for their deadline");
+    assert!(
+        early.is_empty(),
+        "shed for their deadline before the minimum wait: {early:?}"
+    );
+    assert!(served > 0, "none of 20 was served");
 }
 
 #[tokio::test]
