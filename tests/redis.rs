@@ -1721,6 +1721,93 @@ async fn on_a_cluster_requests_across_hash_slots_are_served_and_invalidated() {
     .await;
 }
 
+/// The hash slot Redis Cluster gives `key` (no hash tags in hydrant's keys): CRC16-XMODEM modulo 16384,
+/// computed here to find ids in a given slot without a round trip each.
+fn key_slot(key: &str) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in key.as_bytes() {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
+/// Resharding moves a slot's keys one by one: while it runs, the old owner answers for a moved key with
+/// an `ASK` redirection, and once it ends, with `MOVED`. Reads and writes follow both: a read serves the
+/// stored value, not defaults for the length of the migration, and the store's connections survive it
+/// (fred 10.1, following an `ASK` itself, failed the command and closed the client for good).
+#[tokio::test]
+async fn on_a_cluster_reads_and_writes_follow_a_slot_being_migrated_and_its_new_owner() {
+    let (a, b) = RedisServer::start_cluster_pair();
+    let store = seeded(&a).await;
+    let app = gateway(&a, |_| {}).await;
+    let rows = demo_rows("user_profile", "user_id");
+    let key = |user: &str| format!("hy:user_profile:{user}");
+    // Demo users whose keys live on `a`, and a user written for the test into the slot of the first.
+    let mut on_a = rows.keys().filter(|u| key_slot(&key(u)) <= 8191);
+    let moving = on_a.next().expect("a demo user on the first node").clone();
+    let later: Vec<String> = on_a.take(2).cloned().collect();
+    let slot = a.key_slot(&key(&moving));
+    let staying = (0..)
+        .map(|i| format!("s_{i}"))
+        .find(|u| key_slot(&key(u)) == slot)
+        .expect("an id in the slot");
+    assert_eq!(a.key_slot(&key(&staying)), slot);
+    let body = json!({"rows": [{"user_id": staying, "age": 77}]});
+    let r = app.post_json("/v1/views/user_profile/rows", &body).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let age = |user: &str| {
+        rows.get(user)
+            .map_or(77, |r| r["age"].as_i64().expect("age"))
+    };
+
+    // Mid-migration: `moving` is on `b` now (ASK), `staying` still on `a`; neither is cached.
+    let stored = a.cmd(&["GET", &key(&moving)]).bytes();
+    assert!(stored.is_some());
+    a.migrate_key(&b, &key(&moving));
+    assert_eq!(a.cmd(&["GET", &key(&moving)]).text().get(..3), Some("ASK"));
+    let (values, statuses, j) = ages(&app, &[&moving, &staying]).await;
+    assert_eq!(j["degraded"], false, "{j}");
+    assert_eq!(statuses, ["PRESENT", "PRESENT"], "{j}");
+    assert_eq!(values, [age(&moving), age(&staying)]);
+    // More reads than the pool has connections, each redirected: every one is served.
+    for _ in 0..10 {
+        let got = store.get_many(&[key(&moving), key(&staying)]).await;
+        assert_eq!(got.expect("a read mid-migration")[0], stored);
+    }
+    // A write of a moved key lands on the node importing it; one of a key not moved yet, on its owner.
+    let body = json!({"rows": [{"user_id": moving, "age": 55}, {"user_id": staying, "age": 66}]});
+    let r = app.post_json("/v1/views/user_profile/rows", &body).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(ages(&app, &[&moving, &staying]).await.0, [55, 66]);
+    // `a` holds no `moving` (it redirects), but `staying`.
+    assert_eq!(a.cmd(&["GET", &key(&moving)]).text().get(..3), Some("ASK"));
+    assert_eq!(a.cmd(&["EXISTS", &key(&staying)]), Reply::Int(1));
+
+    // The migration ends: `b` owns the slot, and `a` answers MOVED for all of it, which the gateway
+    // learns from its first read there.
+    a.migrate_key(&b, &key(&staying));
+    a.hand_over_slot(&b, slot);
+    for user in &later {
+        let slot = a.migrate_key(&b, &key(user));
+        a.hand_over_slot(&b, slot);
+    }
+    let (values, statuses, j) = ages(&app, &[&later[0], &later[1]]).await;
+    assert_eq!(j["degraded"], false, "{j}");
+    assert_eq!(statuses, ["PRESENT", "PRESENT"], "{j}");
+    assert_eq!(values, [age(&later[0]), age(&later[1])]);
+    let body = json!({"rows": [{"user_id": moving, "age": 44}]});
+    let r = app.post_json("/v1/views/user_profile/rows", &body).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(ages(&app, &[&moving, &staying]).await.0, [44, 66]);
+}
+
 /// On a cluster a batch is pipelined SETs, which can fail in part. The part that landed must not
 /// stay hidden behind cached values: the writer drops the keys, and the other replicas are told.
 /// The partial failure is real: the writer's Redis user may write one of the two keys only (ACL).

@@ -9,6 +9,7 @@
 //! them before it reports ready). The trait's defaults do nothing, which is right for a store only one
 //! process reads.
 
+mod cluster;
 pub mod embedded;
 pub mod redis;
 

@@ -7,7 +7,8 @@
 //! its slot and sends each node its share at once, so a read still costs one round trip (to every node
 //! concerned, in parallel), but a cluster write batch is atomic per key only.
 //!
-//! Failure. Reads fail fast: no queueing behind a reconnection, no retry, and a timeout of
+//! Failure. Reads fail fast: no queueing behind a reconnection, no retry (a cluster's `ASK` and `MOVED`
+//! redirections are followed: they are where the key is, not a failure), and a timeout of
 //! `store.redis.command_timeout`, because a read that misses its deadline is worth nothing to the request
 //! waiting for it (the hydrator serves stale values or defaults instead). A write is sent only on a live
 //! connection (waiting up to a second for one, else refused unsent, so it cannot land after its caller was
@@ -30,13 +31,14 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use fred::prelude::{
     Builder, ClientLike, Config as FredConfig, Error as FredError, ErrorKind, EventInterface,
-    Expiration, KeysInterface, Options, Pool, PubsubInterface, ReconnectPolicy, SetOptions,
-    SortedSetsInterface, TransactionInterface, Value,
+    Expiration, KeysInterface, Options, Pool, PubsubInterface, ReconnectPolicy,
+    TransactionInterface, Value,
 };
 use fred::types::config::{TlsConnector, UnresponsiveConfig};
 use parking_lot::Mutex;
 use tokio::sync::broadcast::error::RecvError;
 
+use super::cluster::{self, Op};
 use super::{BoxFuture, HotCounts, Invalidation, InvalidationSink, Store, StoreError, Writes};
 use crate::config::RedisConfig;
 
@@ -44,6 +46,9 @@ use crate::config::RedisConfig;
 /// held: scores halve about once a minute, whichever replica gets there first.
 const DECAY_EVERY_FLUSHES: u64 = 60;
 const DECAY_LOCK: Duration = Duration::from_secs(60);
+
+/// How many times a read's command may be written: the first send and up to two cluster redirections.
+const READ_WRITES: u32 = 3;
 
 /// Longest wait for a lost connection to come back before a write batch is refused unsent (at most
 /// `write_timeout`): a restart or fail-over of a second or so is ridden out, an outage is not queued for.
@@ -111,6 +116,7 @@ impl RedisStore {
                 c.connection_timeout = cfg.connect_timeout;
                 c.internal_command_timeout = cfg.connect_timeout;
                 c.max_command_buffer_len = cfg.max_command_buffer;
+                cluster::configure(c);
                 // A connection that stops answering (a frozen server, a half-open socket) is closed and
                 // reconnected; for the subscriber this is how a dead subscription is noticed.
                 let stuck = cfg.connect_timeout.max(Duration::from_secs(1));
@@ -161,7 +167,12 @@ impl RedisStore {
             clustered,
             read: Options {
                 timeout: Some(cfg.command_timeout),
-                max_attempts: Some(1),
+                // Not retries (`fail_fast` answers a connection error at once): fred counts each write
+                // of a command as an attempt, the one after a cluster's `ASK` or `MOVED` redirection
+                // too, and with a single attempt it fails the read instead of following the redirection.
+                // So a read of any key already moved by a resharding would fail for as long as the
+                // migration lasts. Three cover an `ASK`, then a `MOVED` when the migration ends meanwhile.
+                max_attempts: Some(READ_WRITES),
                 fail_fast: true,
                 ..Options::default()
             },
@@ -197,12 +208,12 @@ impl RedisStore {
                 ))),
             };
         }
-        let pipeline = client.pipeline().with_options(&self.read);
-        for k in keys {
-            let _: () = pipeline.get(k.as_str()).await.map_err(store_error)?;
-        }
+        let gets: Vec<Op> = keys
+            .iter()
+            .map(|k| Op::new("GET", vec![Value::from(k.as_str())]))
+            .collect();
         let mut out = Vec::with_capacity(keys.len());
-        for r in pipeline.try_all::<Value>().await {
+        for r in cluster::run(client, &self.read, &gets).await {
             out.push(match r {
                 Ok(v) => record_bytes(v)?,
                 // Another type stored at the key reads as absent, as MGET answers it on a standalone server.
@@ -430,41 +441,25 @@ impl RedisStore {
     }
 
     async fn incr_hot(&self, counts: &[HotCounts], keep: usize) -> Result<(), StoreError> {
-        let pipeline = self.pool.next().pipeline();
         let keep = i64::try_from(keep).unwrap_or(i64::MAX);
+        let mut ops = Vec::new();
         for c in counts.iter().filter(|c| !c.keys.is_empty()) {
             let key = self.hot_key(&c.view);
             for (member, n) in &c.keys {
-                let _: () = pipeline
-                    .zincrby(key.as_str(), f64::from(*n), member.as_str())
-                    .await
-                    .map_err(store_error)?;
+                let args = vec![
+                    Value::from(key.as_str()),
+                    Value::from(f64::from(*n)),
+                    Value::from(member.as_str()),
+                ];
+                ops.push(Op::new("ZINCRBY", args));
             }
             // Ranks ascend with the score: drop everything below the `keep` hottest.
-            let _: () = pipeline
-                .zremrangebyrank(key.as_str(), 0, -keep - 1)
-                .await
-                .map_err(store_error)?;
+            let args = vec![Value::from(key), Value::from(0), Value::from(-keep - 1)];
+            ops.push(Op::new("ZREMRANGEBYRANK", args));
         }
         // Each view's commands stand alone: one view's set holding another Redis type (written by
         // something else) fails that view's, not the others', nor their decay.
-        let results = pipeline.try_all::<Value>().await;
-        // A pipeline that failed as a whole (a timeout, a lost connection) answers one error, not one
-        // per command: no view was flushed.
-        let expected: usize = counts
-            .iter()
-            .filter(|c| !c.keys.is_empty())
-            .map(|c| c.keys.len() + 1)
-            .sum();
-        let answered = results.len();
-        if answered != expected {
-            return Err(match results.into_iter().find_map(Result::err) {
-                Some(e) => store_error(e),
-                None => StoreError::Io(format!(
-                    "the hot-key flush answered {answered} results for {expected} commands"
-                )),
-            });
-        }
+        let results = cluster::run(self.pool.next(), &Options::default(), &ops).await;
         let mut results = results.into_iter();
         let mut failed = None;
         let mut flushed = false;
@@ -506,31 +501,39 @@ impl RedisStore {
     async fn decay_hot(&self) -> Result<(), StoreError> {
         let client = self.pool.next();
         let lock = format!("{}:hot-decay", self.prefix);
-        let won: Option<String> = client
-            .set(
-                lock.as_str(),
-                "1",
-                Some(Expiration::PX(DECAY_LOCK.as_millis() as i64)),
-                Some(SetOptions::NX),
-                false,
-            )
-            .await
-            .map_err(store_error)?;
-        if won.is_none() {
+        let px = i64::try_from(DECAY_LOCK.as_millis()).unwrap_or(i64::MAX);
+        let take = Op::new(
+            "SET",
+            vec![
+                Value::from(lock),
+                Value::from("1"),
+                Value::from("PX"),
+                Value::from(px),
+                Value::from("NX"),
+            ],
+        );
+        let won = one(cluster::run(client, &Options::default(), &[take]).await)?;
+        // `SET ... NX` answers nil when the key was set already: another replica decays.
+        if won.is_null() {
             return Ok(());
         }
         let views: Vec<String> = self.hot_views.lock().iter().cloned().collect();
-        let pipeline = client.pipeline();
-        for view in &views {
-            let key = self.hot_key(view);
-            let _: () = pipeline
-                .zunionstore(key.as_str(), key.as_str(), 0.5, None)
-                .await
-                .map_err(store_error)?;
-        }
+        let halve = views
+            .iter()
+            .map(|view| {
+                let key = self.hot_key(view);
+                let args = vec![
+                    Value::from(key.as_str()),
+                    Value::from(1),
+                    Value::from(key),
+                    Value::from("WEIGHTS"),
+                    Value::from(0.5),
+                ];
+                Op::new("ZUNIONSTORE", args)
+            })
+            .collect::<Vec<_>>();
         // As in the flush: one view's set of another type does not stop the others' decay.
-        let failed = pipeline
-            .try_all::<Value>()
+        let failed = cluster::run(client, &Options::default(), &halve)
             .await
             .into_iter()
             .find_map(Result::err);
@@ -542,10 +545,17 @@ impl RedisStore {
             return Ok(Vec::new());
         }
         let stop = i64::try_from(k).unwrap_or(i64::MAX) - 1;
-        self.pool
-            .next_connected()
-            .zrevrange(self.hot_key(view), 0, stop, false)
-            .await
+        let range = Op::new(
+            "ZREVRANGE",
+            vec![
+                Value::from(self.hot_key(view)),
+                Value::from(0),
+                Value::from(stop),
+            ],
+        );
+        let client = self.pool.next_connected();
+        one(cluster::run(client, &Options::default(), &[range]).await)?
+            .convert()
             .map_err(store_error)
     }
 }
@@ -607,6 +617,14 @@ fn record_bytes(v: Value) -> Result<Option<Vec<u8>>, StoreError> {
             other.kind()
         ))),
     }
+}
+
+/// The answer of a single command run by [`cluster::run`].
+fn one(mut answers: Vec<Result<Value, FredError>>) -> Result<Value, StoreError> {
+    answers
+        .pop()
+        .unwrap_or_else(|| Ok(Value::Null))
+        .map_err(store_error)
 }
 
 fn store_error(e: FredError) -> StoreError {
@@ -704,9 +722,17 @@ async fn write_batch(
 ) -> Result<(), StoreError> {
     let expire = ttl.map(|t| Expiration::PX(i64::try_from(t.as_millis()).unwrap_or(i64::MAX)));
     if clustered {
-        let pipeline = client.pipeline();
-        queue_sets(&pipeline, writes, expire).await?;
-        let results = pipeline.try_all::<Value>().await;
+        let sets: Vec<Op> = writes
+            .into_iter()
+            .map(|(k, v)| {
+                let mut args = vec![Value::from(k), Value::Bytes(Bytes::from(v))];
+                if let Some(Expiration::PX(ms)) = expire {
+                    args.extend([Value::from("PX"), Value::from(ms)]);
+                }
+                Op::new("SET", args)
+            })
+            .collect();
+        let results = cluster::run(&client, &Options::default(), &sets).await;
         let mut failed = results
             .iter()
             .zip(keys.iter())

@@ -47,6 +47,9 @@ impl Reply {
 pub struct RedisServer {
     port: u16,
     cluster: bool,
+    /// A cluster node's bus port, chosen free rather than left at `port + 10000`, which may be taken or
+    /// past 65535.
+    bus_port: Option<u16>,
     password: Option<String>,
     /// TLS port and the folder holding `ca.crt`, `server.crt`, `server.key`.
     tls: Option<(u16, PathBuf)>,
@@ -94,6 +97,106 @@ impl RedisServer {
         s
     }
 
+    /// Two cluster nodes that know each other, the first owning hash slots 0-8191 and the second
+    /// 8192-16383, so a slot can be moved from one to the other as `redis-cli --cluster reshard` does
+    /// ([`migrate_key`](Self::migrate_key), [`hand_over_slot`](Self::hand_over_slot)).
+    pub fn start_cluster_pair() -> (Self, Self) {
+        let a = Self::launch(true, None, false);
+        let b = Self::launch(true, None, false);
+        for (node, first, last) in [(&a, "0", "8191"), (&b, "8192", "16383")] {
+            let r = node.cmd(&["CLUSTER", "ADDSLOTSRANGE", first, last]);
+            assert_eq!(r, Reply::Status("OK".into()), "{r:?}");
+        }
+        let bus = b.cluster_bus_port().to_string();
+        let r = a.cmd(&["CLUSTER", "MEET", "127.0.0.1", &b.port.to_string(), &bus]);
+        assert_eq!(r, Reply::Status("OK".into()), "{r:?}");
+        let until = Instant::now() + Duration::from_secs(20);
+        let ready = |n: &Self| {
+            let info = n.cmd(&["CLUSTER", "INFO"]).text();
+            info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:2")
+        };
+        while !(ready(&a) && ready(&b) && a.slot_owner(9000) == b.node_id()) {
+            assert!(Instant::now() < until, "the two-node cluster did not form");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        (a, b)
+    }
+
+    /// This cluster node's id.
+    pub fn node_id(&self) -> String {
+        self.cmd(&["CLUSTER", "MYID"]).text()
+    }
+
+    /// The hash slot of `key`.
+    pub fn key_slot(&self, key: &str) -> u16 {
+        match self.cmd(&["CLUSTER", "KEYSLOT", key]) {
+            Reply::Int(n) => u16::try_from(n).expect("a slot"),
+            other => panic!("CLUSTER KEYSLOT: {other:?}"),
+        }
+    }
+
+    /// The id of the node this node believes owns `slot` (empty when none).
+    fn slot_owner(&self, slot: u16) -> String {
+        let Reply::Array(ranges) = self.cmd(&["CLUSTER", "SLOTS"]) else {
+            return String::new();
+        };
+        for range in ranges {
+            let Reply::Array(parts) = range else { continue };
+            let (Some(Reply::Int(first)), Some(Reply::Int(last)), Some(Reply::Array(master))) =
+                (parts.first(), parts.get(1), parts.get(2))
+            else {
+                continue;
+            };
+            if (*first..=*last).contains(&i64::from(slot)) {
+                return master.get(2).map(Reply::text).unwrap_or_default();
+            }
+        }
+        String::new()
+    }
+
+    /// Starts moving the slot of `key` from this node to `to`, if it is not on the way yet, and moves
+    /// `key` itself (`MIGRATE`): the slot's other keys stay here, and this node answers a request for
+    /// `key` with an `ASK` redirection to `to`. Answers the slot.
+    pub fn migrate_key(&self, to: &Self, key: &str) -> u16 {
+        let slot = self.key_slot(key);
+        let s = slot.to_string();
+        let ok = Reply::Status("OK".into());
+        assert_eq!(
+            to.cmd(&["CLUSTER", "SETSLOT", &s, "IMPORTING", &self.node_id()]),
+            ok
+        );
+        assert_eq!(
+            self.cmd(&["CLUSTER", "SETSLOT", &s, "MIGRATING", &to.node_id()]),
+            ok
+        );
+        let r = self.cmd(&[
+            "MIGRATE",
+            "127.0.0.1",
+            &to.port.to_string(),
+            key,
+            "0",
+            "5000",
+        ]);
+        assert_eq!(r, ok, "MIGRATE {key}");
+        slot
+    }
+
+    /// Ends a migration: `to` owns `slot` (whose keys must all have been moved), and this node answers a
+    /// request for one of them with a `MOVED` redirection.
+    pub fn hand_over_slot(&self, to: &Self, slot: u16) {
+        let s = slot.to_string();
+        let id = to.node_id();
+        for node in [to, self] {
+            let r = node.cmd(&["CLUSTER", "SETSLOT", &s, "NODE", &id]);
+            assert_eq!(r, Reply::Status("OK".into()), "{r:?}");
+        }
+    }
+
+    /// The port of this cluster node's bus.
+    fn cluster_bus_port(&self) -> u16 {
+        self.bus_port.expect("a cluster node")
+    }
+
     fn launch(cluster: bool, password: Option<String>, tls: bool) -> Self {
         let mut last_err = String::new();
         // A free port can be taken between finding it and binding it: try a few.
@@ -103,6 +206,7 @@ impl RedisServer {
             let mut s = Self {
                 port: free_port(),
                 cluster,
+                bus_port: cluster.then(free_port),
                 password: password.clone(),
                 tls,
                 dir,
@@ -146,6 +250,10 @@ impl RedisServer {
                 ]
                 .map(str::to_owned),
             );
+            a.extend([
+                "--cluster-port".to_owned(),
+                self.cluster_bus_port().to_string(),
+            ]);
         }
         if let Some(p) = &self.password {
             a.extend(["--requirepass".to_owned(), p.clone()]);
