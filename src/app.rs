@@ -42,6 +42,21 @@ pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
     Ok(Arc::new(EmbeddedStore::open(&config.store.embedded.path)?))
 }
 
+/// Reads and compiles the schemas folder, after putting back a registration left half done by a process
+/// that stopped between renaming its files (see [`crate::journal`]).
+pub fn read_registry(config: &Config) -> anyhow::Result<Registry> {
+    crate::registrar::recover_interrupted(&config.registry.schemas).map_err(|e| {
+        anyhow::anyhow!(
+            "registry.schemas {}: {e}",
+            config.registry.schemas.display()
+        )
+    })?;
+    Ok(Registry::load_dir(
+        &config.registry.schemas,
+        &config.registry.models,
+    )?)
+}
+
 /// Loads and validates the schemas, then starts every model's sessions (which checks each binding's width
 /// against its ONNX input).
 pub fn load_models(
@@ -57,7 +72,7 @@ fn load_models_until(
     telemetry: &Telemetry,
     stop: &AtomicBool,
 ) -> anyhow::Result<(Arc<Registry>, Engines)> {
-    let registry = Registry::load_dir(&config.registry.schemas, &config.registry.models)?;
+    let registry = read_registry(config)?;
     let env = infer::runtime(&config.onnxruntime_library())?;
     let mut engines = HashMap::new();
     let mut names: Vec<_> = registry.models.keys().cloned().collect();

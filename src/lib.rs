@@ -55,6 +55,7 @@ pub mod feast;
 pub mod gateway;
 pub mod hydrate;
 pub mod infer;
+pub mod journal;
 pub mod loader;
 pub mod middleware;
 pub mod observe;

@@ -10,9 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use hydrant::app::{Application, load_models, open_store, shutdown_signal};
+use hydrant::app::{Application, load_models, open_store, read_registry, shutdown_signal};
 use hydrant::config::Config;
-use hydrant::schema::Registry;
 
 #[derive(Parser)]
 #[command(
@@ -104,9 +103,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 renames.push(("registry.models", "--models"));
             }
             let result = if no_models {
-                Registry::load_dir(&config.registry.schemas, &config.registry.models)
-                    .map(|r| r.models.len())
-                    .map_err(anyhow::Error::from)
+                read_registry(&config).map(|r| r.models.len())
             } else {
                 load_models(&config, &hydrant::telemetry::Telemetry::default())
                     .map(|(r, _)| r.models.len())
@@ -148,7 +145,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Some(c) => format!(" --config {}", shell_word(&c.to_string_lossy())),
                 None => String::new(),
             };
-            let registry = Registry::load_dir(&config.registry.schemas, &config.registry.models)?;
+            let registry = read_registry(&config)?;
             let v = registry.views.get(&view).ok_or_else(|| {
                 let known = hydrant::schema::known_names(registry.views.keys().map(String::as_str));
                 anyhow::anyhow!(

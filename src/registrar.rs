@@ -28,6 +28,7 @@ use serde_json::json;
 use crate::error::ApiError;
 use crate::gateway::Gateway;
 use crate::infer::Engine;
+use crate::journal;
 use crate::proposal::{self, Edit};
 use crate::schema::{Kind, Registry, SchemaErrors};
 
@@ -234,7 +235,7 @@ fn apply(
     // The wait for the lock (up to 5 s, while a deploy holds it) can outlast the request.
     still_asked("while it waited for the schemas folder's lock")?;
     unchanged_since_planned(&plan, schemas_dir, reload)?;
-    write_files(&plan.writes, &plan.read)?;
+    write_files(schemas_dir, &plan.writes, &plan.read)?;
     // The folder watch checks the folder against what runs again: a change that puts the files back
     // as the watch last saw them (a checkout, a config-map sync) is not the folder it last checked.
     gw.folder.written.fetch_add(1, Relaxed);
@@ -497,14 +498,29 @@ fn look(
 ) -> (u64, Outcome) {
     let dir = gw.config.registry.schemas.as_path();
     let read = {
-        let _lock = match lock_folder(dir, false) {
+        let mut lock = match lock_folder(dir, false) {
             Ok(lock) => lock,
             Err(e) => {
                 tracing::warn!(error = %e, "the schemas folder was not read: its lock stayed taken");
                 return (watch.seen.unwrap_or_default(), Outcome::Same);
             }
         };
-        Registry::read_dir(dir)
+        // A journal seen under the lock belongs to a registration whose process died (a live one holds
+        // the lock until its journal is gone). Without a lock, it may still be running: left alone.
+        if lock.is_some() && journal::pending(dir) {
+            drop(lock.take());
+            if let Err(e) = recover_interrupted(dir) {
+                tracing::warn!(error = %e, "the schemas folder holds an unfinished registration that could not be taken back");
+                return (watch.seen.unwrap_or_default(), Outcome::Same);
+            }
+            lock = match lock_folder(dir, false) {
+                Ok(lock) => lock,
+                Err(_) => return (watch.seen.unwrap_or_default(), Outcome::Same),
+            };
+        }
+        let read = Registry::read_dir(dir);
+        drop(lock);
+        read
     };
     let (now, sources) = match read {
         Ok(sources) => {
@@ -1195,8 +1211,14 @@ fn plan_files(
 /// (or a crash) sees a file whole, before or after. Kept versions go first; a failure before the
 /// schema files are renamed leaves the schema files as they were, and a rename that fails puts back
 /// the schema files already renamed, from `before` (what each held: [`FilePlan::read`], checked
-/// under the lock just before), so the folder never holds half a change for a reload to serve.
-fn write_files(writes: &[Write], before: &[(PathBuf, Option<String>)]) -> Result<(), ApiError> {
+/// under the lock just before), so the folder never holds half a change for a reload to serve. The
+/// renames are covered by the journal in `dir` ([`crate::journal`]): a process killed between two of
+/// them leaves the folder to be put back by the next start-up or folder watch.
+fn write_files(
+    dir: &Path,
+    writes: &[Write],
+    before: &[(PathBuf, Option<String>)],
+) -> Result<(), ApiError> {
     let unwritable = |path: &Path, e: std::io::Error| {
         ApiError::RegistryUnwritable(format!(
             "cannot write {}: {e} (registering needs a writable registry.schemas folder)",
@@ -1218,7 +1240,16 @@ fn write_files(writes: &[Write], before: &[(PathBuf, Option<String>)]) -> Result
                 .and_then(|f| f.sync_all())
                 .map_err(|e| unwritable(&tmp, e))?;
         }
-        Ok(())
+        // What the renames below replace, on disk before the first of them.
+        let undo = journal::Undo {
+            restore: writes
+                .iter()
+                .filter(|w| !w.history)
+                .filter_map(|w| before.iter().find(|(p, _)| *p == w.path).cloned())
+                .collect(),
+            temporaries: staged.clone(),
+        };
+        journal::begin(dir, &undo).map_err(|e| unwritable(&dir.join(journal::JOURNAL_FILE), e))
     })();
     if let Err(e) = result {
         for tmp in staged {
@@ -1239,6 +1270,7 @@ fn write_files(writes: &[Write], before: &[(PathBuf, Option<String>)]) -> Result
                 }
             }
             // Kept versions are left: an extra one is harmless.
+            let mut put_back_all = true;
             for done in writes[..i].iter().rev().filter(|w| !w.history) {
                 let Some((_, old)) = before.iter().find(|(p, _)| *p == done.path) else {
                     continue;
@@ -1249,8 +1281,13 @@ fn write_files(writes: &[Write], before: &[(PathBuf, Option<String>)]) -> Result
                     None => std::fs::remove_file(&done.path),
                 };
                 if put_back.is_err() {
+                    put_back_all = false;
                     let _ = std::fs::remove_file(temporary(&done.path));
                 }
+            }
+            // What could not be put back now is left to the journal.
+            if put_back_all {
+                let _ = journal::end(dir);
             }
             return Err(unwritable(&w.path, e));
         }
@@ -1260,7 +1297,35 @@ fn write_files(writes: &[Write], before: &[(PathBuf, Option<String>)]) -> Result
     for dir in dirs {
         let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
     }
+    // A journal left behind would take this change back at the next start: when it cannot be removed,
+    // the change is taken back now, and refused.
+    if let Err(e) = journal::end(dir) {
+        let _ = journal::roll_back(dir);
+        return Err(unwritable(&dir.join(journal::JOURNAL_FILE), e));
+    }
     Ok(())
+}
+
+/// Puts back the schema files of a registration that a killed process left half done (its journal in
+/// `dir`, see [`crate::journal`]), under the folder's lock. Run at start-up, before the folder is read,
+/// and by the folder watch when it finds a journal that no live registration holds the lock for.
+pub fn recover_interrupted(dir: &Path) -> Result<(), ApiError> {
+    if !journal::pending(dir) {
+        return Ok(());
+    }
+    let _lock = lock_folder(dir, true)?;
+    match journal::roll_back(dir) {
+        Ok(Some(files)) => {
+            let files: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+            tracing::warn!(
+                files = ?files,
+                "a registration that did not finish (its process stopped between renaming its files) was taken back: the schema files are as they were before it"
+            );
+            Ok(())
+        }
+        Ok(None) => Ok(()),
+        Err(e) => Err(ApiError::RegistryUnwritable(e)),
+    }
 }
 
 /// The temporary name a file is written under: hidden, and not `*.yaml`, so start-up never reads one.
@@ -1505,7 +1570,7 @@ mod tests {
             },
         ];
         let before = [(c.clone(), None), (a.clone(), Some("old".to_owned()))];
-        let e = write_files(&writes, &before).expect_err("b.yaml is a folder");
+        let e = write_files(dir.path(), &writes, &before).expect_err("b.yaml is a folder");
         assert!(e.to_string().contains("b.yaml"), "{e}");
         assert_eq!(std::fs::read_to_string(&a).expect("a"), "old");
         assert!(!c.exists(), "c.yaml was new, so it is gone again");

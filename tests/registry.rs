@@ -1516,3 +1516,89 @@ async fn version_on(app: &TestApp, version: u64) {
     })
     .await;
 }
+
+/// The folder as a registration of a new `user_profile` version and a `ctr` that reads it leaves it
+/// when its process is killed between its two renames: the journal written, `user_profile.yaml`
+/// renamed into place, `ctr.yaml` still under its temporary name. Done under the folder's lock, as the
+/// registration holds it, which the kill releases.
+fn cut_registration(dir: &std::path::Path) -> String {
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(".hydrant.lock"))
+        .expect("lock file");
+    lock.lock().expect("the folder's lock");
+    let (profile, ctr) = (dir.join("user_profile.yaml"), dir.join("ctr.yaml"));
+    let old_profile = std::fs::read_to_string(&profile).expect("user_profile.yaml");
+    let old_ctr = std::fs::read_to_string(&ctr).expect("ctr.yaml");
+    let tmp_ctr = dir.join(".ctr.yaml.hydrant-tmp");
+    std::fs::write(&tmp_ctr, edit(&old_ctr, "version: 1", "version: 2")).expect("staged ctr");
+    let undo = hydrant::journal::Undo {
+        restore: vec![
+            (profile.clone(), Some(old_profile.clone())),
+            (ctr, Some(old_ctr)),
+        ],
+        temporaries: vec![tmp_ctr],
+    };
+    hydrant::journal::begin(dir, &undo).expect("journal");
+    std::fs::write(&profile, with_tenure_days(&old_profile)).expect("the one rename done");
+    drop(lock);
+    old_profile
+}
+
+/// The half change would compile (a view with one feature more, the model as it was) and be served;
+/// instead start-up takes it back, and the folder holds what it held before the registration.
+#[tokio::test]
+async fn a_registration_killed_between_its_renames_is_taken_back_at_start_up() {
+    let dir = copy_of_schemas();
+    let old_profile = cut_registration(dir.path());
+    assert!(hydrant::journal::pending(dir.path()));
+    let app = spawn(&dir, true).await;
+    let users = demo_rows("user_profile", "user_id");
+    assert_eq!(
+        age(&app, "u_5").await,
+        (users["u_5"]["age"].clone(), "PRESENT".to_owned()),
+        "version 1 is served: version 2 would serve the stored rows as DEFAULTED"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("user_profile.yaml")).expect("file"),
+        old_profile
+    );
+    assert!(!hydrant::journal::pending(dir.path()));
+    let hidden: Vec<String> = std::fs::read_dir(dir.path())
+        .expect("dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.') && n != ".hydrant.lock")
+        .collect();
+    assert!(hidden.is_empty(), "{hidden:?}");
+    app.stop().await;
+}
+
+/// A replica watching a folder it shares with one whose registration was killed takes the half change
+/// back too, rather than reloading it.
+#[tokio::test]
+async fn the_folder_watch_takes_back_a_registration_killed_between_its_renames() {
+    let dir = copy_of_schemas();
+    let app = watching(&dir, std::time::Duration::from_millis(50)).await;
+    let old_profile = cut_registration(dir.path());
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while hydrant::journal::pending(dir.path()) {
+        assert!(std::time::Instant::now() < until, "the journal stayed");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("user_profile.yaml")).expect("file"),
+        old_profile
+    );
+    // A few more looks: nothing was reloaded, and version 1 is still served.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let users = demo_rows("user_profile", "user_id");
+    assert_eq!(
+        age(&app, "u_5").await,
+        (users["u_5"]["age"].clone(), "PRESENT".to_owned())
+    );
+    let j = ok(&app.get("/v1/schemas").await);
+    assert_eq!(j["folder"]["refused"], Json::Null, "{j}");
+    app.stop().await;
+}
