@@ -1808,6 +1808,54 @@ async fn on_a_cluster_reads_and_writes_follow_a_slot_being_migrated_and_its_new_
     assert_eq!(ages(&app, &[&moving, &staying]).await.0, [44, 66]);
 }
 
+/// The hot sets are written through a resharding too, each command once: one view's set moved to the
+/// node importing its slot (its commands redirected with `ASK`), the other's not, and no count is
+/// added twice (a pipeline failed by one redirection, sent again whole, would add the other view's
+/// again).
+#[tokio::test]
+async fn on_a_cluster_hot_sets_are_counted_once_while_one_of_them_is_migrated() {
+    let (a, b) = RedisServer::start_cluster_pair();
+    let store = seeded(&a).await;
+    let counts = |n: u32| {
+        ["user_profile", "item_stats"].map(|view| hydrant::store::HotCounts {
+            view: view.to_owned(),
+            keys: vec![("k_1".to_owned(), n)],
+        })
+    };
+    store
+        .record_hot(&counts(3), 100)
+        .await
+        .expect("first flush");
+    let (moved, kept) = ("hy:hot:user_profile", "hy:hot:item_stats");
+    let owner = |key: &str| {
+        if key_slot(key) <= 8191 {
+            (&a, &b)
+        } else {
+            (&b, &a)
+        }
+    };
+    let (from, to) = owner(moved);
+    from.migrate_key(to, moved);
+    assert_eq!(
+        from.cmd(&["ZSCORE", moved, "k_1"]).text().get(..3),
+        Some("ASK")
+    );
+
+    store
+        .record_hot(&counts(4), 100)
+        .await
+        .expect("flush mid-migration");
+    assert_eq!(to.cmd_asking(&["ZSCORE", moved, "k_1"]).text(), "7");
+    assert_eq!(owner(kept).0.cmd(&["ZSCORE", kept, "k_1"]).text(), "7");
+    for view in ["user_profile", "item_stats"] {
+        assert_eq!(
+            store.hottest(view, 5).await.expect("top"),
+            ["k_1"],
+            "{view}"
+        );
+    }
+}
+
 /// On a cluster a batch is pipelined SETs, which can fail in part. The part that landed must not
 /// stay hidden behind cached values: the writer drops the keys, and the other replicas are told.
 /// The partial failure is real: the writer's Redis user may write one of the two keys only (ACL).

@@ -11,12 +11,13 @@
 //! clients one by one.
 //!
 //! So the pool is built with `max_redirections = 0` ([`configure`]): fred then answers a redirected
-//! command with an error, after refreshing its slot map on a `MOVED`, and keeps running. [`run`] sends
-//! the commands in one pipeline; when that is redirected, it sends each command alone (a `MOVED` one now
-//! reaches the new owner), and what is still redirected (an `ASK`) to the node importing its slot,
-//! preceded by `ASKING`. Which node imports a slot is what its owner's `CLUSTER NODES` says
-//! (`[slot->-node]` on its own line), since the error fred passes on no longer holds the `ASK`'s
-//! address. Outside a resharding, a read or a write is still one pipeline.
+//! command with an error, after refreshing its slot map on a `MOVED`, and keeps running. [`run`] sends a
+//! redirected command again on its own (a `MOVED` one now reaches the new owner), and one redirected
+//! again (an `ASK`: the new owner no longer holds the key) to the node importing its slot, preceded by
+//! `ASKING`. Which node imports a slot is what its owner's `CLUSTER NODES` says (`[slot->-node]` on its
+//! own line), since the error fred passes on no longer holds the `ASK`'s address. Reads ride in one
+//! pipeline, sent again command by command when a redirection fails it; writes are sent one by one
+//! from the start, so none runs twice.
 
 use std::collections::BTreeMap;
 
@@ -31,11 +32,28 @@ use fred::types::{ClusterHash, CustomCommand};
 pub struct Op {
     pub cmd: &'static str,
     pub args: Vec<Value>,
+    /// Sending it twice does no harm (a read): it may ride in a pipeline, which a redirection of any
+    /// of its commands fails as a whole, after the others ran.
+    repeatable: bool,
 }
 
 impl Op {
-    pub fn new(cmd: &'static str, args: Vec<Value>) -> Self {
-        Self { cmd, args }
+    /// A command that changes something: sent on its own, so that it runs once.
+    pub fn write(cmd: &'static str, args: Vec<Value>) -> Self {
+        Self {
+            cmd,
+            args,
+            repeatable: false,
+        }
+    }
+
+    /// A command that only reads.
+    pub fn read(cmd: &'static str, args: Vec<Value>) -> Self {
+        Self {
+            cmd,
+            args,
+            repeatable: true,
+        }
     }
 
     /// The hash slot of the command's key.
@@ -55,22 +73,49 @@ pub fn configure(connection: &mut fred::types::config::ConnectionConfig) {
 }
 
 /// Runs `ops` on `client` with `options`: one result per op, in order.
+///
+/// Each op is answered by its own owner's redirection, so each is followed on its own: the first send
+/// (after which fred has refreshed its slot map if it was a `MOVED`), a second send to the owner fred
+/// knows now, and only when that owner redirects too (it no longer holds the key: `ASK`), the node
+/// importing the slot, with `ASKING`.
 pub async fn run(client: &Client, options: &Options, ops: &[Op]) -> Vec<Result<Value, FredError>> {
-    let results = pipeline(client, options, ops).await;
-    if !results.iter().any(is_redirection) {
+    let mut results = if ops.iter().all(|op| op.repeatable) {
+        // Reads ride in one pipeline. A redirection fails it as a whole (fred answers its one responder
+        // with the error and drops the other answers), so then every read is sent again on its own,
+        // which is its first send of its own.
+        let results = pipeline(client, options, ops).await;
+        if !results.iter().any(is_redirection) {
+            return results;
+        }
+        join_all(ops.iter().map(|op| alone(client, options, op, None))).await
+    } else {
+        // Writes are sent one by one (fred still writes them to each node's socket together), so a
+        // redirection fails only the write redirected, and none runs twice.
+        join_all(ops.iter().map(|op| alone(client, options, op, None))).await
+    };
+    let redirected: Vec<usize> = (0..ops.len())
+        .filter(|&i| is_redirection(&results[i]))
+        .collect();
+    if redirected.is_empty() {
         return results;
     }
-    // A redirection fails the whole pipeline (fred answers its one responder with the error and drops
-    // the other answers), so which commands were redirected is learnt by sending each alone. After a
-    // `MOVED`, fred's slot map is fresh, and those go straight to the new owner.
-    let mut results = join_all(ops.iter().map(|op| alone(client, options, op, None))).await;
-    let asked: Vec<usize> = (0..ops.len())
+    let again = join_all(
+        redirected
+            .iter()
+            .map(|&i| alone(client, options, &ops[i], None)),
+    )
+    .await;
+    for (&i, r) in redirected.iter().zip(again) {
+        results[i] = r;
+    }
+    let asked: Vec<usize> = redirected
+        .into_iter()
         .filter(|&i| is_redirection(&results[i]))
         .collect();
     if asked.is_empty() {
         return results;
     }
-    // Still redirected after fred refreshed its slot map: the slot is being moved (`ASK`).
+    // Redirected by the owner of a fresh slot map: the slot is being moved, and the key has left.
     let mut slots: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
     for i in asked {
         slots.entry(ops[i].slot()).or_default().push(i);

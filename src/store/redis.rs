@@ -47,9 +47,6 @@ use crate::config::RedisConfig;
 const DECAY_EVERY_FLUSHES: u64 = 60;
 const DECAY_LOCK: Duration = Duration::from_secs(60);
 
-/// How many times a read's command may be written: the first send and up to two cluster redirections.
-const READ_WRITES: u32 = 3;
-
 /// Longest wait for a lost connection to come back before a write batch is refused unsent (at most
 /// `write_timeout`): a restart or fail-over of a second or so is ridden out, an outage is not queued for.
 const CONNECT_WAIT: Duration = Duration::from_secs(1);
@@ -167,12 +164,10 @@ impl RedisStore {
             clustered,
             read: Options {
                 timeout: Some(cfg.command_timeout),
-                // Not retries (`fail_fast` answers a connection error at once): fred counts each write
-                // of a command as an attempt, the one after a cluster's `ASK` or `MOVED` redirection
-                // too, and with a single attempt it fails the read instead of following the redirection.
-                // So a read of any key already moved by a resharding would fail for as long as the
-                // migration lasts. Three cover an `ASK`, then a `MOVED` when the migration ends meanwhile.
-                max_attempts: Some(READ_WRITES),
+                // One: fred would queue a command whose send failed for another attempt after the
+                // reconnection, `fail_fast` or not. A cluster's redirections are not attempts here:
+                // fred follows none, `cluster::run` does.
+                max_attempts: Some(1),
                 fail_fast: true,
                 ..Options::default()
             },
@@ -210,7 +205,7 @@ impl RedisStore {
         }
         let gets: Vec<Op> = keys
             .iter()
-            .map(|k| Op::new("GET", vec![Value::from(k.as_str())]))
+            .map(|k| Op::read("GET", vec![Value::from(k.as_str())]))
             .collect();
         let mut out = Vec::with_capacity(keys.len());
         for r in cluster::run(client, &self.read, &gets).await {
@@ -451,11 +446,11 @@ impl RedisStore {
                     Value::from(f64::from(*n)),
                     Value::from(member.as_str()),
                 ];
-                ops.push(Op::new("ZINCRBY", args));
+                ops.push(Op::write("ZINCRBY", args));
             }
             // Ranks ascend with the score: drop everything below the `keep` hottest.
             let args = vec![Value::from(key), Value::from(0), Value::from(-keep - 1)];
-            ops.push(Op::new("ZREMRANGEBYRANK", args));
+            ops.push(Op::write("ZREMRANGEBYRANK", args));
         }
         // Each view's commands stand alone: one view's set holding another Redis type (written by
         // something else) fails that view's, not the others', nor their decay.
@@ -502,7 +497,7 @@ impl RedisStore {
         let client = self.pool.next();
         let lock = format!("{}:hot-decay", self.prefix);
         let px = i64::try_from(DECAY_LOCK.as_millis()).unwrap_or(i64::MAX);
-        let take = Op::new(
+        let take = Op::write(
             "SET",
             vec![
                 Value::from(lock),
@@ -529,7 +524,7 @@ impl RedisStore {
                     Value::from("WEIGHTS"),
                     Value::from(0.5),
                 ];
-                Op::new("ZUNIONSTORE", args)
+                Op::write("ZUNIONSTORE", args)
             })
             .collect::<Vec<_>>();
         // As in the flush: one view's set of another type does not stop the others' decay.
@@ -545,7 +540,7 @@ impl RedisStore {
             return Ok(Vec::new());
         }
         let stop = i64::try_from(k).unwrap_or(i64::MAX) - 1;
-        let range = Op::new(
+        let range = Op::read(
             "ZREVRANGE",
             vec![
                 Value::from(self.hot_key(view)),
@@ -729,7 +724,7 @@ async fn write_batch(
                 if let Some(Expiration::PX(ms)) = expire {
                     args.extend([Value::from("PX"), Value::from(ms)]);
                 }
-                Op::new("SET", args)
+                Op::write("SET", args)
             })
             .collect();
         let results = cluster::run(&client, &Options::default(), &sets).await;

@@ -192,6 +192,15 @@ impl RedisServer {
         }
     }
 
+    /// Runs a command preceded by `ASKING` on one connection, as a client redirected by `ASK` does: how
+    /// a node importing a slot answers for the keys moved to it so far.
+    pub fn cmd_asking(&self, args: &[&str]) -> Reply {
+        let mut c = Conn::open(self.port, self.password.as_deref()).expect("connect");
+        assert_eq!(c.call(&[b"ASKING"]), Ok(Reply::Status("OK".into())));
+        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        c.call(&args).expect("a command after ASKING")
+    }
+
     /// The port of this cluster node's bus.
     fn cluster_bus_port(&self) -> u16 {
         self.bus_port.expect("a cluster node")
