@@ -120,8 +120,11 @@ fn apply(
     env: &ort::environment::Environment,
     gone: &AtomicBool,
 ) -> Result<serde_json::Value, ApiError> {
-    let running = gw.registry();
     let schemas_dir = gw.config.registry.schemas.as_path();
+    // A registration that another process left half done is taken back before this one is planned
+    // from the folder (and again under the lock below, for one left meanwhile).
+    recover_interrupted(schemas_dir)?;
+    let running = gw.registry();
     let models_dir = gw.config.registry.models.as_path();
     // `expect`: the one document a PUT must hold.
     let (body, removed, rollback, expect) = match action {
@@ -234,6 +237,10 @@ fn apply(
     let _lock = lock_folder(schemas_dir, true)?;
     // The wait for the lock (up to 5 s, while a deploy holds it) can outlast the request.
     still_asked("while it waited for the schemas folder's lock")?;
+    // A registration that another process left half done is taken back first: its journal would
+    // otherwise be overwritten by this one's, and its half change kept. Files it touched that this plan
+    // read are then no longer as planned, and the check below refuses (409).
+    recover_locked(schemas_dir)?;
     unchanged_since_planned(&plan, schemas_dir, reload)?;
     write_files(schemas_dir, &plan.writes, &plan.read)?;
     // The folder watch checks the folder against what runs again: a change that puts the files back
@@ -1242,12 +1249,22 @@ fn write_files(
         }
         // What the renames below replace, on disk before the first of them.
         let undo = journal::Undo {
-            restore: writes
+            changes: writes
                 .iter()
                 .filter(|w| !w.history)
-                .filter_map(|w| before.iter().find(|(p, _)| *p == w.path).cloned())
+                .filter_map(|w| {
+                    let (_, old) = before.iter().find(|(p, _)| *p == w.path)?;
+                    Some(journal::Change {
+                        file: journal::Undo::inside(dir, &w.path),
+                        before: old.clone(),
+                        after: w.text.clone(),
+                    })
+                })
                 .collect(),
-            temporaries: staged.clone(),
+            temporaries: staged
+                .iter()
+                .map(|t| journal::Undo::inside(dir, t))
+                .collect(),
         };
         journal::begin(dir, &undo).map_err(|e| unwritable(&dir.join(journal::JOURNAL_FILE), e))
     })();
@@ -1258,6 +1275,11 @@ fn write_files(
         return Err(e);
     }
     for (i, w) in writes.iter().enumerate() {
+        #[cfg(test)]
+        if tests::CUT_AFTER_RENAMES.get() == Some(i) {
+            // The process is killed here: nothing more happens, the journal stays.
+            return Err(ApiError::RegistryUnwritable("cut".to_owned()));
+        }
         let done = match &w.text {
             Some(_) => std::fs::rename(temporary(&w.path), &w.path),
             None => std::fs::remove_file(&w.path),
@@ -1275,9 +1297,11 @@ fn write_files(
                 let Some((_, old)) = before.iter().find(|(p, _)| *p == done.path) else {
                     continue;
                 };
+                let tmp = temporary(&done.path);
                 let put_back = match old {
-                    Some(text) => std::fs::write(temporary(&done.path), text)
-                        .and_then(|()| std::fs::rename(temporary(&done.path), &done.path)),
+                    Some(text) => std::fs::write(&tmp, text)
+                        .and_then(|()| std::fs::File::open(&tmp).and_then(|f| f.sync_all()))
+                        .and_then(|()| std::fs::rename(&tmp, &done.path)),
                     None => std::fs::remove_file(&done.path),
                 };
                 if put_back.is_err() {
@@ -1314,6 +1338,11 @@ pub fn recover_interrupted(dir: &Path) -> Result<(), ApiError> {
         return Ok(());
     }
     let _lock = lock_folder(dir, true)?;
+    recover_locked(dir)
+}
+
+/// [`recover_interrupted`], by a caller holding the folder's lock.
+fn recover_locked(dir: &Path) -> Result<(), ApiError> {
     match journal::roll_back(dir) {
         Ok(Some(files)) => {
             let files: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
@@ -1542,6 +1571,69 @@ pub fn body_text(body: &[u8]) -> Result<String, ApiError> {
 
 #[cfg(test)]
 mod tests {
+    thread_local! {
+        /// [`write_files`] stops as a killed process would, before this rename (by index).
+        pub static CUT_AFTER_RENAMES: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+    }
+
+    #[test]
+    fn write_files_journals_before_renaming_so_a_cut_registration_is_taken_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (a, b, c) = (
+            dir.path().join("a.yaml"),
+            dir.path().join("b.yaml"),
+            dir.path().join("c.yaml"),
+        );
+        std::fs::write(&a, "old a").expect("a");
+        std::fs::write(&b, "old b").expect("b");
+        let kept = dir.path().join(VERSIONS_DIR).join("a.yaml");
+        let write = |path: &Path, text: Option<&str>, history: bool| Write {
+            path: path.to_owned(),
+            text: text.map(str::to_owned),
+            history,
+        };
+        let writes = [
+            write(&kept, Some("old a"), true),
+            write(&a, Some("new a"), false),
+            write(&c, Some("new c"), false),
+            write(&b, None, false),
+        ];
+        let before = [
+            (a.clone(), Some("old a".to_owned())),
+            (b.clone(), Some("old b".to_owned())),
+            (c.clone(), None),
+        ];
+        // Killed after a.yaml's rename, before c.yaml's.
+        CUT_AFTER_RENAMES.set(Some(2));
+        let cut = write_files(dir.path(), &writes, &before);
+        CUT_AFTER_RENAMES.set(None);
+        assert!(cut.is_err());
+        assert_eq!(
+            std::fs::read_to_string(&a).expect("a"),
+            "new a",
+            "half done"
+        );
+        assert!(journal::pending(dir.path()));
+
+        recover_interrupted(dir.path()).expect("taken back");
+        assert_eq!(std::fs::read_to_string(&a).expect("a"), "old a");
+        assert_eq!(std::fs::read_to_string(&b).expect("b"), "old b");
+        assert!(!c.exists());
+        assert!(!journal::pending(dir.path()));
+        let hidden: Vec<String> = std::fs::read_dir(dir.path())
+            .expect("dir")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with('.') && ![VERSIONS_DIR, LOCK_FILE].contains(&n.as_str()))
+            .collect();
+        assert!(hidden.is_empty(), "{hidden:?}");
+
+        // Uncut, the same writes leave no journal behind.
+        write_files(dir.path(), &writes, &before).expect("written");
+        assert_eq!(std::fs::read_to_string(&a).expect("a"), "new a");
+        assert!(!b.exists());
+        assert!(!journal::pending(dir.path()));
+    }
+
     #[test]
     fn a_rename_that_fails_puts_back_the_files_already_renamed() {
         let dir = tempfile::tempdir().expect("tempdir");

@@ -1532,17 +1532,26 @@ fn cut_registration(dir: &std::path::Path) -> String {
     let (profile, ctr) = (dir.join("user_profile.yaml"), dir.join("ctr.yaml"));
     let old_profile = std::fs::read_to_string(&profile).expect("user_profile.yaml");
     let old_ctr = std::fs::read_to_string(&ctr).expect("ctr.yaml");
-    let tmp_ctr = dir.join(".ctr.yaml.hydrant-tmp");
-    std::fs::write(&tmp_ctr, edit(&old_ctr, "version: 1", "version: 2")).expect("staged ctr");
+    let new_ctr = edit(&old_ctr, "version: 1", "version: 2");
+    std::fs::write(dir.join(".ctr.yaml.hydrant-tmp"), &new_ctr).expect("staged ctr");
+    let new_profile = with_tenure_days(&old_profile);
     let undo = hydrant::journal::Undo {
-        restore: vec![
-            (profile.clone(), Some(old_profile.clone())),
-            (ctr, Some(old_ctr)),
+        changes: vec![
+            hydrant::journal::Change {
+                file: "user_profile.yaml".into(),
+                before: Some(old_profile.clone()),
+                after: Some(new_profile.clone()),
+            },
+            hydrant::journal::Change {
+                file: "ctr.yaml".into(),
+                before: Some(old_ctr),
+                after: Some(new_ctr),
+            },
         ],
-        temporaries: vec![tmp_ctr],
+        temporaries: vec![".ctr.yaml.hydrant-tmp".into()],
     };
     hydrant::journal::begin(dir, &undo).expect("journal");
-    std::fs::write(&profile, with_tenure_days(&old_profile)).expect("the one rename done");
+    std::fs::write(&profile, new_profile).expect("the one rename done");
     drop(lock);
     old_profile
 }
@@ -1600,5 +1609,34 @@ async fn the_folder_watch_takes_back_a_registration_killed_between_its_renames()
     );
     let j = ok(&app.get("/v1/schemas").await);
     assert_eq!(j["folder"]["refused"], Json::Null, "{j}");
+    app.stop().await;
+}
+
+/// A registration made after another process's was cut takes the cut one back first (its journal is
+/// not overwritten, and its half change not kept), and then registers.
+#[tokio::test]
+async fn a_registration_after_one_killed_between_its_renames_takes_that_one_back_first() {
+    let dir = copy_of_schemas();
+    let app = spawn_configured(&dir, |c| {
+        c.registry.writes = true;
+        c.registry.reload_interval = std::time::Duration::ZERO;
+    })
+    .await;
+    let old_profile = cut_registration(dir.path());
+    let items = schema_file("item_stats.yaml");
+    let described = edit(&items, "description: ", "description: (edited) ");
+    let j = ok(&put(&app, "/v1/schemas/views/item_stats", &described).await);
+    assert_eq!(j["registered"], true, "{j}");
+    assert!(!hydrant::journal::pending(dir.path()));
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("user_profile.yaml")).expect("file"),
+        old_profile,
+        "the cut registration's half is gone"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("item_stats.yaml")).expect("file"),
+        described
+    );
+    assert!(!dir.path().join(".ctr.yaml.hydrant-tmp").exists());
     app.stop().await;
 }
