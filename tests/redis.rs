@@ -1808,6 +1808,60 @@ async fn on_a_cluster_reads_and_writes_follow_a_slot_being_migrated_and_its_new_
     assert_eq!(ages(&app, &[&moving, &staying]).await.0, [44, 66]);
 }
 
+/// Adding a primary: slots are moved to a node that owns none yet, which the gateway's connections,
+/// made from the cluster's slot map, do not reach. Reads and writes of the keys moved there are still
+/// served, and once the node owns the slot, its `MOVED` brings it into the slot map.
+#[tokio::test]
+async fn on_a_cluster_keys_moved_to_a_node_just_added_are_served() {
+    let (a, _b) = RedisServer::start_cluster_pair();
+    seeded(&a).await;
+    let app = gateway(&a, |_| {}).await;
+    let c = RedisServer::join_empty_node(&a);
+    let rows = demo_rows("user_profile", "user_id");
+    let key = |user: &str| format!("hy:user_profile:{user}");
+    let mut on_a = rows.keys().filter(|u| key_slot(&key(u)) <= 8191);
+    let (moving, written) = (
+        on_a.next().expect("a demo user on a").clone(),
+        on_a.next().expect("another").clone(),
+    );
+    let age = |user: &str| rows[user]["age"].as_i64().expect("age");
+
+    let slot = a.migrate_key(&c, &key(&moving));
+    let (values, statuses, j) = ages(&app, &[&moving]).await;
+    assert_eq!(j["degraded"], false, "{j}");
+    assert_eq!(
+        (values, statuses),
+        (vec![age(&moving)], vec!["PRESENT".to_owned()])
+    );
+
+    // A write of a key moved there lands there.
+    let other = a.migrate_key(&c, &key(&written));
+    let body = json!({"rows": [{"user_id": written, "age": 12}]});
+    let r = app.post_json("/v1/views/user_profile/rows", &body).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(
+        c.cmd_asking(&["EXISTS", &key(&written)]),
+        Reply::Int(1),
+        "written on the new node"
+    );
+    assert_eq!(ages(&app, &[&written]).await.0, [12]);
+
+    // The moves end: the new node owns both slots.
+    for s in [slot, other] {
+        for user in rows.keys().filter(|u| key_slot(&key(u)) == s) {
+            if a.cmd(&["EXISTS", &key(user)]) == Reply::Int(1) {
+                a.migrate_key(&c, &key(user));
+            }
+        }
+        a.hand_over_slot(&c, s);
+    }
+    let body = json!({"rows": [{"user_id": moving, "age": 13}]});
+    let r = app.post_json("/v1/views/user_profile/rows", &body).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(ages(&app, &[&moving, &written]).await.0, [13, 12]);
+    assert_eq!(c.cmd(&["EXISTS", &key(&moving)]), Reply::Int(1));
+}
+
 /// The hot sets are written through a resharding too, each command once: one view's set moved to the
 /// node importing its slot (its commands redirected with `ASK`), the other's not, and no count is
 /// added twice (a pipeline failed by one redirection, sent again whole, would add the other view's

@@ -15,7 +15,8 @@
 //! redirected command again on its own (a `MOVED` one now reaches the new owner), and one redirected
 //! again (an `ASK`: the new owner no longer holds the key) to the node importing its slot, preceded by
 //! `ASKING`. Which node imports a slot is what its owner's `CLUSTER NODES` says (`[slot->-node]` on its
-//! own line), since the error fred passes on no longer holds the `ASK`'s address. Reads ride in one
+//! own line), since the error fred passes on no longer holds the `ASK`'s address; a node that owns no
+//! slot yet (a primary just added) is reached through a client of its own ([`Newcomers`]). Reads ride in one
 //! pipeline, sent again command by command when a redirection fails it; writes are sent one by one
 //! from the start, so none runs twice.
 
@@ -23,10 +24,13 @@ use std::collections::BTreeMap;
 
 use futures::future::join_all;
 
+use std::time::Duration;
+
 use fred::clients::Client;
-use fred::prelude::{ClientLike, Error as FredError, ErrorKind, Options, Value};
-use fred::types::config::Server;
+use fred::prelude::{Builder, ClientLike, Error as FredError, ErrorKind, Options, Value};
+use fred::types::config::{Server, ServerConfig};
 use fred::types::{ClusterHash, CustomCommand};
+use parking_lot::Mutex;
 
 /// One single-key command: its name and its arguments, the key first.
 pub struct Op {
@@ -72,13 +76,97 @@ pub fn configure(connection: &mut fred::types::config::ConnectionConfig) {
     connection.max_redirections = 0;
 }
 
+/// Clients of their own for nodes that import a slot but are in no slot map yet: a primary just added,
+/// its first slot on the way. The pool's clients connect only to the nodes that own slots, so the keys
+/// moved to such a node are reached through one of these, opened at its first `ASK` and kept (at most
+/// [`MAX_NEWCOMERS`]) while the resharding goes on; once the node owns a slot, the pool's own slot map
+/// has it.
+pub struct Newcomers {
+    /// The pool's configuration, its server replaced by the newcomer's.
+    builder: Builder,
+    clients: Mutex<Vec<(Server, Client)>>,
+}
+
+/// The most newcomers' clients kept; opening another closes the oldest.
+const MAX_NEWCOMERS: usize = 8;
+
+impl Newcomers {
+    pub fn new(builder: Builder) -> Self {
+        Self {
+            builder,
+            clients: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The client of `server`, connected within `wait`.
+    async fn client(&self, server: &Server, wait: Duration) -> Result<Client, FredError> {
+        if let Some((_, c)) = self.clients.lock().iter().find(|(s, _)| s == server) {
+            return Ok(c.clone());
+        }
+        let mut config = self.builder.get_config().cloned().unwrap_or_default();
+        config.server = ServerConfig::Centralized {
+            server: server.clone(),
+        };
+        let mut builder = self.builder.clone();
+        builder.set_config(config);
+        let client = builder.build()?;
+        let connected = tokio::time::timeout(wait, client.init()).await;
+        if !matches!(connected, Ok(Ok(_))) {
+            let quit = client.clone();
+            tokio::spawn(async move { quit.quit().await });
+            return Err(match connected {
+                Ok(Err(e)) => e,
+                _ => FredError::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "no connection to {}:{} within {wait:?}",
+                        server.host, server.port
+                    ),
+                ),
+            });
+        }
+        let mut clients = self.clients.lock();
+        if let Some((_, c)) = clients.iter().find(|(s, _)| s == server) {
+            // Opened meanwhile by another read: that one is kept.
+            let (kept, extra) = (c.clone(), client);
+            tokio::spawn(async move { extra.quit().await });
+            return Ok(kept);
+        }
+        if clients.len() >= MAX_NEWCOMERS {
+            let (_, oldest) = clients.remove(0);
+            tokio::spawn(async move { oldest.quit().await });
+        }
+        clients.push((server.clone(), client.clone()));
+        Ok(client)
+    }
+
+    /// Closes every newcomer's client.
+    pub async fn close(&self) {
+        let clients: Vec<Client> = self.clients.lock().drain(..).map(|(_, c)| c).collect();
+        for c in clients {
+            let _ = c.quit().await;
+        }
+    }
+}
+
+/// Where a command redirected by `ASK` goes: a node the pool's client is connected to, or a newcomer.
+enum Asked {
+    Connected(Server),
+    Newcomer(Server),
+}
+
 /// Runs `ops` on `client` with `options`: one result per op, in order.
 ///
 /// Each op is answered by its own owner's redirection, so each is followed on its own: the first send
 /// (after which fred has refreshed its slot map if it was a `MOVED`), a second send to the owner fred
 /// knows now, and only when that owner redirects too (it no longer holds the key: `ASK`), the node
 /// importing the slot, with `ASKING`.
-pub async fn run(client: &Client, options: &Options, ops: &[Op]) -> Vec<Result<Value, FredError>> {
+pub async fn run(
+    client: &Client,
+    newcomers: &Newcomers,
+    options: &Options,
+    ops: &[Op],
+) -> Vec<Result<Value, FredError>> {
     let mut results = if ops.iter().all(|op| op.repeatable) {
         // Reads ride in one pipeline. A redirection fails it as a whole (fred answers its one responder
         // with the error and drops the other answers), so then every read is sent again on its own,
@@ -87,11 +175,19 @@ pub async fn run(client: &Client, options: &Options, ops: &[Op]) -> Vec<Result<V
         if !results.iter().any(is_redirection) {
             return results;
         }
-        join_all(ops.iter().map(|op| alone(client, options, op, None))).await
+        join_all(
+            ops.iter()
+                .map(|op| alone(client, newcomers, options, op, None)),
+        )
+        .await
     } else {
         // Writes are sent one by one (fred still writes them to each node's socket together), so a
         // redirection fails only the write redirected, and none runs twice.
-        join_all(ops.iter().map(|op| alone(client, options, op, None))).await
+        join_all(
+            ops.iter()
+                .map(|op| alone(client, newcomers, options, op, None)),
+        )
+        .await
     };
     let redirected: Vec<usize> = (0..ops.len())
         .filter(|&i| is_redirection(&results[i]))
@@ -102,7 +198,7 @@ pub async fn run(client: &Client, options: &Options, ops: &[Op]) -> Vec<Result<V
     let again = join_all(
         redirected
             .iter()
-            .map(|&i| alone(client, options, &ops[i], None)),
+            .map(|&i| alone(client, newcomers, options, &ops[i], None)),
     )
     .await;
     for (&i, r) in redirected.iter().zip(again) {
@@ -123,7 +219,10 @@ pub async fn run(client: &Client, options: &Options, ops: &[Op]) -> Vec<Result<V
     let mut sends = Vec::new();
     for (slot, indices) in slots {
         match importer(client, options, slot).await {
-            Ok(server) => sends.extend(indices.into_iter().map(|i| (i, server.clone()))),
+            Ok(asked) => {
+                let asked = std::sync::Arc::new(asked);
+                sends.extend(indices.into_iter().map(|i| (i, asked.clone())));
+            }
             Err(e) => {
                 for i in indices {
                     results[i] = Err(e.clone());
@@ -134,7 +233,7 @@ pub async fn run(client: &Client, options: &Options, ops: &[Op]) -> Vec<Result<V
     let answers = join_all(
         sends
             .iter()
-            .map(|(i, server)| alone(client, options, &ops[*i], Some(server))),
+            .map(|(i, asked)| alone(client, newcomers, options, &ops[*i], Some(asked))),
     )
     .await;
     for ((i, _), r) in sends.iter().zip(answers) {
@@ -170,20 +269,30 @@ async fn pipeline(client: &Client, options: &Options, ops: &[Op]) -> Vec<Result<
 /// pipeline, so nothing comes between them on the connection).
 async fn alone(
     client: &Client,
+    newcomers: &Newcomers,
     options: &Options,
     op: &Op,
-    asked: Option<&Server>,
+    asked: Option<&Asked>,
 ) -> Result<Value, FredError> {
     let cmd = CustomCommand::new_static(op.cmd, ClusterHash::FirstKey, false);
-    let Some(server) = asked else {
-        return client
-            .with_options(options)
-            .custom(cmd, op.args.clone())
-            .await;
-    };
-    let options = Options {
-        cluster_node: Some(server.clone()),
-        ..options.clone()
+    let (client, options) = match asked {
+        None => {
+            return client
+                .with_options(options)
+                .custom(cmd, op.args.clone())
+                .await;
+        }
+        Some(Asked::Connected(server)) => (
+            client.clone(),
+            Options {
+                cluster_node: Some(server.clone()),
+                ..options.clone()
+            },
+        ),
+        Some(Asked::Newcomer(server)) => {
+            let wait = options.timeout.unwrap_or(Duration::from_secs(1));
+            (newcomers.client(server, wait).await?, options.clone())
+        }
     };
     let p = client.pipeline().with_options(&options);
     let asking = CustomCommand::new_static("ASKING", ClusterHash::Random, false);
@@ -205,9 +314,9 @@ fn is_redirection(r: &Result<Value, FredError>) -> bool {
     matches!(r, Err(e) if *e.kind() == ErrorKind::Routing && e.details().contains("redirection"))
 }
 
-/// The node importing `slot`, as its owner's `CLUSTER NODES` says, among the nodes `client` is connected
-/// to.
-async fn importer(client: &Client, options: &Options, slot: u16) -> Result<Server, FredError> {
+/// The node importing `slot`, as its owner's `CLUSTER NODES` says: one `client` is connected to, or a
+/// newcomer.
+async fn importer(client: &Client, options: &Options, slot: u16) -> Result<Asked, FredError> {
     let nodes = CustomCommand::new_static("CLUSTER", ClusterHash::Custom(slot), false);
     let options = Options {
         cluster_hash: Some(ClusterHash::Custom(slot)),
@@ -218,21 +327,21 @@ async fn importer(client: &Client, options: &Options, slot: u16) -> Result<Serve
         .custom(nodes, vec!["NODES"])
         .await?;
     let text = text.as_str().unwrap_or_default();
-    let unknown = |why: String| FredError::new(ErrorKind::Cluster, why);
     let (ip, hostname, port) = importing_node(&text, slot).ok_or_else(|| {
-        unknown(format!(
-            "slot {slot} is redirected, but its owner does not say where it is moving"
-        ))
+        FredError::new(
+            ErrorKind::Cluster,
+            format!("slot {slot} is redirected, but its owner does not say where it is moving"),
+        )
     })?;
-    client
+    let known = client
         .active_connections()
         .into_iter()
-        .find(|s| s.port == port && (&*s.host == ip || Some(&*s.host) == hostname))
-        .ok_or_else(|| {
-            unknown(format!(
-                "slot {slot} is moving to {ip}:{port}, a node this client has no connection to"
-            ))
-        })
+        .find(|s| s.port == port && (&*s.host == ip || Some(&*s.host) == hostname));
+    Ok(match known {
+        Some(server) => Asked::Connected(server),
+        // Reached as the cluster announces it: by its hostname where it has one.
+        None => Asked::Newcomer(Server::new(hostname.unwrap_or(ip), port)),
+    })
 }
 
 /// From a node's `CLUSTER NODES` answer, the address of the node its own line says `slot` is migrating

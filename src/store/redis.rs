@@ -62,6 +62,8 @@ pub struct RedisStore {
     write_timeout: Duration,
     /// The fred configuration, to open the subscriber's own connection with the same settings.
     builder: Builder,
+    /// Clients of cluster nodes that import slots but own none yet (see `cluster`).
+    newcomers: Arc<cluster::Newcomers>,
     prefix: String,
     channel: String,
     flushes: AtomicU64,
@@ -172,6 +174,7 @@ impl RedisStore {
                 ..Options::default()
             },
             write_timeout: cfg.write_timeout,
+            newcomers: Arc::new(cluster::Newcomers::new(builder.clone())),
             builder,
             prefix: prefix.to_owned(),
             hot_views: Mutex::new(std::collections::BTreeSet::new()),
@@ -208,7 +211,7 @@ impl RedisStore {
             .map(|k| Op::read("GET", vec![Value::from(k.as_str())]))
             .collect();
         let mut out = Vec::with_capacity(keys.len());
-        for r in cluster::run(client, &self.read, &gets).await {
+        for r in cluster::run(client, &self.newcomers, &self.read, &gets).await {
             out.push(match r {
                 Ok(v) => record_bytes(v)?,
                 // Another type stored at the key reads as absent, as MGET answers it on a standalone server.
@@ -250,7 +253,15 @@ impl RedisStore {
         }
         let keys: Arc<[String]> = writes.iter().map(|(k, _)| k.clone()).collect();
         let clustered = self.clustered;
-        let mut task = tokio::spawn(write_batch(client, clustered, writes, ttl, keys.clone()));
+        let newcomers = self.newcomers.clone();
+        let mut task = tokio::spawn(write_batch(
+            client,
+            newcomers,
+            clustered,
+            writes,
+            ttl,
+            keys.clone(),
+        ));
         match tokio::time::timeout(self.write_timeout, &mut task).await {
             Ok(Ok(Ok(()))) => Ok(()),
             Ok(Ok(Err(e))) => {
@@ -454,7 +465,8 @@ impl RedisStore {
         }
         // Each view's commands stand alone: one view's set holding another Redis type (written by
         // something else) fails that view's, not the others', nor their decay.
-        let results = cluster::run(self.pool.next(), &Options::default(), &ops).await;
+        let results =
+            cluster::run(self.pool.next(), &self.newcomers, &Options::default(), &ops).await;
         let mut results = results.into_iter();
         let mut failed = None;
         let mut flushed = false;
@@ -507,7 +519,7 @@ impl RedisStore {
                 Value::from("NX"),
             ],
         );
-        let won = one(cluster::run(client, &Options::default(), &[take]).await)?;
+        let won = one(cluster::run(client, &self.newcomers, &Options::default(), &[take]).await)?;
         // `SET ... NX` answers nil when the key was set already: another replica decays.
         if won.is_null() {
             return Ok(());
@@ -528,7 +540,7 @@ impl RedisStore {
             })
             .collect::<Vec<_>>();
         // As in the flush: one view's set of another type does not stop the others' decay.
-        let failed = cluster::run(client, &Options::default(), &halve)
+        let failed = cluster::run(client, &self.newcomers, &Options::default(), &halve)
             .await
             .into_iter()
             .find_map(Result::err);
@@ -549,7 +561,7 @@ impl RedisStore {
             ],
         );
         let client = self.pool.next_connected();
-        one(cluster::run(client, &Options::default(), &[range]).await)?
+        one(cluster::run(client, &self.newcomers, &Options::default(), &[range]).await)?
             .convert()
             .map_err(store_error)
     }
@@ -563,8 +575,9 @@ impl Drop for RedisStore {
             return;
         }
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let pool = self.pool.clone();
+            let (pool, newcomers) = (self.pool.clone(), self.newcomers.clone());
             rt.spawn(async move {
+                newcomers.close().await;
                 let _ = pool.quit().await;
             });
         }
@@ -641,6 +654,7 @@ impl Store for RedisStore {
     fn close(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
             if self.stop_and_claim_close() {
+                self.newcomers.close().await;
                 let _ = self.pool.quit().await;
             }
         })
@@ -710,6 +724,7 @@ impl Store for RedisStore {
 /// which can fail for some of `keys` (the batch's, in order) and not others.
 async fn write_batch(
     client: fred::clients::Client,
+    newcomers: Arc<cluster::Newcomers>,
     clustered: bool,
     writes: Writes,
     ttl: Option<Duration>,
@@ -727,7 +742,7 @@ async fn write_batch(
                 Op::write("SET", args)
             })
             .collect();
-        let results = cluster::run(&client, &Options::default(), &sets).await;
+        let results = cluster::run(&client, &newcomers, &Options::default(), &sets).await;
         let mut failed = results
             .iter()
             .zip(keys.iter())

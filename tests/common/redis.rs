@@ -122,6 +122,25 @@ impl RedisServer {
         (a, b)
     }
 
+    /// A cluster node that owns no slot yet, joined to the cluster of `member` (of two nodes), as
+    /// `redis-cli --cluster add-node` adds one before slots are moved to it.
+    pub fn join_empty_node(member: &Self) -> Self {
+        let node = Self::launch(true, None, false);
+        let bus = node.cluster_bus_port().to_string();
+        let r = member.cmd(&["CLUSTER", "MEET", "127.0.0.1", &node.port.to_string(), &bus]);
+        assert_eq!(r, Reply::Status("OK".into()), "{r:?}");
+        let until = Instant::now() + Duration::from_secs(20);
+        let knows_all = |n: &Self| {
+            let info = n.cmd(&["CLUSTER", "INFO"]).text();
+            info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3")
+        };
+        while !(knows_all(member) && knows_all(&node) && !node.slot_owner(0).is_empty()) {
+            assert!(Instant::now() < until, "the new node did not join");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        node
+    }
+
     /// This cluster node's id.
     pub fn node_id(&self) -> String {
         self.cmd(&["CLUSTER", "MYID"]).text()
