@@ -1814,7 +1814,7 @@ async fn on_a_cluster_reads_and_writes_follow_a_slot_being_migrated_and_its_new_
 #[tokio::test]
 async fn on_a_cluster_keys_moved_to_a_node_just_added_are_served() {
     let (a, _b) = RedisServer::start_cluster_pair();
-    seeded(&a).await;
+    let store = seeded(&a).await;
     let app = gateway(&a, |_| {}).await;
     let c = RedisServer::join_empty_node(&a);
     let rows = demo_rows("user_profile", "user_id");
@@ -1845,6 +1845,25 @@ async fn on_a_cluster_keys_moved_to_a_node_just_added_are_served() {
         "written on the new node"
     );
     assert_eq!(ages(&app, &[&written]).await.0, [12]);
+
+    // Many commands at this store's first contact with the node (the seeding store has not met it),
+    // eight of them for one key: one connection, and the last write wins. New keys in the two slots
+    // being moved: the old owner sends them on with ASK. Raw bytes: the store does not read them.
+    let in_slot = |s: u16| {
+        (0..)
+            .map(|i| key(&format!("x_{i}")))
+            .find(|k| key_slot(k) == s)
+            .expect("a key in the slot")
+    };
+    let (x, y) = (in_slot(other), in_slot(slot));
+    let writes: Vec<(String, Vec<u8>)> = (0..8)
+        .map(|i| (x.clone(), format!("v{i}").into_bytes()))
+        .chain([(y.clone(), b"y".to_vec())])
+        .collect();
+    store.put_many(writes, None).await.expect("written");
+    let got = store.get_many(&[x.clone(), y.clone()]).await.expect("read");
+    assert_eq!(got, [Some(b"v7".to_vec()), Some(b"y".to_vec())]);
+    assert_eq!(c.cmd_asking(&["GET", &x]).bytes(), Some(b"v7".to_vec()));
 
     // The moves end: the new node owns both slots.
     for s in [slot, other] {
@@ -1908,6 +1927,16 @@ async fn on_a_cluster_hot_sets_are_counted_once_while_one_of_them_is_migrated() 
             "{view}"
         );
     }
+    // A flush trims each set after its increments: kept to the hottest one, k_2 (1) goes, k_1 (7)
+    // stays. Trimmed first, both would stay.
+    let k2 = ["user_profile", "item_stats"].map(|view| hydrant::store::HotCounts {
+        view: view.to_owned(),
+        keys: vec![("k_2".to_owned(), 1)],
+    });
+    store.record_hot(&k2, 1).await.expect("flush kept to one");
+    let only_k1 = Reply::Array(vec![Reply::Bulk(Some(b"k_1".to_vec()))]);
+    assert_eq!(to.cmd_asking(&["ZRANGE", moved, "0", "-1"]), only_k1);
+    assert_eq!(owner(kept).0.cmd(&["ZRANGE", kept, "0", "-1"]), only_k1);
 }
 
 /// On a cluster a batch is pipelined SETs, which can fail in part. The part that landed must not

@@ -13,24 +13,29 @@
 //! So the pool is built with `max_redirections = 0` ([`configure`]): fred then answers a redirected
 //! command with an error, after refreshing its slot map on a `MOVED`, and keeps running. [`run`] sends a
 //! redirected command again on its own (a `MOVED` one now reaches the new owner), and one redirected
-//! again (an `ASK`: the new owner no longer holds the key) to the node importing its slot, preceded by
-//! `ASKING`. Which node imports a slot is what its owner's `CLUSTER NODES` says (`[slot->-node]` on its
-//! own line), since the error fred passes on no longer holds the `ASK`'s address; a node that owns no
-//! slot yet (a primary just added) is reached through a client of its own ([`Newcomers`]). Reads ride in one
-//! pipeline, sent again command by command when a redirection fails it; writes are sent one by one
-//! from the start, so none runs twice.
+//! again (an `ASK`: the owner no longer holds the key) to the node importing its slot, preceded by
+//! `ASKING`, in one pipeline per node. Which node imports a slot is what its owner's `CLUSTER NODES`
+//! says (`[slot->-node]` on its own line), since the error fred passes on no longer holds the `ASK`'s
+//! address; a node that owns no slot yet (a primary just added) is reached through a client of its own
+//! ([`Newcomers`]).
+//!
+//! Reads ride in one pipeline, sent again command by command when a redirection fails it; writes are
+//! sent one by one from the start, so none runs twice. Every step sends its commands in their order,
+//! so two commands of one key (a hot set's increments and its trim) run in order. On a standalone
+//! server or behind Sentinel nothing is redirected, and every batch is one pipeline.
 
 use std::collections::BTreeMap;
-
-use futures::future::join_all;
-
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use fred::clients::Client;
 use fred::prelude::{Builder, ClientLike, Error as FredError, ErrorKind, Options, Value};
 use fred::types::config::{Server, ServerConfig};
 use fred::types::{ClusterHash, CustomCommand};
+use futures::future::join_all;
 use parking_lot::Mutex;
+use tokio::sync::watch;
 
 /// One single-key command: its name and its arguments, the key first.
 pub struct Op {
@@ -81,75 +86,150 @@ pub fn configure(connection: &mut fred::types::config::ConnectionConfig) {
 /// moved to such a node are reached through one of these, opened at its first `ASK` and kept (at most
 /// [`MAX_NEWCOMERS`]) while the resharding goes on; once the node owns a slot, the pool's own slot map
 /// has it.
+///
+/// One connection is made per node, in a task of its own, whatever number of commands wait for it: a
+/// read that gives up waiting (its deadline) neither stops it nor leaves a second one behind.
 pub struct Newcomers {
     /// The pool's configuration, its server replaced by the newcomer's.
     builder: Builder,
-    clients: Mutex<Vec<(Server, Client)>>,
+    /// How long a connection may take (`store.redis.connect_timeout`).
+    connect: Duration,
+    /// The newcomers in the order they were first asked for, each with its id and its connection:
+    /// `None` while it is being made.
+    clients: Arc<Mutex<Vec<Newcomer>>>,
+    next_id: AtomicU64,
+}
+
+struct Newcomer {
+    server: Server,
+    id: u64,
+    ready: watch::Receiver<Option<Result<Client, FredError>>>,
 }
 
 /// The most newcomers' clients kept; opening another closes the oldest.
 const MAX_NEWCOMERS: usize = 8;
 
 impl Newcomers {
-    pub fn new(builder: Builder) -> Self {
+    pub fn new(builder: Builder, connect: Duration) -> Self {
         Self {
             builder,
-            clients: Mutex::new(Vec::new()),
+            connect,
+            clients: Arc::new(Mutex::new(Vec::new())),
+            next_id: AtomicU64::new(0),
         }
     }
 
-    /// The client of `server`, connected within `wait`.
-    async fn client(&self, server: &Server, wait: Duration) -> Result<Client, FredError> {
-        if let Some((_, c)) = self.clients.lock().iter().find(|(s, _)| s == server) {
-            return Ok(c.clone());
+    /// The client of `server`, once connected.
+    async fn client(&self, server: &Server) -> Result<Client, FredError> {
+        let mut ready = self.connection(server);
+        let answer = ready
+            .wait_for(Option::is_some)
+            .await
+            .map_err(|_| FredError::new(ErrorKind::Canceled, "the store was closed"))?;
+        match answer.as_ref() {
+            Some(result) => result.clone(),
+            None => Err(FredError::new(ErrorKind::Unknown, "no connection was made")),
         }
+    }
+
+    /// The connection of `server`: the one made or being made, else a new one, made in a task of its
+    /// own.
+    fn connection(&self, server: &Server) -> watch::Receiver<Option<Result<Client, FredError>>> {
+        let mut clients = self.clients.lock();
+        if let Some(n) = clients.iter().find(|n| n.server == *server) {
+            return n.ready.clone();
+        }
+        let id = self.next_id.fetch_add(1, Relaxed);
+        let (tx, rx) = watch::channel(None);
+        if clients.len() >= MAX_NEWCOMERS {
+            let oldest = clients.remove(0);
+            close_when_made(oldest.ready);
+        }
+        clients.push(Newcomer {
+            server: server.clone(),
+            id,
+            ready: rx.clone(),
+        });
+        drop(clients);
         let mut config = self.builder.get_config().cloned().unwrap_or_default();
         config.server = ServerConfig::Centralized {
             server: server.clone(),
         };
         let mut builder = self.builder.clone();
         builder.set_config(config);
-        let client = builder.build()?;
-        let connected = tokio::time::timeout(wait, client.init()).await;
-        if !matches!(connected, Ok(Ok(_))) {
-            let quit = client.clone();
-            tokio::spawn(async move { quit.quit().await });
-            return Err(match connected {
-                Ok(Err(e)) => e,
-                _ => FredError::new(
-                    ErrorKind::Timeout,
-                    format!(
-                        "no connection to {}:{} within {wait:?}",
-                        server.host, server.port
-                    ),
-                ),
-            });
-        }
-        let mut clients = self.clients.lock();
-        if let Some((_, c)) = clients.iter().find(|(s, _)| s == server) {
-            // Opened meanwhile by another read: that one is kept.
-            let (kept, extra) = (c.clone(), client);
-            tokio::spawn(async move { extra.quit().await });
-            return Ok(kept);
-        }
-        if clients.len() >= MAX_NEWCOMERS {
-            let (_, oldest) = clients.remove(0);
-            tokio::spawn(async move { oldest.quit().await });
-        }
-        clients.push((server.clone(), client.clone()));
-        Ok(client)
+        let (wait, list, server) = (self.connect, self.clients.clone(), server.clone());
+        tokio::spawn(async move {
+            let made = match builder.build() {
+                Ok(client) => match tokio::time::timeout(wait, client.init()).await {
+                    Ok(Ok(_)) => Ok(client),
+                    failed => {
+                        let _ = client.quit().await;
+                        Err(match failed {
+                            Ok(Err(e)) => e,
+                            _ => FredError::new(
+                                ErrorKind::Timeout,
+                                format!(
+                                    "no connection to {}:{} within {wait:?}",
+                                    server.host, server.port
+                                ),
+                            ),
+                        })
+                    }
+                },
+                Err(e) => Err(e),
+            };
+            // A failed connection is forgotten, so the next command tries again; one dropped from the
+            // list meanwhile (closed, or the oldest of too many) is closed now.
+            let mut clients = list.lock();
+            let listed = clients.iter().position(|n| n.id == id);
+            match (&made, listed) {
+                (Err(_), Some(i)) => {
+                    clients.remove(i);
+                }
+                (Ok(client), None) => {
+                    let client = client.clone();
+                    tokio::spawn(async move { client.quit().await });
+                }
+                _ => {}
+            }
+            drop(clients);
+            let _ = tx.send(Some(made));
+        });
+        rx
     }
 
-    /// Closes every newcomer's client.
+    /// Closes every newcomer's client (those still being made, once made).
     pub async fn close(&self) {
-        let clients: Vec<Client> = self.clients.lock().drain(..).map(|(_, c)| c).collect();
-        for c in clients {
-            let _ = c.quit().await;
+        let gone: Vec<Newcomer> = self.clients.lock().drain(..).collect();
+        for n in gone {
+            let made = n.ready.borrow().clone();
+            match made {
+                Some(Ok(client)) => {
+                    let _ = client.quit().await;
+                }
+                Some(Err(_)) => {}
+                None => close_when_made(n.ready),
+            }
         }
     }
 }
 
+/// Closes a newcomer's client once its connection is made (at once if it is).
+fn close_when_made(mut ready: watch::Receiver<Option<Result<Client, FredError>>>) {
+    tokio::spawn(async move {
+        let made = ready
+            .wait_for(Option::is_some)
+            .await
+            .ok()
+            .and_then(|v| v.clone());
+        if let Some(Ok(client)) = made {
+            let _ = client.quit().await;
+        }
+    });
+}
+
 /// Where a command redirected by `ASK` goes: a node the pool's client is connected to, or a newcomer.
+#[derive(PartialEq)]
 enum Asked {
     Connected(Server),
     Newcomer(Server),
@@ -160,13 +240,18 @@ enum Asked {
 /// Each op is answered by its own owner's redirection, so each is followed on its own: the first send
 /// (after which fred has refreshed its slot map if it was a `MOVED`), a second send to the owner fred
 /// knows now, and only when that owner redirects too (it no longer holds the key: `ASK`), the node
-/// importing the slot, with `ASKING`.
+/// importing the slot, with `ASKING`. Two ops of one key stay in order: each step sends its ops in
+/// their order, on the connection of the node concerned.
 pub async fn run(
     client: &Client,
     newcomers: &Newcomers,
     options: &Options,
     ops: &[Op],
 ) -> Vec<Result<Value, FredError>> {
+    if !client.is_clustered() {
+        // No redirections: one pipeline, whatever the ops.
+        return pipeline(client, options, ops).await;
+    }
     let mut results = if ops.iter().all(|op| op.repeatable) {
         // Reads ride in one pipeline. A redirection fails it as a whole (fred answers its one responder
         // with the error and drops the other answers), so then every read is sent again on its own,
@@ -175,71 +260,158 @@ pub async fn run(
         if !results.iter().any(is_redirection) {
             return results;
         }
-        join_all(
-            ops.iter()
-                .map(|op| alone(client, newcomers, options, op, None)),
-        )
-        .await
+        singly(client, options, ops, 0..ops.len()).await
     } else {
-        // Writes are sent one by one (fred still writes them to each node's socket together), so a
-        // redirection fails only the write redirected, and none runs twice.
-        join_all(
-            ops.iter()
-                .map(|op| alone(client, newcomers, options, op, None)),
-        )
-        .await
+        // Writes are sent one by one (fred still writes them to each node's socket together, in
+        // order), so a redirection fails only the write redirected, and none runs twice.
+        singly(client, options, ops, 0..ops.len()).await
     };
-    let redirected: Vec<usize> = (0..ops.len())
-        .filter(|&i| is_redirection(&results[i]))
-        .collect();
-    if redirected.is_empty() {
-        return results;
-    }
-    let again = join_all(
-        redirected
-            .iter()
-            .map(|&i| alone(client, newcomers, options, &ops[i], None)),
-    )
-    .await;
-    for (&i, r) in redirected.iter().zip(again) {
-        results[i] = r;
-    }
-    let asked: Vec<usize> = redirected
-        .into_iter()
-        .filter(|&i| is_redirection(&results[i]))
-        .collect();
-    if asked.is_empty() {
-        return results;
-    }
-    // Redirected by the owner of a fresh slot map: the slot is being moved, and the key has left.
-    let mut slots: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
-    for i in asked {
-        slots.entry(ops[i].slot()).or_default().push(i);
-    }
-    let mut sends = Vec::new();
-    for (slot, indices) in slots {
-        match importer(client, options, slot).await {
-            Ok(asked) => {
-                let asked = std::sync::Arc::new(asked);
-                sends.extend(indices.into_iter().map(|i| (i, asked.clone())));
+    for step in 0..2 {
+        let redirected: Vec<usize> = (0..ops.len())
+            .filter(|&i| is_redirection(&results[i]))
+            .collect();
+        if redirected.is_empty() {
+            break;
+        }
+        if step == 0 {
+            let again = singly(client, options, ops, redirected.iter().copied()).await;
+            for (&i, r) in redirected.iter().zip(again) {
+                results[i] = r;
             }
-            Err(e) => {
-                for i in indices {
-                    results[i] = Err(e.clone());
+            continue;
+        }
+        // Redirected by the owner of a fresh slot map: the slot is being moved, and the key has left.
+        let mut slots: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        for i in redirected {
+            slots.entry(ops[i].slot()).or_default().push(i);
+        }
+        let mut targets: Vec<(Asked, Vec<usize>)> = Vec::new();
+        let mut unmoved = Vec::new();
+        for (slot, indices) in slots {
+            match importer(client, options, slot).await {
+                Ok(Some(asked)) => match targets.iter_mut().find(|(a, _)| *a == asked) {
+                    Some((_, all)) => all.extend(indices),
+                    None => targets.push((asked, indices)),
+                },
+                // No longer moving (it just ended, and fred's slot map was refreshed from a node that
+                // had not heard yet): once more to the owner fred knows now.
+                Ok(None) => unmoved.extend(indices),
+                Err(e) => {
+                    for i in indices {
+                        results[i] = Err(e.clone());
+                    }
                 }
             }
         }
-    }
-    let answers = join_all(
-        sends
-            .iter()
-            .map(|(i, asked)| alone(client, newcomers, options, &ops[*i], Some(asked))),
-    )
-    .await;
-    for ((i, _), r) in sends.iter().zip(answers) {
-        results[*i] = r;
+        unmoved.sort_unstable();
+        let again = singly(client, options, ops, unmoved.iter().copied()).await;
+        for (&i, r) in unmoved.iter().zip(again) {
+            results[i] = r;
+        }
+        let answers = join_all(
+            targets
+                .iter()
+                .map(|(asked, indices)| asking(client, newcomers, options, ops, asked, indices)),
+        )
+        .await;
+        for ((_, indices), answers) in targets.iter().zip(answers) {
+            let mut indices = indices.clone();
+            indices.sort_unstable();
+            for (i, r) in indices.into_iter().zip(answers) {
+                results[i] = r;
+            }
+        }
     }
     results
+}
+
+/// Sends `ops[indices]` one by one, in order: one result each.
+async fn singly(
+    client: &Client,
+    options: &Options,
+    ops: &[Op],
+    indices: impl Iterator<Item = usize>,
+) -> Vec<Result<Value, FredError>> {
+    // Each future hands its command to fred's router on its first poll, and `join_all` polls them first
+    // in order: the commands reach each node's connection in this order.
+    join_all(indices.map(|i| async move {
+        let cmd = CustomCommand::new_static(ops[i].cmd, ClusterHash::FirstKey, false);
+        client
+            .with_options(options)
+            .custom::<Value, Value>(cmd, ops[i].args.clone())
+            .await
+    }))
+    .await
+}
+
+/// Sends `ops[indices]` (in index order) to the node importing their slots, each preceded by `ASKING`,
+/// in one pipeline on one connection: one result each, in index order. A pipeline that fails as a whole
+/// answers its error for every op, and is not sent again (some of its ops may have run).
+async fn asking(
+    client: &Client,
+    newcomers: &Newcomers,
+    options: &Options,
+    ops: &[Op],
+    asked: &Asked,
+    indices: &[usize],
+) -> Vec<Result<Value, FredError>> {
+    let mut indices = indices.to_vec();
+    indices.sort_unstable();
+    let (client, options) = match asked {
+        Asked::Connected(server) => (
+            client.clone(),
+            Options {
+                cluster_node: Some(server.clone()),
+                ..options.clone()
+            },
+        ),
+        Asked::Newcomer(server) => {
+            let connected = match options.timeout {
+                Some(t) => tokio::time::timeout(t, newcomers.client(server))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(FredError::new(
+                            ErrorKind::Timeout,
+                            "the connection to the node importing the slot is not made yet",
+                        ))
+                    }),
+                None => newcomers.client(server).await,
+            };
+            match connected {
+                Ok(c) => (c, options.clone()),
+                Err(e) => return vec![Err(e); indices.len()],
+            }
+        }
+    };
+    let p = client.pipeline().with_options(&options);
+    for &i in &indices {
+        let asking = CustomCommand::new_static("ASKING", ClusterHash::Random, false);
+        let cmd = CustomCommand::new_static(ops[i].cmd, ClusterHash::FirstKey, false);
+        let queued = match p.custom::<(), Value>(asking, Vec::new()).await {
+            Ok(()) => p.custom::<(), Value>(cmd, ops[i].args.clone()).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = queued {
+            return vec![Err(e); indices.len()];
+        }
+    }
+    let answers = p.try_all::<Value>().await;
+    if answers.len() != 2 * indices.len() {
+        let e = answers
+            .into_iter()
+            .find_map(Result::err)
+            .unwrap_or_else(|| {
+                FredError::new(ErrorKind::Unknown, "a pipeline answered too few results")
+            });
+        return vec![Err(e); indices.len()];
+    }
+    // Each command's answer, after its `ASKING`'s; a failed `ASKING` fails its command.
+    let mut out = Vec::with_capacity(indices.len());
+    let mut answers = answers.into_iter();
+    while let (Some(asked), Some(answer)) = (answers.next(), answers.next()) {
+        out.push(asked.and(answer));
+    }
+    out
 }
 
 /// Sends `ops` in one pipeline: one result per op. A pipeline that fails as a whole (a redirection, a
@@ -265,58 +437,18 @@ async fn pipeline(client: &Client, options: &Options, ops: &[Op]) -> Vec<Result<
     vec![Err(e); ops.len()]
 }
 
-/// Sends `op` on its own; to `asked`, the node importing its slot, preceded by `ASKING` (in one
-/// pipeline, so nothing comes between them on the connection).
-async fn alone(
-    client: &Client,
-    newcomers: &Newcomers,
-    options: &Options,
-    op: &Op,
-    asked: Option<&Asked>,
-) -> Result<Value, FredError> {
-    let cmd = CustomCommand::new_static(op.cmd, ClusterHash::FirstKey, false);
-    let (client, options) = match asked {
-        None => {
-            return client
-                .with_options(options)
-                .custom(cmd, op.args.clone())
-                .await;
-        }
-        Some(Asked::Connected(server)) => (
-            client.clone(),
-            Options {
-                cluster_node: Some(server.clone()),
-                ..options.clone()
-            },
-        ),
-        Some(Asked::Newcomer(server)) => {
-            let wait = options.timeout.unwrap_or(Duration::from_secs(1));
-            (newcomers.client(server, wait).await?, options.clone())
-        }
-    };
-    let p = client.pipeline().with_options(&options);
-    let asking = CustomCommand::new_static("ASKING", ClusterHash::Random, false);
-    p.custom::<(), Value>(asking, Vec::new()).await?;
-    p.custom::<(), Value>(cmd, op.args.clone()).await?;
-    let mut answers = p.try_all::<Value>().await;
-    match (answers.pop(), answers.pop()) {
-        (Some(answer), Some(Ok(_))) => answer,
-        (_, Some(Err(e))) | (Some(Err(e)), None) => Err(e),
-        _ => Err(FredError::new(
-            ErrorKind::Unknown,
-            "ASKING and a command answered no result",
-        )),
-    }
-}
-
 /// Whether fred answered a command with a redirection it did not follow.
 fn is_redirection(r: &Result<Value, FredError>) -> bool {
     matches!(r, Err(e) if *e.kind() == ErrorKind::Routing && e.details().contains("redirection"))
 }
 
 /// The node importing `slot`, as its owner's `CLUSTER NODES` says: one `client` is connected to, or a
-/// newcomer.
-async fn importer(client: &Client, options: &Options, slot: u16) -> Result<Asked, FredError> {
+/// newcomer; `None` when the owner says the slot is not moving.
+async fn importer(
+    client: &Client,
+    options: &Options,
+    slot: u16,
+) -> Result<Option<Asked>, FredError> {
     let nodes = CustomCommand::new_static("CLUSTER", ClusterHash::Custom(slot), false);
     let options = Options {
         cluster_hash: Some(ClusterHash::Custom(slot)),
@@ -327,21 +459,18 @@ async fn importer(client: &Client, options: &Options, slot: u16) -> Result<Asked
         .custom(nodes, vec!["NODES"])
         .await?;
     let text = text.as_str().unwrap_or_default();
-    let (ip, hostname, port) = importing_node(&text, slot).ok_or_else(|| {
-        FredError::new(
-            ErrorKind::Cluster,
-            format!("slot {slot} is redirected, but its owner does not say where it is moving"),
-        )
-    })?;
+    let Some((ip, hostname, port)) = importing_node(&text, slot) else {
+        return Ok(None);
+    };
     let known = client
         .active_connections()
         .into_iter()
         .find(|s| s.port == port && (&*s.host == ip || Some(&*s.host) == hostname));
-    Ok(match known {
+    Ok(Some(match known {
         Some(server) => Asked::Connected(server),
         // Reached as the cluster announces it: by its hostname where it has one.
         None => Asked::Newcomer(Server::new(hostname.unwrap_or(ip), port)),
-    })
+    }))
 }
 
 /// From a node's `CLUSTER NODES` answer, the address of the node its own line says `slot` is migrating

@@ -174,7 +174,10 @@ impl RedisStore {
                 ..Options::default()
             },
             write_timeout: cfg.write_timeout,
-            newcomers: Arc::new(cluster::Newcomers::new(builder.clone())),
+            newcomers: Arc::new(cluster::Newcomers::new(
+                builder.clone(),
+                cfg.connect_timeout,
+            )),
             builder,
             prefix: prefix.to_owned(),
             hot_views: Mutex::new(std::collections::BTreeSet::new()),
