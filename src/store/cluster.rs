@@ -26,7 +26,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use fred::clients::Client;
@@ -98,6 +98,8 @@ pub struct Newcomers {
     /// `None` while it is being made.
     clients: Arc<Mutex<Vec<Newcomer>>>,
     next_id: AtomicU64,
+    /// Set by `close`: no connection is made after it.
+    closed: Arc<AtomicBool>,
 }
 
 struct Newcomer {
@@ -116,6 +118,7 @@ impl Newcomers {
             connect,
             clients: Arc::new(Mutex::new(Vec::new())),
             next_id: AtomicU64::new(0),
+            closed: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -136,8 +139,17 @@ impl Newcomers {
     /// own.
     fn connection(&self, server: &Server) -> watch::Receiver<Option<Result<Client, FredError>>> {
         let mut clients = self.clients.lock();
-        if let Some(n) = clients.iter().find(|n| n.server == *server) {
-            return n.ready.clone();
+        if self.closed.load(Relaxed) {
+            let closed = FredError::new(ErrorKind::Canceled, "the store was closed");
+            return watch::channel(Some(Err(closed))).1;
+        }
+        if let Some(i) = clients.iter().position(|n| n.server == *server) {
+            // One whose task ended without an answer (it panicked) is made again.
+            let n = &clients[i];
+            if n.ready.borrow().is_some() || n.ready.has_changed().is_ok() {
+                return n.ready.clone();
+            }
+            clients.remove(i);
         }
         let id = self.next_id.fetch_add(1, Relaxed);
         let (tx, rx) = watch::channel(None);
@@ -159,11 +171,13 @@ impl Newcomers {
         builder.set_config(config);
         let (wait, list, server) = (self.connect, self.clients.clone(), server.clone());
         tokio::spawn(async move {
+            // What to quit once the answer is out: the commands waiting are not held up by it.
+            let mut unused = None;
             let made = match builder.build() {
                 Ok(client) => match tokio::time::timeout(wait, client.init()).await {
                     Ok(Ok(_)) => Ok(client),
                     failed => {
-                        let _ = client.quit().await;
+                        unused = Some(client);
                         Err(match failed {
                             Ok(Err(e)) => e,
                             _ => FredError::new(
@@ -180,37 +194,42 @@ impl Newcomers {
             };
             // A failed connection is forgotten, so the next command tries again; one dropped from the
             // list meanwhile (closed, or the oldest of too many) is closed now.
-            let mut clients = list.lock();
-            let listed = clients.iter().position(|n| n.id == id);
-            match (&made, listed) {
-                (Err(_), Some(i)) => {
-                    clients.remove(i);
+            {
+                let mut clients = list.lock();
+                let listed = clients.iter().position(|n| n.id == id);
+                match (&made, listed) {
+                    (Err(_), Some(i)) => {
+                        clients.remove(i);
+                    }
+                    (Ok(client), None) => unused = Some(client.clone()),
+                    _ => {}
                 }
-                (Ok(client), None) => {
-                    let client = client.clone();
-                    tokio::spawn(async move { client.quit().await });
-                }
-                _ => {}
             }
-            drop(clients);
             let _ = tx.send(Some(made));
+            if let Some(client) = unused {
+                let _ = client.quit().await;
+            }
         });
         rx
     }
 
     /// Closes every newcomer's client (those still being made, once made).
     pub async fn close(&self) {
-        let gone: Vec<Newcomer> = self.clients.lock().drain(..).collect();
+        let gone: Vec<Newcomer> = {
+            let mut clients = self.clients.lock();
+            self.closed.store(true, Relaxed);
+            clients.drain(..).collect()
+        };
+        let mut made = Vec::new();
         for n in gone {
-            let made = n.ready.borrow().clone();
-            match made {
-                Some(Ok(client)) => {
-                    let _ = client.quit().await;
-                }
+            let answer = n.ready.borrow().clone();
+            match answer {
+                Some(Ok(client)) => made.push(client),
                 Some(Err(_)) => {}
                 None => close_when_made(n.ready),
             }
         }
+        join_all(made.iter().map(|c| c.quit())).await;
     }
 }
 
@@ -287,8 +306,9 @@ pub async fn run(
         }
         let mut targets: Vec<(Asked, Vec<usize>)> = Vec::new();
         let mut unmoved = Vec::new();
-        for (slot, indices) in slots {
-            match importer(client, options, slot).await {
+        let importers = join_all(slots.keys().map(|&slot| importer(client, options, slot))).await;
+        for ((_, indices), found) in slots.into_iter().zip(importers) {
+            match found {
                 Ok(Some(asked)) => match targets.iter_mut().find(|(a, _)| *a == asked) {
                     Some((_, all)) => all.extend(indices),
                     None => targets.push((asked, indices)),

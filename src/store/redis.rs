@@ -47,6 +47,17 @@ use crate::config::RedisConfig;
 const DECAY_EVERY_FLUSHES: u64 = 60;
 const DECAY_LOCK: Duration = Duration::from_secs(60);
 
+/// Options of the hot sets' increments and halving: one attempt, since fred would send a command again
+/// after a reconnection when its answer was lost, and an increment sent twice counts twice.
+const ONCE: Options = Options {
+    max_attempts: Some(1),
+    max_redirections: None,
+    timeout: None,
+    cluster_node: None,
+    cluster_hash: None,
+    fail_fast: true,
+};
+
 /// Longest wait for a lost connection to come back before a write batch is refused unsent (at most
 /// `write_timeout`): a restart or fail-over of a second or so is ridden out, an outage is not queued for.
 const CONNECT_WAIT: Duration = Duration::from_secs(1);
@@ -468,8 +479,7 @@ impl RedisStore {
         }
         // Each view's commands stand alone: one view's set holding another Redis type (written by
         // something else) fails that view's, not the others', nor their decay.
-        let results =
-            cluster::run(self.pool.next(), &self.newcomers, &Options::default(), &ops).await;
+        let results = cluster::run(self.pool.next(), &self.newcomers, &ONCE, &ops).await;
         let mut results = results.into_iter();
         let mut failed = None;
         let mut flushed = false;
@@ -543,7 +553,8 @@ impl RedisStore {
             })
             .collect::<Vec<_>>();
         // As in the flush: one view's set of another type does not stop the others' decay.
-        let failed = cluster::run(client, &self.newcomers, &Options::default(), &halve)
+        // Halving twice would halve too much: one attempt, as the flush's increments.
+        let failed = cluster::run(client, &self.newcomers, &ONCE, &halve)
             .await
             .into_iter()
             .find_map(Result::err);
