@@ -58,7 +58,7 @@ fn sync_dir(dir: &Path) {
 }
 
 /// Writes `text` to `path` whole: under a temporary name beside it, synced, renamed into place.
-fn replace(path: &Path, text: &str, temporary: &Path) -> std::io::Result<()> {
+pub(crate) fn replace(path: &Path, text: &str, temporary: &Path) -> std::io::Result<()> {
     std::fs::write(temporary, text)?;
     std::fs::File::open(temporary).and_then(|f| f.sync_all())?;
     std::fs::rename(temporary, path)
@@ -183,8 +183,18 @@ pub fn roll_back(dir: &Path) -> Result<Option<Vec<PathBuf>>, String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// The names of the entries of `dir`, sorted.
+    pub(crate) fn names_in(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .expect("dir")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
 
     #[test]
     fn a_registration_cut_between_its_renames_is_put_back_whole() {
@@ -224,12 +234,7 @@ mod tests {
         assert!(!c.exists(), "c.yaml was new");
         assert!(!tmp_b.exists());
         assert!(!pending(dir.path()));
-        let mut left: Vec<String> = std::fs::read_dir(dir.path())
-            .expect("dir")
-            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-            .collect();
-        left.sort();
-        assert_eq!(left, ["a.yaml", "b.yaml"]);
+        assert_eq!(names_in(dir.path()), ["a.yaml", "b.yaml"]);
         // Nothing left to do the second time.
         assert_eq!(roll_back(dir.path()).expect("no journal"), None);
     }

@@ -1299,14 +1299,12 @@ fn write_files(
                 };
                 let tmp = temporary(&done.path);
                 let put_back = match old {
-                    Some(text) => std::fs::write(&tmp, text)
-                        .and_then(|()| std::fs::File::open(&tmp).and_then(|f| f.sync_all()))
-                        .and_then(|()| std::fs::rename(&tmp, &done.path)),
+                    Some(text) => journal::replace(&done.path, text, &tmp),
                     None => std::fs::remove_file(&done.path),
                 };
                 if put_back.is_err() {
                     put_back_all = false;
-                    let _ = std::fs::remove_file(temporary(&done.path));
+                    let _ = std::fs::remove_file(&tmp);
                 }
             }
             // What could not be put back now is left to the journal.
@@ -1620,9 +1618,8 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&b).expect("b"), "old b");
         assert!(!c.exists());
         assert!(!journal::pending(dir.path()));
-        let hidden: Vec<String> = std::fs::read_dir(dir.path())
-            .expect("dir")
-            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        let hidden: Vec<String> = journal::tests::names_in(dir.path())
+            .into_iter()
             .filter(|n| n.starts_with('.') && ![VERSIONS_DIR, LOCK_FILE].contains(&n.as_str()))
             .collect();
         assert!(hidden.is_empty(), "{hidden:?}");

@@ -271,7 +271,7 @@ pub async fn run(
         // No redirections: one pipeline, whatever the ops.
         return pipeline(client, options, ops).await;
     }
-    let mut results = if ops.iter().all(|op| op.repeatable) {
+    if ops.iter().all(|op| op.repeatable) {
         // Reads ride in one pipeline. A redirection fails it as a whole (fred answers its one responder
         // with the error and drops the other answers), so then every read is sent again on its own,
         // which is its first send of its own.
@@ -279,70 +279,80 @@ pub async fn run(
         if !results.iter().any(is_redirection) {
             return results;
         }
-        singly(client, options, ops, 0..ops.len()).await
-    } else {
-        // Writes are sent one by one (fred still writes them to each node's socket together, in
-        // order), so a redirection fails only the write redirected, and none runs twice.
-        singly(client, options, ops, 0..ops.len()).await
-    };
-    for step in 0..2 {
-        let redirected: Vec<usize> = (0..ops.len())
-            .filter(|&i| is_redirection(&results[i]))
-            .collect();
-        if redirected.is_empty() {
-            break;
-        }
-        if step == 0 {
-            let again = singly(client, options, ops, redirected.iter().copied()).await;
-            for (&i, r) in redirected.iter().zip(again) {
-                results[i] = r;
-            }
-            continue;
-        }
-        // Redirected by the owner of a fresh slot map: the slot is being moved, and the key has left.
-        let mut slots: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
-        for i in redirected {
-            slots.entry(ops[i].slot()).or_default().push(i);
-        }
-        let mut targets: Vec<(Asked, Vec<usize>)> = Vec::new();
-        let mut unmoved = Vec::new();
-        let importers = join_all(slots.keys().map(|&slot| importer(client, options, slot))).await;
-        for ((_, indices), found) in slots.into_iter().zip(importers) {
-            match found {
-                Ok(Some(asked)) => match targets.iter_mut().find(|(a, _)| *a == asked) {
-                    Some((_, all)) => all.extend(indices),
-                    None => targets.push((asked, indices)),
-                },
-                // No longer moving (it just ended, and fred's slot map was refreshed from a node that
-                // had not heard yet): once more to the owner fred knows now.
-                Ok(None) => unmoved.extend(indices),
-                Err(e) => {
-                    for i in indices {
-                        results[i] = Err(e.clone());
-                    }
+    }
+    // Writes are sent one by one from the start (fred still writes them to each node's socket together,
+    // in order), so a redirection fails only the write redirected, and none runs twice.
+    let all: Vec<usize> = (0..ops.len()).collect();
+    let mut results = singly(client, options, ops, &all).await;
+    // Sent again: after a `MOVED`, fred's slot map has the new owner.
+    let redirected = redirections(&results);
+    put(
+        &mut results,
+        &redirected,
+        singly(client, options, ops, &redirected).await,
+    );
+    // Redirected by the owner of a fresh slot map: the slot is being moved, and the key has left.
+    let mut slots: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+    for i in redirections(&results) {
+        slots.entry(ops[i].slot()).or_default().push(i);
+    }
+    let importers = join_all(slots.keys().map(|&slot| importer(client, options, slot))).await;
+    let mut targets: Vec<(Asked, Vec<usize>)> = Vec::new();
+    let mut unmoved = Vec::new();
+    for ((_, indices), found) in slots.into_iter().zip(importers) {
+        match found {
+            Ok(Some(asked)) => match targets.iter_mut().find(|(a, _)| *a == asked) {
+                Some((_, all)) => all.extend(indices),
+                None => targets.push((asked, indices)),
+            },
+            // No longer moving (it just ended, and fred's slot map was refreshed from a node that had
+            // not heard yet): once more to the owner fred knows now.
+            Ok(None) => unmoved.extend(indices),
+            Err(e) => {
+                for i in indices {
+                    results[i] = Err(e.clone());
                 }
             }
         }
-        unmoved.sort_unstable();
-        let again = singly(client, options, ops, unmoved.iter().copied()).await;
-        for (&i, r) in unmoved.iter().zip(again) {
-            results[i] = r;
-        }
-        let answers = join_all(
-            targets
-                .iter()
-                .map(|(asked, indices)| asking(client, newcomers, options, ops, asked, indices)),
-        )
-        .await;
-        for ((_, indices), answers) in targets.iter().zip(answers) {
-            let mut indices = indices.clone();
-            indices.sort_unstable();
-            for (i, r) in indices.into_iter().zip(answers) {
-                results[i] = r;
-            }
-        }
+    }
+    // Grouped by slot above: back in the batch's order, which each send keeps.
+    unmoved.sort_unstable();
+    put(
+        &mut results,
+        &unmoved,
+        singly(client, options, ops, &unmoved).await,
+    );
+    for (_, indices) in &mut targets {
+        indices.sort_unstable();
+    }
+    let answers = join_all(
+        targets
+            .iter()
+            .map(|(asked, indices)| asking(client, newcomers, options, ops, asked, indices)),
+    )
+    .await;
+    for ((_, indices), answers) in targets.iter().zip(answers) {
+        put(&mut results, indices, answers);
     }
     results
+}
+
+/// The ops whose answer is a redirection fred did not follow.
+fn redirections(results: &[Result<Value, FredError>]) -> Vec<usize> {
+    (0..results.len())
+        .filter(|&i| is_redirection(&results[i]))
+        .collect()
+}
+
+/// Puts the `answers` of `ops[indices]` in their places.
+fn put(
+    results: &mut [Result<Value, FredError>],
+    indices: &[usize],
+    answers: Vec<Result<Value, FredError>>,
+) {
+    for (&i, r) in indices.iter().zip(answers) {
+        results[i] = r;
+    }
 }
 
 /// Sends `ops[indices]` one by one, in order: one result each.
@@ -350,11 +360,11 @@ async fn singly(
     client: &Client,
     options: &Options,
     ops: &[Op],
-    indices: impl Iterator<Item = usize>,
+    indices: &[usize],
 ) -> Vec<Result<Value, FredError>> {
     // Each future hands its command to fred's router on its first poll, and `join_all` polls them first
     // in order: the commands reach each node's connection in this order.
-    join_all(indices.map(|i| async move {
+    join_all(indices.iter().map(|&i| async move {
         let cmd = CustomCommand::new_static(ops[i].cmd, ClusterHash::FirstKey, false);
         client
             .with_options(options)
@@ -364,8 +374,8 @@ async fn singly(
     .await
 }
 
-/// Sends `ops[indices]` (in index order) to the node importing their slots, each preceded by `ASKING`,
-/// in one pipeline on one connection: one result each, in index order. A pipeline that fails as a whole
+/// Sends `ops[indices]` (in that order) to the node importing their slots, each preceded by `ASKING`,
+/// in one pipeline on one connection: one result each. A pipeline that fails as a whole
 /// answers its error for every op, and is not sent again (some of its ops may have run).
 async fn asking(
     client: &Client,
@@ -375,8 +385,6 @@ async fn asking(
     asked: &Asked,
     indices: &[usize],
 ) -> Vec<Result<Value, FredError>> {
-    let mut indices = indices.to_vec();
-    indices.sort_unstable();
     let (client, options) = match asked {
         Asked::Connected(server) => (
             client.clone(),
@@ -404,7 +412,7 @@ async fn asking(
         }
     };
     let p = client.pipeline().with_options(&options);
-    for &i in &indices {
+    for &i in indices {
         let asking = CustomCommand::new_static("ASKING", ClusterHash::Random, false);
         let cmd = CustomCommand::new_static(ops[i].cmd, ClusterHash::FirstKey, false);
         let queued = match p.custom::<(), Value>(asking, Vec::new()).await {
@@ -415,16 +423,10 @@ async fn asking(
             return vec![Err(e); indices.len()];
         }
     }
-    let answers = p.try_all::<Value>().await;
-    if answers.len() != 2 * indices.len() {
-        let e = answers
-            .into_iter()
-            .find_map(Result::err)
-            .unwrap_or_else(|| {
-                FredError::new(ErrorKind::Unknown, "a pipeline answered too few results")
-            });
-        return vec![Err(e); indices.len()];
-    }
+    let answers = match whole(p.try_all::<Value>().await, 2 * indices.len()) {
+        Ok(answers) => answers,
+        Err(e) => return vec![Err(e); indices.len()],
+    };
     // Each command's answer, after its `ASKING`'s; a failed `ASKING` fails its command.
     let mut out = Vec::with_capacity(indices.len());
     let mut answers = answers.into_iter();
@@ -444,17 +446,24 @@ async fn pipeline(client: &Client, options: &Options, ops: &[Op]) -> Vec<Result<
             return vec![Err(e); ops.len()];
         }
     }
-    let answers = p.try_all::<Value>().await;
-    if answers.len() == ops.len() {
-        return answers;
+    whole(p.try_all::<Value>().await, ops.len()).unwrap_or_else(|e| vec![Err(e); ops.len()])
+}
+
+/// A pipeline's `answers` when there is one for each of its `sent` commands; else the error that failed
+/// it as a whole (fred then answers that one error alone).
+fn whole(
+    answers: Vec<Result<Value, FredError>>,
+    sent: usize,
+) -> Result<Vec<Result<Value, FredError>>, FredError> {
+    if answers.len() == sent {
+        return Ok(answers);
     }
-    let e = answers
+    Err(answers
         .into_iter()
         .find_map(Result::err)
         .unwrap_or_else(|| {
             FredError::new(ErrorKind::Unknown, "a pipeline answered too few results")
-        });
-    vec![Err(e); ops.len()]
+        }))
 }
 
 /// Whether fred answered a command with a redirection it did not follow.

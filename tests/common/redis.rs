@@ -107,37 +107,36 @@ impl RedisServer {
             let r = node.cmd(&["CLUSTER", "ADDSLOTSRANGE", first, last]);
             assert_eq!(r, Reply::Status("OK".into()), "{r:?}");
         }
-        let bus = b.cluster_bus_port().to_string();
-        let r = a.cmd(&["CLUSTER", "MEET", "127.0.0.1", &b.port.to_string(), &bus]);
+        a.meet(&b, 2, || a.slot_owner(9000) == b.node_id());
+        (a, b)
+    }
+
+    /// Introduces `node` to this node's cluster (`CLUSTER MEET`), and waits until both say the cluster
+    /// is ok with `nodes` nodes, and `also` holds.
+    fn meet(&self, node: &Self, nodes: usize, also: impl Fn() -> bool) {
+        let bus = node.cluster_bus_port().to_string();
+        let r = self.cmd(&["CLUSTER", "MEET", "127.0.0.1", &node.port.to_string(), &bus]);
         assert_eq!(r, Reply::Status("OK".into()), "{r:?}");
         let until = Instant::now() + Duration::from_secs(20);
+        let known = format!("cluster_known_nodes:{nodes}");
         let ready = |n: &Self| {
             let info = n.cmd(&["CLUSTER", "INFO"]).text();
-            info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:2")
+            info.contains("cluster_state:ok") && info.contains(&known)
         };
-        while !(ready(&a) && ready(&b) && a.slot_owner(9000) == b.node_id()) {
-            assert!(Instant::now() < until, "the two-node cluster did not form");
+        while !(ready(self) && ready(node) && also()) {
+            assert!(
+                Instant::now() < until,
+                "the cluster of {nodes} nodes did not form"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
-        (a, b)
     }
 
     /// A cluster node that owns no slot yet, joined to the cluster of `member` (of two nodes), as
     /// `redis-cli --cluster add-node` adds one before slots are moved to it.
     pub fn join_empty_node(member: &Self) -> Self {
         let node = Self::launch(true, None, false);
-        let bus = node.cluster_bus_port().to_string();
-        let r = member.cmd(&["CLUSTER", "MEET", "127.0.0.1", &node.port.to_string(), &bus]);
-        assert_eq!(r, Reply::Status("OK".into()), "{r:?}");
-        let until = Instant::now() + Duration::from_secs(20);
-        let knows_all = |n: &Self| {
-            let info = n.cmd(&["CLUSTER", "INFO"]).text();
-            info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3")
-        };
-        while !(knows_all(member) && knows_all(&node) && !node.slot_owner(0).is_empty()) {
-            assert!(Instant::now() < until, "the new node did not join");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        member.meet(&node, 3, || !node.slot_owner(0).is_empty());
         node
     }
 
@@ -200,10 +199,17 @@ impl RedisServer {
         slot
     }
 
-    /// Ends a migration: `to` owns `slot` (whose keys must all have been moved), and this node answers a
-    /// request for one of them with a `MOVED` redirection.
+    /// Ends a migration as `redis-cli --cluster reshard` does: the slot's keys still here (the demo
+    /// rows of other views too) are moved, then `to` owns `slot`, and this node answers a request for
+    /// one of them with a `MOVED` redirection.
     pub fn hand_over_slot(&self, to: &Self, slot: u16) {
         let s = slot.to_string();
+        let Reply::Array(left) = self.cmd(&["CLUSTER", "GETKEYSINSLOT", &s, "100000"]) else {
+            panic!("CLUSTER GETKEYSINSLOT {s}");
+        };
+        for key in left {
+            self.migrate_key(to, &key.text());
+        }
         let id = to.node_id();
         for node in [to, self] {
             let r = node.cmd(&["CLUSTER", "SETSLOT", &s, "NODE", &id]);
