@@ -25,6 +25,16 @@ fn schemas_with_batching(block: &str) -> tempfile::TempDir {
     )
 }
 
+/// Sends each of the `n` requests once, so that every feature they read is cached: the comparisons
+/// below are then about inference alone. (A store read that misses its 50 ms bound, as one can on a
+/// loaded machine, is answered with defaults, a different score for a different reason.)
+async fn warm_cache(app: &TestApp, n: usize) {
+    for i in 0..n {
+        let r = app.predict("ctr", &request(i, 1 + i % 12)).await;
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    }
+}
+
 #[tokio::test]
 async fn batched_results_equal_unbatched_results_row_for_row() {
     // Reference: one session, batching off, requests one at a time.
@@ -34,10 +44,17 @@ async fn batched_results_equal_unbatched_results_row_for_row() {
     let (store, dir) = demo_store().await;
     let solo = TestApp::spawn_with(c, store, Some(dir)).await;
     let n = 48;
+    warm_cache(&solo, n).await;
     let mut want = Vec::with_capacity(n);
     for i in 0..n {
         let r = solo.predict("ctr", &request(i, 1 + i % 12)).await;
         assert_eq!(r.status, 200);
+        assert_eq!(
+            r.json()["degraded"],
+            false,
+            "{}",
+            String::from_utf8_lossy(&r.body)
+        );
         want.push(r.json()["outputs"]["score"].clone());
     }
     // Batched: waits up to 2 ms for company so concurrent requests share runs.
@@ -47,6 +64,10 @@ async fn batched_results_equal_unbatched_results_row_for_row() {
     c.inference.default_sessions = 1;
     let (store, dir) = demo_store().await;
     let app = Arc::new(TestApp::spawn_with(c, store, Some(dir)).await);
+    warm_cache(&app, n).await;
+    let stats = app.gateway.telemetry.model("ctr");
+    let (buckets, rows_before) = stats.batch_rows.snapshot();
+    let batches_before = buckets[buckets.len() - 1];
     let mut tasks = Vec::new();
     for i in 0..n {
         let app = app.clone();
@@ -57,6 +78,12 @@ async fn batched_results_equal_unbatched_results_row_for_row() {
     for t in tasks {
         let (i, r) = t.await.expect("task");
         assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        assert_eq!(
+            r.json()["degraded"],
+            false,
+            "{}",
+            String::from_utf8_lossy(&r.body)
+        );
         let got = r.json()["outputs"]["score"].clone();
         assert_eq!(
             got.as_array().map(Vec::len),
@@ -76,9 +103,11 @@ async fn batched_results_equal_unbatched_results_row_for_row() {
             );
         }
     }
-    let stats = app.gateway.telemetry.model("ctr");
     let (buckets, rows) = stats.batch_rows.snapshot();
-    let batches = buckets[buckets.len() - 1];
+    let (batches, rows) = (
+        buckets[buckets.len() - 1] - batches_before,
+        rows - rows_before,
+    );
     let requests: u64 = (0..n).map(|i| 1 + (i % 12) as u64).sum();
     assert_eq!(rows, requests, "every row ran exactly once");
     assert!(

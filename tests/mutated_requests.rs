@@ -124,8 +124,7 @@ async fn mutated_requests_get_2xx_or_a_named_4xx_and_change_nothing() {
         "candidates": [{"item_id": "i_1"}, {"item_id": "i_10"}, {"item_id": "i_unknown"}],
         "options": {"timings": true, "return_features": false, "deadline_ms": 500},
     });
-    let before = app.predict("ctr", &valid_predict).await;
-    assert_eq!(before.status, 200);
+    let before = app.settled_predict("ctr", &valid_predict).await;
     let scores_before = common::scores(&before.json());
 
     // Endpoints that only read, then the writes (whose mutated rows may be valid and change data).

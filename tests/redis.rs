@@ -288,7 +288,12 @@ async fn all_misses_of_a_request_cost_one_round_trip() {
 async fn concurrent_misses_of_one_key_share_one_store_read() {
     let redis = RedisServer::start();
     seeded(&redis).await;
-    let c = config_for(&redis);
+    // The read is slowed by 20 ms so that the misses pile up behind it; bounds far above that keep a
+    // loaded test machine from turning the shared read into a timeout, which is not what is tested.
+    let schemas = common::schemas_with_edit("user_profile.yaml", "timeout: 50ms", "timeout: 5s");
+    let mut c = config_for(&redis);
+    c.registry.schemas = schemas.path().to_owned();
+    c.store.redis.command_timeout = Duration::from_secs(5);
     let inner = open_store(&c).await.expect("store");
     let slowed = Slowed::new(inner, Duration::from_millis(20), Duration::ZERO);
     let app = gateway_over(c, slowed.clone()).await;
@@ -1738,6 +1743,27 @@ fn key_slot(key: &str) -> u16 {
     crc % 16384
 }
 
+/// Schemas whose views wait up to 5 s for the store, for [`patient`].
+fn patient_schemas() -> tempfile::TempDir {
+    let dir = common::schemas_with_edit("user_profile.yaml", "timeout: 50ms", "timeout: 5s");
+    let items = dir.path().join("item_stats.yaml");
+    let text = std::fs::read_to_string(&items).expect("read");
+    assert!(
+        text.contains("timeout: 50ms"),
+        "item_stats.yaml holds its store timeout"
+    );
+    std::fs::write(&items, text.replace("timeout: 50ms", "timeout: 5s")).expect("write");
+    dir
+}
+
+/// `c` on `schemas` (from [`patient_schemas`]), with Redis commands that may take 5 s. A read that follows
+/// a redirection makes several round trips in a row, which a loaded test machine can stretch past the
+/// default 50 ms bounds; defaults served for a timeout would then look like a redirection not followed.
+fn patient(c: &mut hydrant::config::Config, schemas: &tempfile::TempDir) {
+    c.registry.schemas = schemas.path().to_owned();
+    c.store.redis.command_timeout = Duration::from_secs(5);
+}
+
 /// Resharding moves a slot's keys one by one: while it runs, the old owner answers for a moved key with
 /// an `ASK` redirection, and once it ends, with `MOVED`. Reads and writes follow both: a read serves the
 /// stored value, not defaults for the length of the migration, and the store's connections survive it
@@ -1746,7 +1772,8 @@ fn key_slot(key: &str) -> u16 {
 async fn on_a_cluster_reads_and_writes_follow_a_slot_being_migrated_and_its_new_owner() {
     let (a, b) = RedisServer::start_cluster_pair();
     let store = seeded(&a).await;
-    let app = gateway(&a, |_| {}).await;
+    let schemas = patient_schemas();
+    let app = gateway(&a, |c| patient(c, &schemas)).await;
     let rows = demo_rows("user_profile", "user_id");
     let key = |user: &str| format!("hy:user_profile:{user}");
     // Demo users whose keys live on `a`, and a user written for the test into the slot of the first.
@@ -1815,7 +1842,8 @@ async fn on_a_cluster_reads_and_writes_follow_a_slot_being_migrated_and_its_new_
 async fn on_a_cluster_keys_moved_to_a_node_just_added_are_served() {
     let (a, _b) = RedisServer::start_cluster_pair();
     let store = seeded(&a).await;
-    let app = gateway(&a, |_| {}).await;
+    let schemas = patient_schemas();
+    let app = gateway(&a, |c| patient(c, &schemas)).await;
     let c = RedisServer::join_empty_node(&a);
     let rows = demo_rows("user_profile", "user_id");
     let key = |user: &str| format!("hy:user_profile:{user}");

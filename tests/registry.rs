@@ -386,8 +386,7 @@ async fn requests_in_flight_during_registrations_are_all_answered() {
     let app = std::sync::Arc::new(spawn(&dir, true).await);
     let predict = json!({"entities": {"user_id": "u_5"}, "context": {"hour_of_day": 9, "device": "ios"},
                          "candidates": [{"item_id": "i_1"}, {"item_id": "i_2"}]});
-    let first = app.predict("ctr", &predict).await;
-    assert_eq!(first.status, 200);
+    let first = app.settled_predict("ctr", &predict).await;
     let want = common::scores(&first.json());
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let clients: Vec<_> = (0..4)
