@@ -8,8 +8,10 @@ use axum::body::{Body, Bytes};
 use axum::http::{HeaderName, HeaderValue, header};
 use axum::response::Response;
 use serde::Serialize;
+use serde_json::ser::{CompactFormatter, Formatter};
 
 use crate::decode::Format;
+use crate::hydrate::CacheOutcome;
 use crate::telemetry::{Stage, Timings};
 
 /// A map-shaped body written one field at a time.
@@ -37,23 +39,47 @@ impl BodyWriter {
     }
 
     pub fn field<T: Serialize + ?Sized>(&mut self, key: &str, value: &T) {
+        if self.json_key(key) {
+            // Writing plain data into a Vec cannot fail.
+            let _ = serde_json::to_writer(&mut self.buf, value);
+        } else {
+            self.msgpack_value(value);
+        }
+    }
+
+    /// [`field`](Self::field) for a value whose JSON is written by hand ([`WriteJson`]).
+    pub fn fast_field<T: WriteJson + ?Sized>(&mut self, key: &str, value: &T) {
+        if self.json_key(key) {
+            value.write_json(&mut self.buf);
+        } else {
+            self.msgpack_value(value);
+        }
+    }
+
+    /// Starts a field: in JSON writes the separator and `"key":` and answers true; in MessagePack writes
+    /// the key and answers false, for the caller to write the value.
+    fn json_key(&mut self, key: &str) -> bool {
+        let first = std::mem::replace(&mut self.first, false);
         match self.format {
             Format::Json => {
-                if !self.first {
-                    self.buf.push(b',');
-                }
-                // Writing plain data into a Vec cannot fail.
-                let _ = serde_json::to_writer(&mut self.buf, key);
-                self.buf.push(b':');
-                let _ = serde_json::to_writer(&mut self.buf, value);
+                // Field names are hydrant's own, plain lowercase words: nothing to escape.
+                debug_assert!(key.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'));
+                self.buf.reserve(key.len() + 4);
+                self.buf
+                    .extend_from_slice(if first { &b"\""[..] } else { &b",\""[..] });
+                self.buf.extend_from_slice(key.as_bytes());
+                self.buf.extend_from_slice(b"\":");
+                true
             }
             Format::Msgpack => {
                 let _ = rmp::encode::write_str(&mut self.buf, key);
-                let _ = value
-                    .serialize(&mut rmp_serde::Serializer::new(&mut self.buf).with_struct_map());
+                false
             }
         }
-        self.first = false;
+    }
+
+    fn msgpack_value<T: Serialize + ?Sized>(&mut self, value: &T) {
+        let _ = value.serialize(&mut rmp_serde::Serializer::new(&mut self.buf).with_struct_map());
     }
 
     pub fn finish(mut self) -> Vec<u8> {
@@ -92,6 +118,100 @@ impl From<&Timings> for TimingsBody {
     }
 }
 
+/// A value whose JSON is written by hand, byte for byte what serde_json writes for its `Serialize`.
+/// serde_json scans every string it writes for characters to escape, the names of a predict answer's
+/// fields included: about 120 instructions a string, two dozen strings an answer, which made that scan
+/// the encode stage's largest cost on the hot path (`scripts/bench-instructions.sh`).
+pub trait WriteJson: Serialize {
+    fn write_json(&self, buf: &mut Vec<u8>);
+}
+
+/// Writes `s` as a JSON string. Text with no `"`, `\` or control character, as every name hydrant
+/// checks is, needs no escaping and is copied; anything else is escaped by serde_json.
+pub fn push_json_str(buf: &mut Vec<u8>, s: &str) {
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        buf.reserve(s.len() + 2);
+        buf.push(b'"');
+        buf.extend_from_slice(s.as_bytes());
+        buf.push(b'"');
+    } else {
+        // Writing into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut *buf, s);
+    }
+}
+
+/// Writes `n` in decimal, with serde_json's own number formatter.
+pub fn push_json_uint(buf: &mut Vec<u8>, n: u64) {
+    // Writing into a Vec cannot fail.
+    let _ = CompactFormatter.write_u64(buf, n);
+}
+
+/// Writes `x` as serde_json does, with its own number formatter (the shortest text that reads back as
+/// the same float32), and `null` for NaN and the infinities, which JSON has no number for.
+pub fn push_json_f32(buf: &mut Vec<u8>, x: f32) {
+    if x.is_finite() {
+        let _ = CompactFormatter.write_f32(buf, x);
+    } else {
+        buf.extend_from_slice(b"null");
+    }
+}
+
+impl WriteJson for str {
+    fn write_json(&self, buf: &mut Vec<u8>) {
+        push_json_str(buf, self);
+    }
+}
+
+impl WriteJson for String {
+    fn write_json(&self, buf: &mut Vec<u8>) {
+        push_json_str(buf, self);
+    }
+}
+
+impl WriteJson for u32 {
+    fn write_json(&self, buf: &mut Vec<u8>) {
+        push_json_uint(buf, u64::from(*self));
+    }
+}
+
+impl WriteJson for bool {
+    fn write_json(&self, buf: &mut Vec<u8>) {
+        buf.extend_from_slice(if *self { b"true" } else { b"false" });
+    }
+}
+
+impl WriteJson for TimingsBody {
+    fn write_json(&self, buf: &mut Vec<u8>) {
+        // Whole tokens as literals: each is copied in a move or two, with no string to scan.
+        for (token, us) in [
+            (&b"{\"decode\":"[..], self.decode),
+            (b",\"hydrate\":", self.hydrate),
+            (b",\"assemble\":", self.assemble),
+            (b",\"queue\":", self.queue),
+            (b",\"infer\":", self.infer),
+            (b",\"postprocess\":", self.postprocess),
+            (b",\"encode\":", self.encode),
+            (b",\"total\":", self.total),
+        ] {
+            buf.extend_from_slice(token);
+            push_json_uint(buf, us);
+        }
+        buf.push(b'}');
+    }
+}
+
+impl WriteJson for CacheOutcome {
+    fn write_json(&self, buf: &mut Vec<u8>) {
+        buf.extend_from_slice(b"{\"hits\":");
+        push_json_uint(buf, u64::from(self.hits));
+        buf.extend_from_slice(b",\"stale\":");
+        push_json_uint(buf, u64::from(self.stale));
+        buf.extend_from_slice(b",\"misses\":");
+        push_json_uint(buf, u64::from(self.misses));
+        buf.push(b'}');
+    }
+}
+
 /// The `Server-Timing` response header.
 pub const SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
 
@@ -111,9 +231,120 @@ pub fn respond(format: Format, body: Vec<u8>, timings: &Timings) -> Response {
         header::CONTENT_TYPE,
         HeaderValue::from_static(format.content_type()),
     );
-    if let Ok(v) = HeaderValue::from_maybe_shared(into_bytes(timings.server_timing().into_bytes()))
-    {
+    if let Ok(v) = HeaderValue::from_maybe_shared(into_bytes(timings.server_timing())) {
         h.insert(SERVER_TIMING, v);
     }
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn serde(v: &impl Serialize) -> String {
+        serde_json::to_string(v).unwrap_or_default()
+    }
+
+    fn fast(v: &(impl WriteJson + ?Sized)) -> String {
+        let mut buf = Vec::new();
+        v.write_json(&mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+
+    #[test]
+    fn strings_are_written_as_serde_json_writes_them() {
+        for s in [
+            "",
+            "score",
+            "PRESENT",
+            "out:0",
+            "a b",
+            "q\"uote",
+            "back\\slash",
+            "tab\there",
+            "line\nbreak",
+            "\u{1}",
+            "\u{1f}",
+            "\u{7f}",
+            "café",
+            "🦀 crab",
+            "</script>",
+        ] {
+            assert_eq!(fast(s), serde(&s), "{s:?}");
+            assert_eq!(fast(&s.to_owned()), serde(&s), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn numbers_are_written_as_serde_json_writes_them() {
+        for x in [
+            0.0f32,
+            -0.0,
+            1.0,
+            -1.0,
+            0.1,
+            0.499_365_12,
+            1e7,
+            1.5e-7,
+            f32::MIN_POSITIVE,
+            1e-45,
+            f32::MAX,
+            f32::MIN,
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+        ] {
+            let mut buf = Vec::new();
+            push_json_f32(&mut buf, x);
+            assert_eq!(String::from_utf8_lossy(&buf), serde(&x), "{x}");
+        }
+        for n in [0u32, 7, 10, 999, 1000, u32::MAX] {
+            assert_eq!(fast(&n), serde(&n));
+        }
+        for n in [0u64, 1, 123_456_789, u64::MAX] {
+            let mut buf = Vec::new();
+            push_json_uint(&mut buf, n);
+            assert_eq!(String::from_utf8_lossy(&buf), serde(&n));
+        }
+        assert_eq!(fast(&true), "true");
+        assert_eq!(fast(&false), "false");
+    }
+
+    #[test]
+    fn timings_and_cache_outcomes_are_written_as_serde_json_writes_them() {
+        let mut t = Timings::default();
+        for (i, stage) in Stage::ALL.into_iter().enumerate() {
+            t.set(stage, (i as u64 + 1) * 1001);
+        }
+        t.total_us = u64::MAX;
+        let body = TimingsBody::from(&t);
+        assert_eq!(fast(&body), serde(&body));
+        let c = CacheOutcome {
+            hits: 3,
+            stale: 0,
+            misses: u32::MAX,
+        };
+        assert_eq!(fast(&c), serde(&c));
+    }
+
+    /// A body of hand-written fields is the body serde would write, in both formats.
+    #[test]
+    fn fast_fields_make_the_same_body_as_serde_fields() {
+        let c = CacheOutcome {
+            hits: 1,
+            stale: 2,
+            misses: 3,
+        };
+        for format in [Format::Json, Format::Msgpack] {
+            let mut a = BodyWriter::new(format, 3, 16);
+            let mut b = BodyWriter::new(format, 3, 16);
+            a.field("model", "ctr");
+            b.fast_field("model", "ctr");
+            a.field("degraded", &true);
+            b.fast_field("degraded", &true);
+            a.field("cache", &c);
+            b.fast_field("cache", &c);
+            assert_eq!(a.finish(), b.finish(), "{format:?}");
+        }
+    }
 }

@@ -223,15 +223,15 @@ impl Gateway {
         // A guess that fits most answers (one score and one status per row, plus timings), so the buffer
         // neither grows nor, when trimmed for the response, moves.
         let mut w = BodyWriter::new(answer, fields, 384 + plan.rows * 24);
-        w.field("model", &model.name);
-        w.field("model_version", &model.version);
-        w.field("outputs", &outputs);
-        w.field("degraded", &hydrated.degraded);
-        w.field("feature_status", &status);
+        w.fast_field("model", &model.name);
+        w.fast_field("model_version", &model.version);
+        w.fast_field("outputs", &outputs);
+        w.fast_field("degraded", &hydrated.degraded);
+        w.fast_field("feature_status", &status);
         if !defaulted.is_empty() {
             w.field("defaulted", &defaulted);
         }
-        w.field("cache", &hydrated.cache);
+        w.fast_field("cache", &hydrated.cache);
         if req.options.return_features {
             w.field(
                 "features",
@@ -244,7 +244,7 @@ impl Gateway {
         t.set(Stage::Encode, laps.lap());
         t.total_us = laps.total();
         if req.options.timings {
-            w.field("timings_us", &TimingsBody::from(&t));
+            w.fast_field("timings_us", &TimingsBody::from(&t));
         }
         let body = w.finish();
         engine.recycle(out);
@@ -302,12 +302,12 @@ impl Gateway {
 
         let mut w = BodyWriter::new(answer, 3 + u32::from(req.options.timings), 256);
         w.field("features", &ColumnsBody(&columns));
-        w.field("degraded", &hydrated.degraded);
-        w.field("cache", &hydrated.cache);
+        w.fast_field("degraded", &hydrated.degraded);
+        w.fast_field("cache", &hydrated.cache);
         t.set(Stage::Encode, laps.lap());
         t.total_us = laps.total();
         if req.options.timings {
-            w.field("timings_us", &TimingsBody::from(&t));
+            w.fast_field("timings_us", &TimingsBody::from(&t));
         }
         Ok(respond(answer, w.finish(), &t))
     }

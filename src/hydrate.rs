@@ -48,6 +48,18 @@ pub enum Status {
     Defaulted,
 }
 
+impl crate::encode::WriteJson for Status {
+    fn write_json(&self, buf: &mut Vec<u8>) {
+        buf.extend_from_slice(match self {
+            Status::Present => b"\"PRESENT\"",
+            Status::NotFound => b"\"NOT_FOUND\"",
+            Status::OutsideMaxAge => b"\"OUTSIDE_MAX_AGE\"",
+            Status::Stale => b"\"STALE\"",
+            Status::Defaulted => b"\"DEFAULTED\"",
+        });
+    }
+}
+
 /// One entity's resolution.
 #[derive(Debug, Clone)]
 pub struct Resolved {

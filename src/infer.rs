@@ -122,7 +122,7 @@ impl OutputRows {
     }
 
     /// Appends an output: `width` numbers per row.
-    fn push(&mut self, width: usize, numbers: &[f32]) {
+    pub(crate) fn push(&mut self, width: usize, numbers: &[f32]) {
         self.spans.push((width, self.data.len()));
         self.data.extend_from_slice(numbers);
     }

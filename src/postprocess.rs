@@ -3,6 +3,7 @@
 
 use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 
+use crate::encode::{WriteJson, push_json_f32, push_json_str};
 use crate::hydrate::{Resolved, Status};
 use crate::infer::OutputRows;
 use crate::schema::Model;
@@ -52,6 +53,47 @@ impl Serialize for Outputs<'_> {
     }
 }
 
+impl WriteJson for Outputs<'_> {
+    fn write_json(&self, buf: &mut Vec<u8>) {
+        buf.push(b'{');
+        for (i, (name, (width, data))) in self
+            .model
+            .outputs
+            .iter()
+            .zip(self.values.iter())
+            .enumerate()
+        {
+            if i > 0 {
+                buf.push(b',');
+            }
+            push_json_str(buf, name);
+            buf.push(b':');
+            buf.push(b'[');
+            // As `Rows`: one number per row when the width is 1, else one list per row.
+            let nested = width != 1;
+            for (r, row) in data.chunks(width.max(1)).enumerate() {
+                if r > 0 {
+                    buf.push(b',');
+                }
+                if nested {
+                    buf.push(b'[');
+                }
+                for (k, x) in row.iter().enumerate() {
+                    if k > 0 {
+                        buf.push(b',');
+                    }
+                    push_json_f32(buf, *x);
+                }
+                if nested {
+                    buf.push(b']');
+                }
+            }
+            buf.push(b']');
+        }
+        buf.push(b'}');
+    }
+}
+
 /// `feature_status`: per view, the entity's status, or one per candidate.
 pub struct FeatureStatus<'a> {
     pub model: &'a Model,
@@ -88,6 +130,42 @@ impl Serialize for FeatureStatus<'_> {
     }
 }
 
+impl WriteJson for FeatureStatus<'_> {
+    fn write_json(&self, buf: &mut Vec<u8>) {
+        buf.push(b'{');
+        for (i, ((view, resolved), per_row)) in self
+            .model
+            .views
+            .iter()
+            .zip(self.views)
+            .zip(self.per_row)
+            .enumerate()
+        {
+            if i > 0 {
+                buf.push(b',');
+            }
+            push_json_str(buf, &view.name);
+            buf.push(b':');
+            if *per_row {
+                buf.push(b'[');
+                for (k, r) in resolved.iter().enumerate() {
+                    if k > 0 {
+                        buf.push(b',');
+                    }
+                    r.status.write_json(buf);
+                }
+                buf.push(b']');
+            } else {
+                resolved
+                    .first()
+                    .map_or(Status::Defaulted, |r| r.status)
+                    .write_json(buf);
+            }
+        }
+        buf.push(b'}');
+    }
+}
+
 /// The labels (`view:feature`, `context:name`) of the slots that used a default in any row, each once
 /// (a feature may fill two slots).
 pub fn defaulted<'m>(model: &'m Model, flags: &[bool]) -> Vec<&'m str> {
@@ -109,5 +187,82 @@ pub struct InputRows<'a> {
 impl Serialize for InputRows<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         Matrix(self.width, self.data).serialize(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use super::*;
+    use crate::schema::Registry;
+
+    fn model(outputs: &str) -> std::sync::Arc<Model> {
+        let docs = format!(
+            "kind: entity\nname: user_id\n---\nkind: entity\nname: item_id\n---\n\
+             kind: view\nname: user_profile\nversion: 1\nentity: user_id\nfeatures:\n  - {{name: age, dtype: int64, default: 30}}\n---\n\
+             kind: view\nname: item_stats\nversion: 1\nentity: item_id\nfeatures:\n  - {{name: ctr, dtype: float32, default: 0}}\n---\n\
+             kind: model\nname: m\nversion: 1\nfile: m.onnx\noutputs: {outputs}\ninputs:\n  - {{feature: user_profile:age}}\n  - {{feature: item_stats:ctr}}\n"
+        );
+        let reg = Registry::compile(&[(PathBuf::from("all.yaml"), docs)], Path::new("models"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        reg.models["m"].clone()
+    }
+
+    fn both(v: &impl WriteJson) -> (String, String) {
+        let mut buf = Vec::new();
+        v.write_json(&mut buf);
+        (
+            String::from_utf8(buf).unwrap_or_default(),
+            serde_json::to_string(v).unwrap_or_default(),
+        )
+    }
+
+    #[test]
+    fn outputs_are_written_as_serde_json_writes_them() {
+        let m = model(r#"[score, "emb:0", "q\"uote"]"#);
+        let mut rows = OutputRows::default();
+        rows.push(1, &[0.5, -1.25e-7, f32::MAX]);
+        rows.push(3, &[1.0, 2.0, 3.0, 0.1, 0.2, 0.3, 7.0, 8.0, 9.0]);
+        rows.push(0, &[]);
+        let (fast, serde) = both(&Outputs {
+            model: &m,
+            values: &rows,
+        });
+        assert_eq!(fast, serde);
+        assert!(
+            fast.starts_with(r#"{"score":[0.5,-1.25e-7,3.4028235e+38],"emb:0":[[1.0,2.0,3.0],"#),
+            "{fast}"
+        );
+    }
+
+    #[test]
+    fn feature_statuses_are_written_as_serde_json_writes_them() {
+        let m = model("[score]");
+        let r = |status| Resolved {
+            entry: None,
+            status,
+        };
+        for (views, per_row) in [
+            (
+                vec![
+                    vec![r(Status::Present)],
+                    vec![r(Status::Stale), r(Status::NotFound)],
+                ],
+                vec![false, true],
+            ),
+            (
+                vec![vec![], vec![r(Status::OutsideMaxAge), r(Status::Defaulted)]],
+                vec![false, true],
+            ),
+            (vec![vec![r(Status::Defaulted)], vec![]], vec![true, true]),
+        ] {
+            let (fast, serde) = both(&FeatureStatus {
+                model: &m,
+                views: &views,
+                per_row: &per_row,
+            });
+            assert_eq!(fast, serde);
+        }
     }
 }
