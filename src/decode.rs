@@ -53,6 +53,13 @@ impl Format {
 
     /// The request's format from `Content-Type` (absent means JSON).
     pub fn of_request(headers: &HeaderMap) -> Result<Self, ApiError> {
+        // The usual case, exactly: one `application/json` and nothing else to check.
+        let mut types = headers.get_all(header::CONTENT_TYPE).iter();
+        if let (Some(v), None) = (types.next(), types.next())
+            && v.as_bytes() == b"application/json"
+        {
+            return Ok(Self::Json);
+        }
         match content_type(headers)? {
             None => Ok(Self::Json),
             Some(s) => {
