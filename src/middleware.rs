@@ -237,9 +237,6 @@ impl Shared {
     }
 }
 
-/// What is wrong with a request's `Host` header, if anything: RFC 9112 (section 3.2) has a server answer
-/// 400 to an HTTP/1.1 request without one, and to any request with more than one or with a value that is
-/// no host (and port).
 /// Bytes a Host header may hold: letters, digits and `-._~!$&'()*+,;=%:[]`. A table, since every request
 /// is checked.
 const HOST_CHARS: [bool; 256] = {
@@ -258,6 +255,9 @@ const HOST_CHARS: [bool; 256] = {
     t
 };
 
+/// What is wrong with a request's `Host` header, if anything: RFC 9112 (section 3.2) has a server answer
+/// 400 to an HTTP/1.1 request without one, and to any request with more than one or with a value that is
+/// no host (and port).
 fn host_problem<B>(req: &Request<B>) -> Option<ApiError> {
     const RFC: &str = "(RFC 9112, section 3.2)";
     let mut hosts = req.headers().get_all(HOST).iter();
@@ -472,18 +472,24 @@ fn request_id(headers: &HeaderMap) -> Option<HeaderValue> {
     // The prefix is made once: `std::process::id()` is a system call each time.
     static PREFIX: OnceLock<String> = OnceLock::new();
     let prefix = PREFIX.get_or_init(|| format!("hy-{:x}-", std::process::id()));
-    let mut id = Vec::with_capacity(prefix.len() + 16);
+    let n = REQUEST_SEQ.fetch_add(1, Relaxed);
+    // Exactly the id's length, so that making it `Bytes` does not move it.
+    let mut id = Vec::with_capacity(prefix.len() + hex_digits(n));
     id.extend_from_slice(prefix.as_bytes());
-    push_hex(&mut id, REQUEST_SEQ.fetch_add(1, Relaxed));
+    push_hex(&mut id, n);
     // Visible ASCII by construction, so this cannot fail; the header is left off if it ever did.
     HeaderValue::from_maybe_shared(crate::encode::into_bytes(id)).ok()
+}
+
+/// How many hexadecimal digits `n` has.
+fn hex_digits(n: u64) -> usize {
+    (u64::BITS - n.leading_zeros()).div_ceil(4).max(1) as usize
 }
 
 /// Appends `n` in lowercase hexadecimal, as `{n:x}` writes it. By hand: `write!` of the number showed
 /// in hot-path profiles.
 fn push_hex(out: &mut Vec<u8>, n: u64) {
-    let digits = (u64::BITS - n.leading_zeros()).div_ceil(4).max(1);
-    for k in (0..digits).rev() {
+    for k in (0..hex_digits(n)).rev() {
         out.push(b"0123456789abcdef"[(n >> (4 * k) & 0xf) as usize]);
     }
 }
@@ -523,6 +529,7 @@ mod tests {
             let mut out = Vec::new();
             push_hex(&mut out, n);
             assert_eq!(String::from_utf8_lossy(&out), format!("{n:x}"));
+            assert_eq!(hex_digits(n), out.len());
         }
     }
 
