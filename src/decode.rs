@@ -822,7 +822,7 @@ impl<'de> Deserialize<'de> for EntityKeys {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Options {
     #[serde(default, deserialize_with = "flag_off")]
@@ -1169,7 +1169,7 @@ pub fn unregistered_entity(registry: &Registry, name: &str) -> ApiError {
 }
 
 /// `POST /v1/models/{model}/predict`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PredictRequest {
     /// `null` reads as not sent, here and in every optional field below.
@@ -1200,6 +1200,11 @@ impl<V> Default for Fields<V> {
 }
 
 impl<V> Fields<V> {
+    /// Fields read elsewhere ([`crate::predict_json`]), each name once.
+    pub(crate) fn from_parts(fields: SmallVec<[(CompactString, V); 4]>) -> Self {
+        Self(fields)
+    }
+
     pub fn get(&self, name: &str) -> Option<&V> {
         self.0.iter().find(|(n, _)| n == name).map(|(_, v)| v)
     }

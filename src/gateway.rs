@@ -152,7 +152,15 @@ impl Gateway {
 
         // decode
         let answer = Format::of_response(headers, format)?;
-        let mut req: PredictRequest = parse_body(format, body)?;
+        // The usual body read by hand; anything else (and every error) by serde.
+        let fast = match format {
+            Format::Json => crate::predict_json::parse(body),
+            Format::Msgpack => None,
+        };
+        let mut req: PredictRequest = match fast {
+            Some(req) => req,
+            None => parse_body(format, body)?,
+        };
         let plan = req.plan(model, &self.config.limits)?;
         let deadline = self.deadline(started, req.options.deadline_ms);
         t.set(Stage::Decode, laps.lap());

@@ -62,6 +62,7 @@ pub mod observe;
 pub mod oip;
 pub mod packed;
 pub mod postprocess;
+pub mod predict_json;
 pub mod prefetch;
 pub mod proposal;
 pub mod registrar;

@@ -1,0 +1,366 @@
+//! A predict request's JSON in its usual shape, read by hand.
+//!
+//! serde's derived decoding of a predict body was the largest single cost of a hot-path request (about
+//! 6,000 instructions for ~120 bytes; `scripts/bench-instructions.sh`). The usual body is small and
+//! plain: `entities`, `context` and `candidates`, with strings free of escapes and integers. This reads
+//! exactly that and answers `None` for anything else (escapes, floats, lists, `options`, an unknown or
+//! repeated field, a syntax error), which then goes to serde, so every error and every unusual input is
+//! decoded as before. Whatever it does read, it reads as serde does: a test compares the two on
+//! thousands of generated bodies.
+
+use compact_str::CompactString;
+use smallvec::SmallVec;
+
+use crate::decode::{ContextValue, EntityKey, Fields, Options, PredictRequest};
+use crate::value::Value;
+
+/// Fields one object may carry here; more goes to serde (which allows 1,024).
+const MAX_FIELDS: usize = 16;
+
+/// `body` as a predict request, or `None` to leave it to serde.
+pub fn parse(body: &[u8]) -> Option<PredictRequest> {
+    let mut p = Reader { b: body, i: 0 };
+    p.expect(b'{')?;
+    let (mut entities, mut context, mut candidates) = (None, None, None);
+    if p.peek()? == b'}' {
+        p.i += 1;
+    } else {
+        loop {
+            let key = p.string()?;
+            p.expect(b':')?;
+            match key {
+                "entities" if entities.is_none() => {
+                    entities = Some(p.or_null(|p| p.fields(Reader::entity_key))?);
+                }
+                "context" if context.is_none() => {
+                    context = Some(p.or_null(|p| p.fields(Reader::context_value))?);
+                }
+                "candidates" if candidates.is_none() => {
+                    // `null` is no list (serde's default for the `Option`), not an empty one.
+                    candidates = Some(if p.null()? {
+                        None
+                    } else {
+                        Some(p.candidates()?)
+                    });
+                }
+                // `options`, an unknown field, or one given twice: serde's to read or refuse.
+                _ => return None,
+            }
+            if !p.next_or_end(b'}')? {
+                break;
+            }
+        }
+    }
+    p.skip_space();
+    if p.i != body.len() {
+        return None;
+    }
+    Some(PredictRequest {
+        entities: entities.unwrap_or_default(),
+        context: context.unwrap_or_default(),
+        candidates: candidates.flatten(),
+        options: Options::default(),
+    })
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+    i: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn skip_space(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.b.get(self.i) {
+            self.i += 1;
+        }
+    }
+
+    /// The next byte after white space, not taken.
+    fn peek(&mut self) -> Option<u8> {
+        self.skip_space();
+        self.b.get(self.i).copied()
+    }
+
+    fn expect(&mut self, c: u8) -> Option<()> {
+        (self.peek()? == c).then(|| self.i += 1)
+    }
+
+    /// After a member: `,` (true, another follows) or `end` (false).
+    fn next_or_end(&mut self, end: u8) -> Option<bool> {
+        let c = self.peek()?;
+        self.i += 1;
+        match c {
+            b',' => Some(true),
+            c if c == end => Some(false),
+            _ => None,
+        }
+    }
+
+    fn word(&mut self, w: &[u8]) -> Option<()> {
+        self.skip_space();
+        let rest = self.b.get(self.i..)?;
+        rest.starts_with(w).then(|| self.i += w.len())
+    }
+
+    /// Takes a `null` if one is next.
+    fn null(&mut self) -> Option<bool> {
+        if self.peek()? == b'n' {
+            self.word(b"null")?;
+            Some(true)
+        } else {
+            Some(false)
+        }
+    }
+
+    /// `null` as the default, as the `null_default` fields read it.
+    fn or_null<T: Default>(&mut self, read: impl FnOnce(&mut Self) -> Option<T>) -> Option<T> {
+        if self.null()? {
+            Some(T::default())
+        } else {
+            read(self)
+        }
+    }
+
+    /// A string with no escape and no control character.
+    fn string(&mut self) -> Option<&'a str> {
+        self.expect(b'"')?;
+        let start = self.i;
+        loop {
+            match *self.b.get(self.i)? {
+                b'"' => break,
+                b'\\' | 0..=0x1f => return None,
+                _ => self.i += 1,
+            }
+        }
+        let s = std::str::from_utf8(&self.b[start..self.i]).ok()?;
+        self.i += 1;
+        Some(s)
+    }
+
+    /// An integer of at most 18 digits, not `-0` (which JSON readers take as a float), with no fraction
+    /// or exponent.
+    fn integer(&mut self) -> Option<i64> {
+        self.skip_space();
+        let negative = self.b.get(self.i) == Some(&b'-');
+        if negative {
+            self.i += 1;
+        }
+        let start = self.i;
+        let mut n: i64 = 0;
+        while let Some(&c @ b'0'..=b'9') = self.b.get(self.i) {
+            n = n * 10 + i64::from(c - b'0');
+            self.i += 1;
+            if self.i - start > 18 {
+                return None;
+            }
+        }
+        let digits = self.i - start;
+        let leading_zero = digits > 1 && self.b[start] == b'0';
+        if digits == 0 || leading_zero || (negative && n == 0) {
+            return None;
+        }
+        if let Some(b'.' | b'e' | b'E') = self.b.get(self.i) {
+            return None;
+        }
+        Some(if negative { -n } else { n })
+    }
+
+    fn entity_key(&mut self) -> Option<EntityKey> {
+        if self.peek()? == b'"' {
+            Some(EntityKey::Str(CompactString::from(self.string()?)))
+        } else {
+            self.integer().map(EntityKey::Int)
+        }
+    }
+
+    fn context_value(&mut self) -> Option<ContextValue> {
+        let v = match self.peek()? {
+            b'"' => Value::Str(self.string()?.into()),
+            b't' => self.word(b"true").map(|()| Value::Bool(true))?,
+            b'f' => self.word(b"false").map(|()| Value::Bool(false))?,
+            b'n' => self.word(b"null").map(|()| Value::Null)?,
+            b'-' | b'0'..=b'9' => Value::Int(self.integer()?),
+            _ => return None,
+        };
+        Some(ContextValue::Value(v))
+    }
+
+    /// An object of names to values, each name once.
+    fn fields<V>(&mut self, value: impl Fn(&mut Self) -> Option<V>) -> Option<Fields<V>> {
+        self.expect(b'{')?;
+        let mut out: SmallVec<[(CompactString, V); 4]> = SmallVec::new();
+        if self.peek()? == b'}' {
+            self.i += 1;
+            return Some(Fields::from_parts(out));
+        }
+        loop {
+            let name = self.string()?;
+            self.expect(b':')?;
+            let v = value(self)?;
+            if out.len() == MAX_FIELDS || out.iter().any(|(n, _)| n == name) {
+                return None;
+            }
+            out.push((CompactString::from(name), v));
+            if !self.next_or_end(b'}')? {
+                return Some(Fields::from_parts(out));
+            }
+        }
+    }
+
+    fn candidates(&mut self) -> Option<Vec<Fields<EntityKey>>> {
+        self.expect(b'[')?;
+        let mut out = Vec::new();
+        if self.peek()? == b']' {
+            self.i += 1;
+            return Some(out);
+        }
+        loop {
+            out.push(self.fields(Reader::entity_key)?);
+            if !self.next_or_end(b']')? {
+                return Some(out);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn serde(body: &str) -> Option<PredictRequest> {
+        serde_json::from_slice(body.as_bytes()).ok()
+    }
+
+    #[test]
+    fn the_usual_bodies_are_read_as_serde_reads_them() {
+        for body in [
+            r#"{"entities": {"user_id": "u_42"}, "context": {"hour_of_day": 13, "device": "ios"}, "candidates": [{"item_id": "i_7"}]}"#,
+            r#"{"entities":{"user_id":"u_1"},"candidates":[{"item_id":"i_1"},{"item_id":"i_2"},{"item_id":3}]}"#,
+            r#"{"entities": {"user_id": 42}, "context": {"premium": true, "country": null, "offset": -3}}"#,
+            r#"{"context": null, "entities": null, "candidates": null}"#,
+            r#"{"candidates": [], "entities": {}}"#,
+            "{}",
+            " \t\r\n{ \"entities\" : { \"user_id\" : \"é🦀\" } } \n",
+        ] {
+            let fast = parse(body.as_bytes());
+            assert!(fast.is_some(), "{body}");
+            assert_eq!(fast, serde(body), "{body}");
+        }
+    }
+
+    #[test]
+    fn anything_unusual_is_left_to_serde() {
+        for body in [
+            r#"{"entities": {"user_id": "u\"1"}}"#,
+            r#"{"entities": {"user_id": "u_1"}, "options": {"timings": false}}"#,
+            r#"{"entities": {"user_id": "u_1"}, "entities": {"user_id": "u_2"}}"#,
+            r#"{"entities": {"user_id": "u_1", "user_id": "u_2"}}"#,
+            r#"{"entities": {"user_id": "u_1"}, "extra": 1}"#,
+            r#"{"context": {"x": 1.5}}"#,
+            r#"{"context": {"x": 1e3}}"#,
+            r#"{"context": {"x": -0}}"#,
+            r#"{"context": {"x": 007}}"#,
+            r#"{"context": {"x": 1234567890123456789}}"#,
+            r#"{"context": {"x": [1, 2]}}"#,
+            r#"{"entities": {"user_id": "u_1"},}"#,
+            r#"{"entities": {"user_id": "u_1"}} x"#,
+            r#"{"entities": {"user_id": "u_1"}"#,
+            "\u{feff}{}",
+            "[]",
+            "",
+        ] {
+            assert_eq!(parse(body.as_bytes()), None, "{body}");
+        }
+    }
+
+    /// Generated bodies, plain and broken: whenever the reader takes one, serde reads the same request.
+    #[test]
+    fn what_the_reader_takes_serde_reads_the_same() {
+        let mut rng = fastrand::Rng::with_seed(0x6879_6472);
+        let strings = [
+            "u_1", "i_7", "", "ios", "é", "a b", "q\\\"x", "tab\\t", "\\u0041",
+        ];
+        let numbers = [
+            "0",
+            "7",
+            "-3",
+            "-0",
+            "12",
+            "007",
+            "1.5",
+            "2e3",
+            "999999999999999999",
+            "1e400",
+        ];
+        let scalar = |rng: &mut fastrand::Rng| -> String {
+            match rng.usize(0..7) {
+                0 | 1 => format!("\"{}\"", strings[rng.usize(0..strings.len())]),
+                2 | 3 => numbers[rng.usize(0..numbers.len())].to_owned(),
+                4 => ["true", "false", "null"][rng.usize(0..3)].to_owned(),
+                5 => "[1, 2.5]".to_owned(),
+                _ => "{}".to_owned(),
+            }
+        };
+        let names = [
+            "user_id",
+            "item_id",
+            "device",
+            "hour_of_day",
+            "x",
+            "user_id",
+        ];
+        let object = |rng: &mut fastrand::Rng| -> String {
+            let n = rng.usize(0..4);
+            let members: Vec<String> = (0..n)
+                .map(|_| format!("\"{}\": {}", names[rng.usize(0..names.len())], scalar(rng)))
+                .collect();
+            format!("{{{}}}", members.join(", "))
+        };
+        let keys = [
+            "entities",
+            "context",
+            "candidates",
+            "options",
+            "entities",
+            "other",
+        ];
+        let mut taken = 0;
+        for _ in 0..20_000 {
+            let n = rng.usize(0..4);
+            let members: Vec<String> = (0..n)
+                .map(|_| {
+                    let key = keys[rng.usize(0..keys.len())];
+                    let value = match (key, rng.usize(0..6)) {
+                        (_, 0) => "null".to_owned(),
+                        ("candidates", _) => {
+                            let c: Vec<String> =
+                                (0..rng.usize(0..3)).map(|_| object(&mut rng)).collect();
+                            format!("[{}]", c.join(","))
+                        }
+                        ("options", _) => r#"{"timings": false}"#.to_owned(),
+                        (_, 1) => scalar(&mut rng),
+                        _ => object(&mut rng),
+                    };
+                    format!("\"{key}\":{value}")
+                })
+                .collect();
+            let mut body = format!("{{{}}}", members.join(",")).into_bytes();
+            // Sometimes broken: cut short (even inside a character), or a byte changed.
+            match rng.usize(0..8) {
+                0 => body.truncate(rng.usize(0..=body.len())),
+                1 if !body.is_empty() => {
+                    let at = rng.usize(0..body.len());
+                    body[at] = b" ,:{}[]\"0-x\xff"[rng.usize(0..12)];
+                }
+                _ => {}
+            }
+            if let Some(fast) = parse(&body) {
+                taken += 1;
+                let serde: Option<PredictRequest> = serde_json::from_slice(&body).ok();
+                assert_eq!(Some(fast), serde, "{}", String::from_utf8_lossy(&body));
+            }
+        }
+        // Enough of the generated bodies are plain for the comparison to mean something.
+        assert!(taken > 2_000, "only {taken} bodies were read by hand");
+    }
+}
