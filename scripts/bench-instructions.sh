@@ -8,9 +8,9 @@
 # Starts redis-server, seeds the demo rows, runs each server under callgrind (about 50x slower), warms
 # it with `wrk`, then counts the instructions of every thread over SECONDS of `wrk` at CONNECTIONS and
 # divides by the requests answered. The gateway's count is also split into the request path on the
-# async workers (hyper included), the predict handler (reading the body included), the request decode,
-# and the session threads (the ONNX Runtime runs, whose batches are larger under callgrind, which runs one
-# thread at a time).
+# async workers (hyper included), the predict handler (reading the body included), the request decode
+# (by hand for the usual body, by serde for any other), and the session threads (the ONNX Runtime runs,
+# whose batches are larger under callgrind, which runs one thread at a time).
 #   scripts/bench-instructions.sh [SECONDS] [CONNECTIONS]     (default 10 8; needs wrk and valgrind)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -105,7 +105,8 @@ print(f"  hydrant               {h_total:9.0f}   ({h_total / f_total:.2f}x the f
 for label, needles in [
     ("request path", ("hydrant::serve::serve::{{closure}}::{{closure}}::{{closure}} [",)),
     ("predict handler", ("hydrant::api::predict::{{closure}}",)),
-    ("decode", ("decode.rs:hydrant::decode::parse_body",)),
+    ("decode, by hand", ("predict_json.rs:hydrant::predict_json::parse",)),
+    ("decode, by serde", ("decode.rs:hydrant::decode::parse_body",)),
     ("session threads", ("hydrant::infer::Worker::run [",)),
     ("ONNX Runtime runs", ("ort::session::run::<impl ort::session::Session>::run [",)),
 ]:
