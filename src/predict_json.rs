@@ -148,11 +148,12 @@ impl<'a> Reader<'a> {
         let start = self.i;
         let mut n: i64 = 0;
         while let Some(&c @ b'0'..=b'9') = self.b.get(self.i) {
-            n = n * 10 + i64::from(c - b'0');
-            self.i += 1;
-            if self.i - start > 18 {
+            // A 19th digit could take `n` past int64: such a number is serde's to read.
+            if self.i - start == 18 {
                 return None;
             }
+            n = n * 10 + i64::from(c - b'0');
+            self.i += 1;
         }
         let digits = self.i - start;
         let leading_zero = digits > 1 && self.b[start] == b'0';
@@ -261,6 +262,8 @@ mod tests {
             r#"{"context": {"x": -0}}"#,
             r#"{"context": {"x": 007}}"#,
             r#"{"context": {"x": 1234567890123456789}}"#,
+            r#"{"context": {"x": 99999999999999999999999}}"#,
+            r#"{"context": {"x": -99999999999999999999999}}"#,
             r#"{"context": {"x": [1, 2]}}"#,
             r#"{"entities": {"user_id": "u_1"},}"#,
             r#"{"entities": {"user_id": "u_1"}} x"#,
