@@ -10,9 +10,7 @@ rounds="${1:-2}"
 model="${2:-ctr}"
 source scripts/lib.sh
 
-cargo build --release --bin hydrant
-cargo build --release -p loadtest
-bin=target/release
+build_release
 out="target/loadtest/batching-$model"
 mkdir -p "$out"
 # The schemas (plus ctr_wide when asked for) and the scenario aimed at the model.
@@ -28,8 +26,7 @@ export HYDRANT_REGISTRY__SCHEMAS="$work/schemas"
 start() { # name batching -> sets $port (not in a subshell, so the trap can stop the gateway)
   port="$(free_port)"
   export HYDRANT_STORE__EMBEDDED__PATH="$work/$1.redb"
-  "$bin/hydrant" load --view user_profile demo/rows/user_profile.jsonl >/dev/null
-  "$bin/hydrant" load --view item_stats demo/rows/item_stats.jsonl >/dev/null
+  seed_demo
   HYDRANT_SERVER__BIND="127.0.0.1:$port" HYDRANT_INFERENCE__BATCHING="$2" HYDRANT_TELEMETRY__LOG_LEVEL=warn \
     "$bin/hydrant" serve >"$work/$1.log" 2>&1 &
   pids+=($!)

@@ -10,13 +10,10 @@ rounds="${1:-5}" conns="${2:-64}" secs="${3:-4}"
 command -v wrk >/dev/null || { echo "bench-cpu.sh needs wrk (apt-get install -y wrk)" >&2; exit 2; }
 source scripts/lib.sh
 
-cargo build --release --bin hydrant
-cargo build --release -p loadtest
-bin=target/release
+build_release
 
 start_redis
-"$bin/hydrant" load --view user_profile demo/rows/user_profile.jsonl >/dev/null
-"$bin/hydrant" load --view item_stats demo/rows/item_stats.jsonl >/dev/null
+seed_demo
 
 hport="$(free_port)"
 HYDRANT_SERVER__BIND="127.0.0.1:$hport" HYDRANT_TELEMETRY__LOG_LEVEL=warn "$bin/hydrant" serve >"$work/hydrant.log" 2>&1 &

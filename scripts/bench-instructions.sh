@@ -23,13 +23,10 @@ for tool in wrk valgrind callgrind_annotate; do
 done
 source scripts/lib.sh
 
-cargo build --release --bin hydrant
-cargo build --release -p loadtest
-bin=target/release
+build_release
 
 start_redis
-"$bin/hydrant" load --view user_profile demo/rows/user_profile.jsonl >/dev/null
-"$bin/hydrant" load --view item_stats demo/rows/item_stats.jsonl >/dev/null
+seed_demo
 # Under callgrind everything runs ~50x slower: give Redis replies and start-up room.
 export HYDRANT_STORE__REDIS__CONNECT_TIMEOUT=60s HYDRANT_STORE__REDIS__COMMAND_TIMEOUT=5s
 

@@ -16,14 +16,11 @@ source scripts/lib.sh
 if [ -n "${BIN:-}" ]; then
   bin="$BIN"
 else
-  cargo build --release --bin hydrant
-  cargo build --release -p loadtest
-  bin=target/release
+  build_release
 fi
 
 export HYDRANT_STORE__EMBEDDED__PATH="$work/store.redb" HYDRANT_TELEMETRY__LOG_LEVEL=warn
-"$bin/hydrant" load --view user_profile demo/rows/user_profile.jsonl >/dev/null
-"$bin/hydrant" load --view item_stats demo/rows/item_stats.jsonl >/dev/null
+seed_demo
 hport="$(free_port)"
 HYDRANT_SERVER__BIND="127.0.0.1:$hport" taskset -c 0,1 "$bin/hydrant" serve >"$work/hydrant.log" 2>&1 &
 pids+=($!)

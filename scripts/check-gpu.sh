@@ -32,9 +32,7 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,m
 if [ -n "${BIN:-}" ]; then
   bin="$BIN"
 else
-  cargo build --release --bin hydrant
-  cargo build --release -p loadtest
-  bin=target/release
+  build_release
 fi
 [ -n "${SESSIONS:-}" ] && export HYDRANT_INFERENCE__DEFAULT_SESSIONS="$SESSIONS"
 
@@ -47,8 +45,7 @@ fi
 
 echo "== ranking, cpu then cuda, models: $models, at ${rates// /, } requests/s for ${secs}s each" >&2
 export HYDRANT_STORE__EMBEDDED__PATH="$work/store.redb" HYDRANT_TELEMETRY__LOG_LEVEL=warn
-"$bin/hydrant" load --view user_profile demo/rows/user_profile.jsonl >/dev/null
-"$bin/hydrant" load --view item_stats demo/rows/item_stats.jsonl >/dev/null
+seed_demo
 out=target/loadtest/gpu
 for model in $models; do
   for device in cpu cuda; do

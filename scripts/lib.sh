@@ -30,6 +30,19 @@ start_redis() {
   export HYDRANT_STORE__REDIS__URL="redis://127.0.0.1:$redis_port"
 }
 
+# Builds the gateway and the load tester in release, and sets $bin to the folder that holds them.
+build_release() {
+  cargo build --release --bin hydrant
+  cargo build --release -p loadtest
+  bin=target/release
+}
+
+# Loads the demo rows, quietly, with "$bin/hydrant" into the store its environment names.
+seed_demo() {
+  "$bin/hydrant" load --view user_profile demo/rows/user_profile.jsonl >/dev/null
+  "$bin/hydrant" load --view item_stats demo/rows/item_stats.jsonl >/dev/null
+}
+
 # wait_ready PORT LOG: waits up to 10 s for /v2/health/ready on PORT; on failure prints LOG and exits.
 wait_ready() {
   for _ in $(seq 1 200); do

@@ -11,9 +11,7 @@ shift
 
 source scripts/lib.sh
 
-cargo build --release --bin hydrant
-cargo build --release -p loadtest
-bin=target/release
+build_release
 
 start_redis
 

@@ -180,35 +180,45 @@ impl WriteJson for bool {
     }
 }
 
+/// Writes an object of whole numbers from `(token, number)` pairs, each token the member's separator,
+/// quoted name and colon as literal bytes (`{"hits":`, `,"stale":`): copied in a move or two, with no
+/// string to scan.
+fn push_json_numbers(buf: &mut Vec<u8>, members: &[(&[u8], u64)]) {
+    for (token, n) in members {
+        buf.extend_from_slice(token);
+        push_json_uint(buf, *n);
+    }
+    buf.push(b'}');
+}
+
 impl WriteJson for TimingsBody {
     fn write_json(&self, buf: &mut Vec<u8>) {
-        // Whole tokens as literals: each is copied in a move or two, with no string to scan.
-        for (token, us) in [
-            (&b"{\"decode\":"[..], self.decode),
-            (b",\"hydrate\":", self.hydrate),
-            (b",\"assemble\":", self.assemble),
-            (b",\"queue\":", self.queue),
-            (b",\"infer\":", self.infer),
-            (b",\"postprocess\":", self.postprocess),
-            (b",\"encode\":", self.encode),
-            (b",\"total\":", self.total),
-        ] {
-            buf.extend_from_slice(token);
-            push_json_uint(buf, us);
-        }
-        buf.push(b'}');
+        push_json_numbers(
+            buf,
+            &[
+                (b"{\"decode\":", self.decode),
+                (b",\"hydrate\":", self.hydrate),
+                (b",\"assemble\":", self.assemble),
+                (b",\"queue\":", self.queue),
+                (b",\"infer\":", self.infer),
+                (b",\"postprocess\":", self.postprocess),
+                (b",\"encode\":", self.encode),
+                (b",\"total\":", self.total),
+            ],
+        );
     }
 }
 
 impl WriteJson for CacheOutcome {
     fn write_json(&self, buf: &mut Vec<u8>) {
-        buf.extend_from_slice(b"{\"hits\":");
-        push_json_uint(buf, u64::from(self.hits));
-        buf.extend_from_slice(b",\"stale\":");
-        push_json_uint(buf, u64::from(self.stale));
-        buf.extend_from_slice(b",\"misses\":");
-        push_json_uint(buf, u64::from(self.misses));
-        buf.push(b'}');
+        push_json_numbers(
+            buf,
+            &[
+                (b"{\"hits\":", u64::from(self.hits)),
+                (b",\"stale\":", u64::from(self.stale)),
+                (b",\"misses\":", u64::from(self.misses)),
+            ],
+        );
     }
 }
 

@@ -53,7 +53,7 @@ fn staged_journal(dir: &Path) -> PathBuf {
 
 /// Flushes a folder's entries (a rename, a removal) to disk, where the file system can: some cannot
 /// sync a folder, and the rename itself is done either way.
-fn sync_dir(dir: &Path) {
+pub(crate) fn sync_dir(dir: &Path) {
     let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
 }
 
@@ -196,16 +196,19 @@ pub(crate) mod tests {
         names
     }
 
-    #[test]
-    fn a_registration_cut_between_its_renames_is_put_back_whole() {
+    /// A folder holding `a.yaml` ("old a") and `b.yaml` ("old b"), and the paths of those two and of a
+    /// `c.yaml` not there yet.
+    pub(crate) fn folder_of_a_and_b() -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (a, b, c) = (
-            dir.path().join("a.yaml"),
-            dir.path().join("b.yaml"),
-            dir.path().join("c.yaml"),
-        );
+        let [a, b, c] = ["a.yaml", "b.yaml", "c.yaml"].map(|f| dir.path().join(f));
         std::fs::write(&a, "old a").expect("a");
         std::fs::write(&b, "old b").expect("b");
+        (dir, a, b, c)
+    }
+
+    #[test]
+    fn a_registration_cut_between_its_renames_is_put_back_whole() {
+        let (dir, a, b, c) = folder_of_a_and_b();
         let tmp_b = dir.path().join(".b.yaml.hydrant-tmp");
         std::fs::write(&tmp_b, "new b").expect("tmp b");
         let change = |file: &str, before: Option<&str>, after: Option<&str>| Change {

@@ -20,14 +20,14 @@ const MAX_FIELDS: usize = 16;
 /// `body` as a predict request, or `None` to leave it to serde.
 pub fn parse(body: &[u8]) -> Option<PredictRequest> {
     let mut p = Reader { b: body, i: 0 };
-    p.expect(b'{')?;
+    p.consume(b'{')?;
     let (mut entities, mut context, mut candidates) = (None, None, None);
     if p.peek()? == b'}' {
         p.i += 1;
     } else {
         loop {
             let key = p.string()?;
-            p.expect(b':')?;
+            p.consume(b':')?;
             match key {
                 "entities" if entities.is_none() => {
                     entities = Some(p.or_null(|p| p.fields(Reader::entity_key))?);
@@ -81,7 +81,8 @@ impl<'a> Reader<'a> {
         self.b.get(self.i).copied()
     }
 
-    fn expect(&mut self, c: u8) -> Option<()> {
+    /// Takes `c`, after white space, if it is next.
+    fn consume(&mut self, c: u8) -> Option<()> {
         (self.peek()? == c).then(|| self.i += 1)
     }
 
@@ -123,7 +124,7 @@ impl<'a> Reader<'a> {
 
     /// A string with no escape and no control character.
     fn string(&mut self) -> Option<&'a str> {
-        self.expect(b'"')?;
+        self.consume(b'"')?;
         let start = self.i;
         loop {
             match *self.b.get(self.i)? {
@@ -188,7 +189,7 @@ impl<'a> Reader<'a> {
 
     /// An object of names to values, each name once.
     fn fields<V>(&mut self, value: impl Fn(&mut Self) -> Option<V>) -> Option<Fields<V>> {
-        self.expect(b'{')?;
+        self.consume(b'{')?;
         let mut out: SmallVec<[(CompactString, V); 4]> = SmallVec::new();
         if self.peek()? == b'}' {
             self.i += 1;
@@ -196,7 +197,7 @@ impl<'a> Reader<'a> {
         }
         loop {
             let name = self.string()?;
-            self.expect(b':')?;
+            self.consume(b':')?;
             let v = value(self)?;
             if out.len() == MAX_FIELDS || out.iter().any(|(n, _)| n == name) {
                 return None;
@@ -209,7 +210,7 @@ impl<'a> Reader<'a> {
     }
 
     fn candidates(&mut self) -> Option<Vec<Fields<EntityKey>>> {
-        self.expect(b'[')?;
+        self.consume(b'[')?;
         let mut out = Vec::new();
         if self.peek()? == b']' {
             self.i += 1;

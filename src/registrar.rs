@@ -1317,7 +1317,7 @@ fn write_files(
     let mut dirs: Vec<&Path> = writes.iter().filter_map(|w| w.path.parent()).collect();
     dirs.dedup();
     for dir in dirs {
-        let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
+        journal::sync_dir(dir);
     }
     // A journal left behind would take this change back at the next start: when it cannot be removed,
     // the change is taken back now, and refused.
@@ -1576,14 +1576,7 @@ mod tests {
 
     #[test]
     fn write_files_journals_before_renaming_so_a_cut_registration_is_taken_back() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let (a, b, c) = (
-            dir.path().join("a.yaml"),
-            dir.path().join("b.yaml"),
-            dir.path().join("c.yaml"),
-        );
-        std::fs::write(&a, "old a").expect("a");
-        std::fs::write(&b, "old b").expect("b");
+        let (dir, a, b, c) = journal::tests::folder_of_a_and_b();
         let kept = dir.path().join(VERSIONS_DIR).join("a.yaml");
         let write = |path: &Path, text: Option<&str>, history: bool| Write {
             path: path.to_owned(),
