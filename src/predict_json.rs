@@ -2,10 +2,10 @@
 //!
 //! serde's derived decoding of a predict body was the largest single cost of a hot-path request (about
 //! 6,000 instructions for ~120 bytes; `scripts/bench-instructions.sh`). The usual body is small and
-//! plain: `entities`, `context` and `candidates`, with strings free of escapes and integers. This reads
-//! exactly that and answers `None` for anything else (escapes, floats, lists, `options`, an unknown or
-//! repeated field, a syntax error), which then goes to serde, so every error and every unusual input is
-//! decoded as before. Whatever it does read, it reads as serde does: a test compares the two on
+//! plain: `entities`, `context`, `candidates` and `options`, with strings free of escapes, integers and
+//! booleans. This reads exactly that and answers `None` for anything else (escapes, floats, lists, an
+//! option out of range, an unknown or repeated field, a syntax error), which then goes to serde, so every
+//! error and every unusual input is decoded as before. Whatever it does read, it reads as serde does: a test compares the two on
 //! thousands of generated bodies.
 
 use compact_str::CompactString;
@@ -21,7 +21,7 @@ const MAX_FIELDS: usize = 16;
 pub fn parse(body: &[u8]) -> Option<PredictRequest> {
     let mut p = Reader { b: body, i: 0 };
     p.consume(b'{')?;
-    let (mut entities, mut context, mut candidates) = (None, None, None);
+    let (mut entities, mut context, mut candidates, mut options) = (None, None, None, None);
     if p.peek()? == b'}' {
         p.i += 1;
     } else {
@@ -43,7 +43,10 @@ pub fn parse(body: &[u8]) -> Option<PredictRequest> {
                         Some(p.candidates()?)
                     });
                 }
-                // `options`, an unknown field, or one given twice: serde's to read or refuse.
+                "options" if options.is_none() => {
+                    options = Some(p.or_null(Reader::options)?);
+                }
+                // An unknown field, or one given twice: serde's to refuse.
                 _ => return None,
             }
             if !p.next_or_end(b'}')? {
@@ -59,7 +62,7 @@ pub fn parse(body: &[u8]) -> Option<PredictRequest> {
         entities: entities.unwrap_or_default(),
         context: context.unwrap_or_default(),
         candidates: candidates.flatten(),
-        options: Options::default(),
+        options: options.unwrap_or_default(),
     })
 }
 
@@ -209,6 +212,54 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// `true`, `false`, or `null` for `default`.
+    fn flag(&mut self, default: bool) -> Option<bool> {
+        match self.peek()? {
+            b't' => self.word(b"true").map(|()| true),
+            b'f' => self.word(b"false").map(|()| false),
+            b'n' => self.word(b"null").map(|()| default),
+            _ => None,
+        }
+    }
+
+    /// The `options` object, each option once. A deadline of 0 or less, or one written as a float, is
+    /// serde's to refuse or read.
+    fn options(&mut self) -> Option<Options> {
+        self.consume(b'{')?;
+        let mut out = Options::default();
+        let (mut features, mut timings, mut deadline) = (false, false, false);
+        if self.peek()? == b'}' {
+            self.i += 1;
+            return Some(out);
+        }
+        loop {
+            let name = self.string()?;
+            self.consume(b':')?;
+            match name {
+                "return_features" if !features => {
+                    features = true;
+                    out.return_features = self.flag(false)?;
+                }
+                "timings" if !timings => {
+                    timings = true;
+                    out.timings = self.flag(true)?;
+                }
+                "deadline_ms" if !deadline => {
+                    deadline = true;
+                    out.deadline_ms = if self.null()? {
+                        None
+                    } else {
+                        Some(u64::try_from(self.integer()?).ok().filter(|&ms| ms > 0)?)
+                    };
+                }
+                _ => return None,
+            }
+            if !self.next_or_end(b'}')? {
+                return Some(out);
+            }
+        }
+    }
+
     fn candidates(&mut self) -> Option<Vec<Fields<EntityKey>>> {
         self.consume(b'[')?;
         let mut out = Vec::new();
@@ -243,6 +294,12 @@ mod tests {
             r#"{"candidates": [], "entities": {}}"#,
             "{}",
             " \t\r\n{ \"entities\" : { \"user_id\" : \"é🦀\" } } \n",
+            r#"{"entities": {"user_id": "u_42"}, "candidates": [{"item_id": "i_7"}], "options": {"timings": true}}"#,
+            r#"{"options": {"timings": false, "return_features": true, "deadline_ms": 25}}"#,
+            r#"{"options": {"timings": null, "return_features": null, "deadline_ms": null}}"#,
+            r#"{"options": {}, "entities": {"user_id": "u_1"}}"#,
+            r#"{"options": null}"#,
+            r#"{"options": {"deadline_ms": 999999999999999999}}"#,
         ] {
             let fast = parse(body.as_bytes());
             assert!(fast.is_some(), "{body}");
@@ -254,7 +311,16 @@ mod tests {
     fn anything_unusual_is_left_to_serde() {
         for body in [
             r#"{"entities": {"user_id": "u\"1"}}"#,
-            r#"{"entities": {"user_id": "u_1"}, "options": {"timings": false}}"#,
+            r#"{"options": {"timings": false}, "options": {"timings": true}}"#,
+            r#"{"options": {"timings": false, "timings": true}}"#,
+            r#"{"options": {"timings": 1}}"#,
+            r#"{"options": {"timings": "yes"}}"#,
+            r#"{"options": {"deadline_ms": 0}}"#,
+            r#"{"options": {"deadline_ms": -5}}"#,
+            r#"{"options": {"deadline_ms": 25.0}}"#,
+            r#"{"options": {"deadline_ms": "25"}}"#,
+            r#"{"options": {"verbose": true}}"#,
+            r#"{"options": [true]}"#,
             r#"{"entities": {"user_id": "u_1"}, "entities": {"user_id": "u_2"}}"#,
             r#"{"entities": {"user_id": "u_1", "user_id": "u_2"}}"#,
             r#"{"entities": {"user_id": "u_1"}, "extra": 1}"#,
@@ -320,6 +386,26 @@ mod tests {
                 .collect();
             format!("{{{}}}", members.join(", "))
         };
+        let option_names = [
+            "timings",
+            "return_features",
+            "deadline_ms",
+            "timings",
+            "other",
+        ];
+        let option_values = [
+            "true", "false", "null", "0", "1", "25", "-1", "2.0", "\"x\"", "{}",
+        ];
+        let options = |rng: &mut fastrand::Rng| -> String {
+            let members: Vec<String> = (0..rng.usize(0..4))
+                .map(|_| {
+                    let name = option_names[rng.usize(0..option_names.len())];
+                    let value = option_values[rng.usize(0..option_values.len())];
+                    format!("\"{name}\": {value}")
+                })
+                .collect();
+            format!("{{{}}}", members.join(", "))
+        };
         let keys = [
             "entities",
             "context",
@@ -341,7 +427,7 @@ mod tests {
                                 (0..rng.usize(0..3)).map(|_| object(&mut rng)).collect();
                             format!("[{}]", c.join(","))
                         }
-                        ("options", _) => r#"{"timings": false}"#.to_owned(),
+                        ("options", _) => options(&mut rng),
                         (_, 1) => scalar(&mut rng),
                         _ => object(&mut rng),
                     };
