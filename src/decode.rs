@@ -78,6 +78,21 @@ impl Format {
     /// refused that way the answer is 406. A header that names neither type (`text/html`) gets the
     /// request's format.
     pub fn of_response(headers: &HeaderMap, request: Self) -> Result<Self, ApiError> {
+        // The usual cases, exactly: one line of `application/json` (what clients of a JSON API send) or
+        // `*/*` (curl's), which the list below reads the same way.
+        let mut lines = headers.get_all(header::ACCEPT).iter();
+        if let (Some(v), None) = (lines.next(), lines.next()) {
+            match v.as_bytes() {
+                b"application/json" => return Ok(Self::Json),
+                b"*/*" => return Ok(request),
+                _ => {}
+            }
+        }
+        Self::of_accept_list(headers, request)
+    }
+
+    /// [`of_response`](Self::of_response), by reading the whole `Accept` list.
+    fn of_accept_list(headers: &HeaderMap, request: Self) -> Result<Self, ApiError> {
         // Several `Accept` lines are one list, in order (RFC 9110, 5.3).
         let lines = headers.get_all(header::ACCEPT);
         let mut accept = lines.iter().filter_map(|v| v.to_str().ok()).peekable();
@@ -2454,6 +2469,30 @@ mod tests {
         let e = lines("application/json;q=0", "application/msgpack;q=0").expect_err("both refused");
         assert_eq!(e.status(), axum::http::StatusCode::NOT_ACCEPTABLE);
         assert!(e.to_string().contains("application/msgpack;q=0"), "{e}");
+    }
+
+    #[test]
+    fn the_usual_accept_lines_are_answered_as_the_whole_list_reads_them() {
+        for accept in ["application/json", "*/*"] {
+            for request in [Format::Json, Format::Msgpack] {
+                let mut h = HeaderMap::new();
+                h.insert(header::ACCEPT, header::HeaderValue::from_static(accept));
+                let usual = Format::of_response(&h, request).expect("acceptable");
+                let listed = Format::of_accept_list(&h, request).expect("acceptable");
+                assert_eq!(usual, listed, "{accept} for a {request:?} request");
+            }
+        }
+        // A second line makes it a list: `*/*` then `application/json;q=0` refuses JSON.
+        let mut h = HeaderMap::new();
+        h.append(header::ACCEPT, header::HeaderValue::from_static("*/*"));
+        h.append(
+            header::ACCEPT,
+            header::HeaderValue::from_static("application/json;q=0"),
+        );
+        assert_eq!(
+            Format::of_response(&h, Format::Json).expect("acceptable"),
+            Format::Msgpack
+        );
     }
 
     #[test]
