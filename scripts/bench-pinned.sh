@@ -4,11 +4,12 @@
 # the rest. On a 2-core machine the load tester competes with the server it measures; here it cannot,
 # so the hydrant/floor ratio is the servers' alone. Uses the embedded store (the hot path never
 # reaches the store after its warm-up).
-#   scripts/bench-pinned.sh [SCENARIO.toml]     (default loadtest/scenarios/hot-path.toml)
+#   scripts/bench-pinned.sh [SCENARIO.toml [loadtest run args...]]   (default loadtest/scenarios/hot-path.toml)
 #   BIN=DIR scripts/bench-pinned.sh ...         prebuilt hydrant and loadtest in DIR
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scenario="${1:-loadtest/scenarios/hot-path.toml}"
+shift $(($# > 0 ? 1 : 0))
 cores="$(nproc)"
 [ "$cores" -ge 8 ] || { echo "bench-pinned.sh needs 8 cores or more (this machine has $cores)" >&2; exit 2; }
 command -v taskset >/dev/null || { echo "bench-pinned.sh needs taskset (util-linux)" >&2; exit 2; }
@@ -36,4 +37,4 @@ name="$(basename "$scenario" .toml)"
 sed "/^\[floor\]/a url = \"http://127.0.0.1:$fport\"" "$scenario" >"$work/$name.toml"
 grep -q "^url = " "$work/$name.toml" || echo -e "\n[floor]\nenabled = true\nurl = \"http://127.0.0.1:$fport\"" >>"$work/$name.toml"
 taskset -c "4-$((cores - 1))" "$bin/loadtest" run "$work/$name.toml" --target "http://127.0.0.1:$hport" \
-  --out-dir target/loadtest/pinned
+  --out-dir target/loadtest/pinned "$@"
