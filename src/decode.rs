@@ -27,6 +27,15 @@ pub enum Format {
     Msgpack,
 }
 
+/// The bytes of header `name` when it is sent exactly once, for the shortcuts of the usual values.
+fn sole_value(headers: &HeaderMap, name: header::HeaderName) -> Option<&[u8]> {
+    let mut values = headers.get_all(name).iter();
+    match (values.next(), values.next()) {
+        (Some(v), None) => Some(v.as_bytes()),
+        _ => None,
+    }
+}
+
 impl Format {
     pub fn content_type(self) -> &'static str {
         match self {
@@ -54,10 +63,7 @@ impl Format {
     /// The request's format from `Content-Type` (absent means JSON).
     pub fn of_request(headers: &HeaderMap) -> Result<Self, ApiError> {
         // The usual case, exactly: one `application/json` and nothing else to check.
-        let mut types = headers.get_all(header::CONTENT_TYPE).iter();
-        if let (Some(v), None) = (types.next(), types.next())
-            && v.as_bytes() == b"application/json"
-        {
+        if sole_value(headers, header::CONTENT_TYPE) == Some(b"application/json") {
             return Ok(Self::Json);
         }
         match content_type(headers)? {
@@ -80,15 +86,11 @@ impl Format {
     pub fn of_response(headers: &HeaderMap, request: Self) -> Result<Self, ApiError> {
         // The usual cases, exactly: one line of `application/json` (what clients of a JSON API send) or
         // `*/*` (curl's), which the list below reads the same way.
-        let mut lines = headers.get_all(header::ACCEPT).iter();
-        if let (Some(v), None) = (lines.next(), lines.next()) {
-            match v.as_bytes() {
-                b"application/json" => return Ok(Self::Json),
-                b"*/*" => return Ok(request),
-                _ => {}
-            }
+        match sole_value(headers, header::ACCEPT) {
+            Some(b"application/json") => Ok(Self::Json),
+            Some(b"*/*") => Ok(request),
+            _ => Self::of_accept_list(headers, request),
         }
-        Self::of_accept_list(headers, request)
     }
 
     /// [`of_response`](Self::of_response), by reading the whole `Accept` list.

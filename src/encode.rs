@@ -140,6 +140,40 @@ pub fn push_json_str(buf: &mut Vec<u8>, s: &str) {
     }
 }
 
+/// Writes a JSON array: `item` writes each element, with commas between.
+pub fn push_json_array<T>(
+    buf: &mut Vec<u8>,
+    items: impl IntoIterator<Item = T>,
+    mut item: impl FnMut(&mut Vec<u8>, T),
+) {
+    buf.push(b'[');
+    for (i, x) in items.into_iter().enumerate() {
+        if i > 0 {
+            buf.push(b',');
+        }
+        item(buf, x);
+    }
+    buf.push(b']');
+}
+
+/// Writes a JSON object from `(name, value)` members: `value` writes each value.
+pub fn push_json_object<'n, T>(
+    buf: &mut Vec<u8>,
+    members: impl IntoIterator<Item = (&'n str, T)>,
+    mut value: impl FnMut(&mut Vec<u8>, T),
+) {
+    buf.push(b'{');
+    for (i, (name, x)) in members.into_iter().enumerate() {
+        if i > 0 {
+            buf.push(b',');
+        }
+        push_json_str(buf, name);
+        buf.push(b':');
+        value(buf, x);
+    }
+    buf.push(b'}');
+}
+
 /// Writes `n` in decimal, with serde_json's own number formatter.
 pub fn push_json_uint(buf: &mut Vec<u8>, n: u64) {
     // Writing into a Vec cannot fail.

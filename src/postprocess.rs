@@ -3,7 +3,7 @@
 
 use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 
-use crate::encode::{WriteJson, push_json_f32, push_json_str};
+use crate::encode::{WriteJson, push_json_array, push_json_f32, push_json_object};
 use crate::hydrate::{Resolved, Status};
 use crate::infer::OutputRows;
 use crate::schema::Model;
@@ -55,42 +55,21 @@ impl Serialize for Outputs<'_> {
 
 impl WriteJson for Outputs<'_> {
     fn write_json(&self, buf: &mut Vec<u8>) {
-        buf.push(b'{');
-        for (i, (name, (width, data))) in self
-            .model
-            .outputs
-            .iter()
-            .zip(self.values.iter())
-            .enumerate()
-        {
-            if i > 0 {
-                buf.push(b',');
-            }
-            push_json_str(buf, name);
-            buf.push(b':');
-            buf.push(b'[');
-            // As `Rows`: one number per row when the width is 1, else one list per row.
-            let nested = width != 1;
-            for (r, row) in data.chunks(width.max(1)).enumerate() {
-                if r > 0 {
-                    buf.push(b',');
-                }
-                if nested {
-                    buf.push(b'[');
-                }
-                for (k, x) in row.iter().enumerate() {
-                    if k > 0 {
-                        buf.push(b',');
+        let outputs = self.model.outputs.iter().map(String::as_str);
+        push_json_object(
+            buf,
+            outputs.zip(self.values.iter()),
+            |buf, (width, data)| {
+                // As `Rows`: one number per row when the width is 1, else one list per row.
+                push_json_array(buf, data.chunks(width.max(1)), |buf, row| {
+                    if width == 1 {
+                        row.iter().for_each(|x| push_json_f32(buf, *x));
+                    } else {
+                        push_json_array(buf, row, |buf, x| push_json_f32(buf, *x));
                     }
-                    push_json_f32(buf, *x);
-                }
-                if nested {
-                    buf.push(b']');
-                }
-            }
-            buf.push(b']');
-        }
-        buf.push(b'}');
+                });
+            },
+        );
     }
 }
 
@@ -132,37 +111,19 @@ impl Serialize for FeatureStatus<'_> {
 
 impl WriteJson for FeatureStatus<'_> {
     fn write_json(&self, buf: &mut Vec<u8>) {
-        buf.push(b'{');
-        for (i, ((view, resolved), per_row)) in self
-            .model
-            .views
-            .iter()
-            .zip(self.views)
-            .zip(self.per_row)
-            .enumerate()
-        {
-            if i > 0 {
-                buf.push(b',');
-            }
-            push_json_str(buf, &view.name);
-            buf.push(b':');
-            if *per_row {
-                buf.push(b'[');
-                for (k, r) in resolved.iter().enumerate() {
-                    if k > 0 {
-                        buf.push(b',');
-                    }
-                    r.status.write_json(buf);
+        let views = self.model.views.iter().map(|v| v.name.as_str());
+        push_json_object(
+            buf,
+            views.zip(self.views.iter().zip(self.per_row)),
+            |buf, (resolved, per_row)| {
+                if *per_row {
+                    push_json_array(buf, resolved, |buf, r| r.status.write_json(buf));
+                } else {
+                    let status = resolved.first().map_or(Status::Defaulted, |r| r.status);
+                    status.write_json(buf);
                 }
-                buf.push(b']');
-            } else {
-                resolved
-                    .first()
-                    .map_or(Status::Defaulted, |r| r.status)
-                    .write_json(buf);
-            }
-        }
-        buf.push(b'}');
+            },
+        );
     }
 }
 

@@ -20,40 +20,31 @@ const MAX_FIELDS: usize = 16;
 /// `body` as a predict request, or `None` to leave it to serde.
 pub fn parse(body: &[u8]) -> Option<PredictRequest> {
     let mut p = Reader { b: body, i: 0 };
-    p.consume(b'{')?;
     let (mut entities, mut context, mut candidates, mut options) = (None, None, None, None);
-    if p.peek()? == b'}' {
-        p.i += 1;
-    } else {
-        loop {
-            let key = p.string()?;
-            p.consume(b':')?;
-            match key {
-                "entities" if entities.is_none() => {
-                    entities = Some(p.or_null(|p| p.fields(Reader::entity_key))?);
-                }
-                "context" if context.is_none() => {
-                    context = Some(p.or_null(|p| p.fields(Reader::context_value))?);
-                }
-                "candidates" if candidates.is_none() => {
-                    // `null` is no list (serde's default for the `Option`), not an empty one.
-                    candidates = Some(if p.null()? {
-                        None
-                    } else {
-                        Some(p.candidates()?)
-                    });
-                }
-                "options" if options.is_none() => {
-                    options = Some(p.or_null(Reader::options)?);
-                }
-                // An unknown field, or one given twice: serde's to refuse.
-                _ => return None,
+    p.object(|p, key| {
+        match key {
+            "entities" if entities.is_none() => {
+                entities = Some(p.or_null(|p| p.fields(Reader::entity_key))?);
             }
-            if !p.next_or_end(b'}')? {
-                break;
+            "context" if context.is_none() => {
+                context = Some(p.or_null(|p| p.fields(Reader::context_value))?);
             }
+            "candidates" if candidates.is_none() => {
+                // `null` is no list (serde's default for the `Option`), not an empty one.
+                candidates = Some(if p.null()? {
+                    None
+                } else {
+                    Some(p.candidates()?)
+                });
+            }
+            "options" if options.is_none() => {
+                options = Some(p.or_null(Reader::options)?);
+            }
+            // An unknown field, or one given twice: serde's to refuse.
+            _ => return None,
         }
-    }
+        Some(())
+    })?;
     p.skip_space();
     if p.i != body.len() {
         return None;
@@ -190,26 +181,51 @@ impl<'a> Reader<'a> {
         Some(ContextValue::Value(v))
     }
 
-    /// An object of names to values, each name once.
-    fn fields<V>(&mut self, value: impl Fn(&mut Self) -> Option<V>) -> Option<Fields<V>> {
+    /// Walks an object: takes `{`, then for each member its name and `:`, and `member` reads the value;
+    /// then `}`.
+    fn object(&mut self, mut member: impl FnMut(&mut Self, &'a str) -> Option<()>) -> Option<()> {
         self.consume(b'{')?;
-        let mut out: SmallVec<[(CompactString, V); 4]> = SmallVec::new();
         if self.peek()? == b'}' {
             self.i += 1;
-            return Some(Fields::from_parts(out));
+            return Some(());
         }
         loop {
             let name = self.string()?;
             self.consume(b':')?;
-            let v = value(self)?;
+            member(self, name)?;
+            if !self.next_or_end(b'}')? {
+                return Some(());
+            }
+        }
+    }
+
+    /// Walks an array: takes `[`, `item` reads each element, then `]`.
+    fn array(&mut self, mut item: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+        self.consume(b'[')?;
+        if self.peek()? == b']' {
+            self.i += 1;
+            return Some(());
+        }
+        loop {
+            item(self)?;
+            if !self.next_or_end(b']')? {
+                return Some(());
+            }
+        }
+    }
+
+    /// An object of names to values, each name once.
+    fn fields<V>(&mut self, value: impl Fn(&mut Self) -> Option<V>) -> Option<Fields<V>> {
+        let mut out: SmallVec<[(CompactString, V); 4]> = SmallVec::new();
+        self.object(|p, name| {
+            let v = value(p)?;
             if out.len() == MAX_FIELDS || out.iter().any(|(n, _)| n == name) {
                 return None;
             }
             out.push((CompactString::from(name), v));
-            if !self.next_or_end(b'}')? {
-                return Some(Fields::from_parts(out));
-            }
-        }
+            Some(())
+        })?;
+        Some(Fields::from_parts(out))
     }
 
     /// `true`, `false`, or `null` for `default`.
@@ -225,54 +241,39 @@ impl<'a> Reader<'a> {
     /// The `options` object, each option once. A deadline of 0 or less, or one written as a float, is
     /// serde's to refuse or read.
     fn options(&mut self) -> Option<Options> {
-        self.consume(b'{')?;
-        let mut out = Options::default();
-        let (mut features, mut timings, mut deadline) = (false, false, false);
-        if self.peek()? == b'}' {
-            self.i += 1;
-            return Some(out);
-        }
-        loop {
-            let name = self.string()?;
-            self.consume(b':')?;
+        let d = Options::default();
+        let (mut features, mut timings, mut deadline) = (None, None, None);
+        self.object(|p, name| {
             match name {
-                "return_features" if !features => {
-                    features = true;
-                    out.return_features = self.flag(false)?;
+                "return_features" if features.is_none() => {
+                    features = Some(p.flag(d.return_features)?);
                 }
-                "timings" if !timings => {
-                    timings = true;
-                    out.timings = self.flag(true)?;
-                }
-                "deadline_ms" if !deadline => {
-                    deadline = true;
-                    out.deadline_ms = if self.null()? {
+                "timings" if timings.is_none() => timings = Some(p.flag(d.timings)?),
+                "deadline_ms" if deadline.is_none() => {
+                    deadline = Some(if p.null()? {
                         None
                     } else {
-                        Some(u64::try_from(self.integer()?).ok().filter(|&ms| ms > 0)?)
-                    };
+                        Some(u64::try_from(p.integer()?).ok().filter(|&ms| ms > 0)?)
+                    });
                 }
                 _ => return None,
             }
-            if !self.next_or_end(b'}')? {
-                return Some(out);
-            }
-        }
+            Some(())
+        })?;
+        Some(Options {
+            return_features: features.unwrap_or(d.return_features),
+            timings: timings.unwrap_or(d.timings),
+            deadline_ms: deadline.unwrap_or(d.deadline_ms),
+        })
     }
 
     fn candidates(&mut self) -> Option<Vec<Fields<EntityKey>>> {
-        self.consume(b'[')?;
         let mut out = Vec::new();
-        if self.peek()? == b']' {
-            self.i += 1;
-            return Some(out);
-        }
-        loop {
-            out.push(self.fields(Reader::entity_key)?);
-            if !self.next_or_end(b']')? {
-                return Some(out);
-            }
-        }
+        self.array(|p| {
+            out.push(p.fields(Reader::entity_key)?);
+            Some(())
+        })?;
+        Some(out)
     }
 }
 
@@ -379,13 +380,17 @@ mod tests {
             "x",
             "user_id",
         ];
-        let object = |rng: &mut fastrand::Rng| -> String {
-            let n = rng.usize(0..4);
-            let members: Vec<String> = (0..n)
-                .map(|_| format!("\"{}\": {}", names[rng.usize(0..names.len())], scalar(rng)))
+        // An object of up to 3 members, names drawn from `names`, values made by `value`.
+        let object_of = |rng: &mut fastrand::Rng,
+                         names: &[&str],
+                         value: &dyn Fn(&mut fastrand::Rng) -> String|
+         -> String {
+            let members: Vec<String> = (0..rng.usize(0..4))
+                .map(|_| format!("\"{}\": {}", names[rng.usize(0..names.len())], value(rng)))
                 .collect();
             format!("{{{}}}", members.join(", "))
         };
+        let object = |rng: &mut fastrand::Rng| object_of(rng, &names, &scalar);
         let option_names = [
             "timings",
             "return_features",
@@ -396,16 +401,9 @@ mod tests {
         let option_values = [
             "true", "false", "null", "0", "1", "25", "-1", "2.0", "\"x\"", "{}",
         ];
-        let options = |rng: &mut fastrand::Rng| -> String {
-            let members: Vec<String> = (0..rng.usize(0..4))
-                .map(|_| {
-                    let name = option_names[rng.usize(0..option_names.len())];
-                    let value = option_values[rng.usize(0..option_values.len())];
-                    format!("\"{name}\": {value}")
-                })
-                .collect();
-            format!("{{{}}}", members.join(", "))
-        };
+        let option_value =
+            |rng: &mut fastrand::Rng| option_values[rng.usize(0..option_values.len())].to_owned();
+        let options = |rng: &mut fastrand::Rng| object_of(rng, &option_names, &option_value);
         let keys = [
             "entities",
             "context",
