@@ -19,7 +19,15 @@ const MAX_FIELDS: usize = 16;
 
 /// `body` as a predict request, or `None` to leave it to serde.
 pub fn parse(body: &[u8]) -> Option<PredictRequest> {
-    let mut p = Reader { b: body, i: 0 };
+    // Checked once as a whole: a string then ends at an ASCII quote, so slicing it out needs only the
+    // boundary check of `str::get`, not another pass over its bytes. A body that is not UTF-8 is
+    // serde's to refuse.
+    let text = std::str::from_utf8(body).ok()?;
+    let mut p = Reader {
+        s: text,
+        b: body,
+        i: 0,
+    };
     let (mut entities, mut context, mut candidates, mut options) = (None, None, None, None);
     p.object(|p, key| {
         match key {
@@ -58,6 +66,9 @@ pub fn parse(body: &[u8]) -> Option<PredictRequest> {
 }
 
 struct Reader<'a> {
+    /// The body, known to be UTF-8.
+    s: &'a str,
+    /// `s`'s bytes.
     b: &'a [u8],
     i: usize,
 }
@@ -127,7 +138,7 @@ impl<'a> Reader<'a> {
                 _ => self.i += 1,
             }
         }
-        let s = std::str::from_utf8(&self.b[start..self.i]).ok()?;
+        let s = self.s.get(start..self.i)?;
         self.i += 1;
         Some(s)
     }
