@@ -1970,3 +1970,89 @@ async fn transfer_codings_other_than_chunked_are_refused_by_name() {
         "{ctr}"
     );
 }
+
+/// A body that arrives in pieces (several chunks, sent apart, and a Content-Length body split across
+/// writes) is read whole: the answer is the one the same body sent at once gets. A chunk that breaks off
+/// is a 400 naming the framing.
+#[tokio::test]
+async fn a_body_sent_in_pieces_is_read_whole() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let app = TestApp::spawn().await;
+    app.wait_ready().await;
+    let body = r#"{"entities": {"user_id": "u_24"}, "context": {"hour_of_day": 9, "device": "web"}, "candidates": [{"item_id": "i_1"}, {"item_id": "i_2"}]}"#;
+    let whole = app
+        .settled_predict("ctr", &serde_json::from_str(body).expect("json"))
+        .await
+        .json();
+    let head = "POST /v1/models/ctr/predict HTTP/1.1\r\nhost: h\r\ncontent-type: application/json\r\nconnection: close\r\n";
+    let (a, rest) = body.split_at(17);
+    let (b, c) = rest.split_at(40);
+    let chunk = |s: &str| format!("{:x}\r\n{s}\r\n", s.len());
+    let cases = [
+        (
+            "chunked, three chunks",
+            vec![
+                format!("{head}transfer-encoding: chunked\r\n\r\n{}", chunk(a)),
+                chunk(b),
+                format!("{}0\r\n\r\n", chunk(c)),
+            ],
+            "200",
+        ),
+        (
+            "content-length, three writes",
+            vec![
+                format!("{head}content-length: {}\r\n\r\n{a}", body.len()),
+                b.to_owned(),
+                c.to_owned(),
+            ],
+            "200",
+        ),
+        (
+            "chunked, a chunk that breaks off",
+            vec![
+                format!("{head}transfer-encoding: chunked\r\n\r\n{}", chunk(a)),
+                "zz\r\nnot a chunk\r\n".to_owned(),
+            ],
+            "400",
+        ),
+    ];
+    for (what, pieces, status) in cases {
+        let mut s = tokio::net::TcpStream::connect(app.addr.trim_start_matches("http://"))
+            .await
+            .expect("connect");
+        s.set_nodelay(true).expect("nodelay");
+        for piece in &pieces {
+            s.write_all(piece.as_bytes()).await.expect("send");
+            // Apart, so that the gateway reads each piece as it comes.
+            tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+        }
+        let mut answer = Vec::new();
+        tokio::time::timeout(
+            std::time::Duration::from_secs(20),
+            s.read_to_end(&mut answer),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no end to the answer"))
+        .expect("read");
+        let text = String::from_utf8_lossy(&answer);
+        assert!(
+            text.starts_with(&format!("HTTP/1.1 {status} ")),
+            "{what}: {text}"
+        );
+        let (_, json_body) = text.split_once("\r\n\r\n").expect("a body");
+        let j: Json = serde_json::from_str(json_body).expect("a JSON body");
+        if status == "200" {
+            assert_eq!(j["degraded"], false, "{what}: {j}");
+            assert_eq!(common::scores(&j), common::scores(&whole), "{what}: {j}");
+            assert_eq!(common::scores(&j).len(), 2, "{what}: {j}");
+        } else {
+            assert_eq!(j["error"]["code"], "invalid_body", "{what}: {j}");
+            assert!(
+                j["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("framing")),
+                "{what}: {j}"
+            );
+        }
+    }
+}
