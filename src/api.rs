@@ -612,7 +612,8 @@ enum BodyError {
 /// frame, read with the head: its bytes are the answer as they are, with no list of frames built and
 /// flattened (`http_body_util`'s `collect`, about 1,100 instructions a request). Trailers are dropped.
 async fn read_body(mut body: axum::body::Body, limit: usize) -> Result<Bytes, BodyError> {
-    let mut first: Option<Bytes> = None;
+    // The first frame's bytes; `joined` takes them and every later frame's once a second one comes.
+    let mut first = Bytes::new();
     let mut joined: Vec<u8> = Vec::new();
     let mut len = 0usize;
     while let Some(frame) = body.frame().await {
@@ -623,20 +624,20 @@ async fn read_body(mut body: axum::body::Body, limit: usize) -> Result<Bytes, Bo
         if len > limit {
             return Err(BodyError::TooLarge);
         }
-        if data.is_empty() {
-            continue;
-        }
-        match first.take() {
-            None if joined.is_empty() => first = Some(data),
-            None => joined.extend_from_slice(&data),
-            Some(f) => {
-                joined.reserve(f.len() + data.len());
-                joined.extend_from_slice(&f);
-                joined.extend_from_slice(&data);
+        if first.is_empty() {
+            first = data;
+        } else {
+            if joined.is_empty() {
+                joined.extend_from_slice(&first);
             }
+            joined.extend_from_slice(&data);
         }
     }
-    Ok(first.unwrap_or_else(|| Bytes::from(joined)))
+    Ok(if joined.is_empty() {
+        first
+    } else {
+        crate::encode::into_bytes(joined)
+    })
 }
 
 /// Segment `i` of the URI's path (`/v1/models/ctr/predict`: 3 is `ctr`), percent-decoded as axum's

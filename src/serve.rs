@@ -25,13 +25,16 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64, Ordering::AcqRel, Ordering::Relaxed, Ordering::Release,
+};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::Request;
 use axum::response::Response;
+use futures::future::Either;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
@@ -193,20 +196,14 @@ pub async fn serve(
                     () = activity.idle(idle_timeout) => false, // dropping `conn` closes the socket
                 }
             });
-            let stopping = match (Watched {
-                conn: conn.as_mut(),
-                watch,
-                bell: Arc::default(),
-            })
-            .await
-            {
-                Ended::Conn(r) => {
+            let stopping = match Watched::new(conn.as_mut(), watch).await {
+                Either::Left(r) => {
                     if r.is_err_and(|e| e.is_parse_version_h2()) {
                         activity.http2.store(true, Relaxed);
                     }
                     false
                 }
-                Ended::Watch(stopping) => stopping,
+                Either::Right(stopping) => stopping,
             };
             if stopping {
                 // hyper closes an idle connection at once, and with it a request the client has already
@@ -335,16 +332,21 @@ fn take_queued(listener: TcpListener) -> Vec<TcpStream> {
 /// at every wake-up of the task, `watch` only after one of its own wakers rang. A `select!` polls every
 /// branch at every wake-up, and a connection's task wakes two or three times per request: the watch and
 /// the timer behind it cost about 1,400 instructions a request that way (`bench-instructions.sh`).
+/// It answers `Left` with the connection's output, `Right` with the watch's.
 struct Watched<C, W> {
     conn: C,
     watch: W,
     bell: Arc<Bell>,
 }
 
-/// Which of a [`Watched`] pair finished first, and its output.
-enum Ended<A, B> {
-    Conn(A),
-    Watch(B),
+impl<C, W> Watched<C, W> {
+    fn new(conn: C, watch: W) -> Self {
+        Self {
+            conn,
+            watch,
+            bell: Arc::default(),
+        }
+    }
 }
 
 /// The waker handed to the watch: it notes that the watch has something to look at, then wakes the task.
@@ -361,31 +363,26 @@ impl std::task::Wake for Bell {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        self.quiet
-            .store(false, std::sync::atomic::Ordering::Release);
+        self.quiet.store(false, Release);
         self.task.wake();
     }
 }
 
 impl<C: Future + Unpin, W: Future + Unpin> Future for Watched<C, W> {
-    type Output = Ended<C::Output, W::Output>;
+    type Output = Either<C::Output, W::Output>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         // Registered before the bell is read: a watch waking after the read wakes this task again.
         self.bell.task.register(cx.waker());
         if let Poll::Ready(out) = Pin::new(&mut self.conn).poll(cx) {
-            return Poll::Ready(Ended::Conn(out));
+            return Poll::Ready(Either::Left(out));
         }
-        if !self
-            .bell
-            .quiet
-            .swap(true, std::sync::atomic::Ordering::AcqRel)
-        {
+        if !self.bell.quiet.swap(true, AcqRel) {
             let waker = std::task::Waker::from(self.bell.clone());
             if let Poll::Ready(out) =
                 Pin::new(&mut self.watch).poll(&mut Context::from_waker(&waker))
             {
-                return Poll::Ready(Ended::Watch(out));
+                return Poll::Ready(Either::Right(out));
             }
         }
         Poll::Pending
@@ -768,23 +765,17 @@ mod tests {
             polls.fetch_add(1, Relaxed);
             Poll::<()>::Pending
         });
-        let ended = Watched {
-            conn: Restless { wakes: 100 },
-            watch: pin!(watch),
-            bell: Arc::default(),
-        }
-        .await;
-        assert!(matches!(ended, Ended::Conn("conn")));
+        let ended = Watched::new(Restless { wakes: 100 }, pin!(watch)).await;
+        assert!(matches!(ended, Either::Left("conn")));
         assert_eq!(polls.load(Relaxed), 1);
 
         let started = Instant::now();
-        let ended = Watched {
-            conn: pin!(std::future::pending::<()>()),
-            watch: pin!(tokio::time::sleep(Duration::from_millis(20))),
-            bell: Arc::default(),
-        };
-        let ended = tokio::time::timeout(Duration::from_secs(5), ended).await;
-        assert!(matches!(ended, Ok(Ended::Watch(()))));
+        let (conn, watch) = (
+            pin!(std::future::pending::<()>()),
+            pin!(tokio::time::sleep(Duration::from_millis(20))),
+        );
+        let ended = tokio::time::timeout(Duration::from_secs(5), Watched::new(conn, watch)).await;
+        assert!(matches!(ended, Ok(Either::Right(()))));
         // Ended by the watch's own wake-up, not found at the next poll the timeout's timer brought.
         let took = started.elapsed();
         assert!(

@@ -1976,7 +1976,6 @@ async fn transfer_codings_other_than_chunked_are_refused_by_name() {
 /// is a 400 naming the framing.
 #[tokio::test]
 async fn a_body_sent_in_pieces_is_read_whole() {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let app = TestApp::spawn().await;
     app.wait_ready().await;
     let body = r#"{"entities": {"user_id": "u_24"}, "context": {"hour_of_day": 9, "device": "web"}, "candidates": [{"item_id": "i_1"}, {"item_id": "i_2"}]}"#;
@@ -2017,23 +2016,8 @@ async fn a_body_sent_in_pieces_is_read_whole() {
         ),
     ];
     for (what, pieces, status) in cases {
-        let mut s = tokio::net::TcpStream::connect(app.addr.trim_start_matches("http://"))
-            .await
-            .expect("connect");
-        s.set_nodelay(true).expect("nodelay");
-        for piece in &pieces {
-            s.write_all(piece.as_bytes()).await.expect("send");
-            // Apart, so that the gateway reads each piece as it comes.
-            tokio::time::sleep(std::time::Duration::from_millis(30)).await;
-        }
-        let mut answer = Vec::new();
-        tokio::time::timeout(
-            std::time::Duration::from_secs(20),
-            s.read_to_end(&mut answer),
-        )
-        .await
-        .unwrap_or_else(|_| panic!("{what}: no end to the answer"))
-        .expect("read");
+        let pieces: Vec<&[u8]> = pieces.iter().map(|p| p.as_bytes()).collect();
+        let answer = common::exchange_in_pieces(&app.addr, &pieces, what).await;
         let text = String::from_utf8_lossy(&answer);
         assert!(
             text.starts_with(&format!("HTTP/1.1 {status} ")),

@@ -86,14 +86,26 @@ impl Reply {
 /// before the gateway answers: the client is still writing when a refusal goes out, as a real one would
 /// be. A failure to send or to read, or 20 s without the end, panics naming `what`.
 pub async fn exchange(addr: &str, request: &[u8], what: &str) -> Vec<u8> {
+    exchange_in_pieces(addr, &[request], what).await
+}
+
+/// [`exchange`], with the request sent in `pieces` 30 ms apart, so that the gateway reads each one as
+/// it comes.
+pub async fn exchange_in_pieces(addr: &str, pieces: &[&[u8]], what: &str) -> Vec<u8> {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let socket = tokio::net::TcpSocket::new_v4().expect("socket");
     socket.set_send_buffer_size(64 * 1024).expect("send buffer");
     let addr = addr.trim_start_matches("http://").parse().expect("address");
     let mut s = socket.connect(addr).await.expect("connect");
-    s.write_all(request)
-        .await
-        .unwrap_or_else(|e| panic!("{what}: sending the request failed: {e}"));
+    s.set_nodelay(true).expect("nodelay");
+    for (i, piece) in pieces.iter().enumerate() {
+        if i > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+        }
+        s.write_all(piece)
+            .await
+            .unwrap_or_else(|e| panic!("{what}: sending the request failed: {e}"));
+    }
     let mut answer = Vec::new();
     tokio::time::timeout(
         std::time::Duration::from_secs(20),
