@@ -224,25 +224,34 @@ async fn a_request_queued_behind_a_long_run_is_shed_at_its_queue_timeout_not_whe
     let engine = app.gateway.engine("ctr").expect("the model");
     let width = engine.model().width;
     let far = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let long = {
-        let engine = engine.clone();
-        tokio::spawn(async move {
-            let r = engine.infer(4000, vec![0.5; 4000 * width], far).await;
-            (r.is_ok(), std::time::Instant::now())
-        })
+    // On a loaded machine waking the session can take longer than the 2 ms queue timeout, and then the
+    // long run is itself shed before it starts: it is sent again, and its sheds are counted.
+    let mut long_shed = 0;
+    let long = loop {
+        let long = {
+            let engine = engine.clone();
+            tokio::spawn(async move {
+                let r = engine.infer(4000, vec![0.5; 4000 * width], far).await;
+                let shed = matches!(r, Err(hydrant::infer::InferError::QueueTimeout(..)));
+                (r.is_ok(), shed, std::time::Instant::now())
+            })
+        };
+        // Time for the session to take the long run.
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        if !long.is_finished() {
+            break long;
+        }
+        let (_, shed, _) = long.await.expect("the long run");
+        assert!(shed, "4,000 rows of the wide model ran in 5 ms");
+        long_shed += 1;
+        assert!(long_shed < 20, "the long run was shed {long_shed} times");
     };
-    // Time for the session to take the long run.
-    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    assert!(
-        !long.is_finished(),
-        "1,000 rows of the wide model ran in 5 ms"
-    );
     let queued = std::time::Instant::now();
     let (short, shed_at) = {
         let r = engine.infer(1, vec![0.5; width], far).await;
         (r, std::time::Instant::now())
     };
-    let (long_ok, long_done) = long.await.expect("the long run");
+    let (long_ok, _, long_done) = long.await.expect("the long run");
     assert!(long_ok, "the long run was served");
     match short {
         Err(hydrant::infer::InferError::QueueTimeout(..)) => {}
@@ -259,7 +268,10 @@ async fn a_request_queued_behind_a_long_run_is_shed_at_its_queue_timeout_not_whe
         shed_at - queued,
         long_done - queued
     );
-    assert_eq!(engine.stats().shed_queue_timeout.load(Relaxed), 1);
+    assert_eq!(
+        engine.stats().shed_queue_timeout.load(Relaxed),
+        long_shed + 1
+    );
     assert_eq!(engine.queue_depth(), 0);
 }
 
