@@ -10,6 +10,7 @@ use crate::hydrate::Resolved;
 use crate::packed::ValueRef;
 use crate::schema::{Model, Slot, Source, Transform};
 use crate::value::Value;
+use smallvec::SmallVec;
 
 /// FNV-1a, 64-bit: the documented, stable hash behind `hash_bucket`.
 pub fn fnv1a64(bytes: &[u8]) -> u64 {
@@ -53,56 +54,80 @@ pub fn assemble(
     defaulted.clear();
     defaulted.resize(model.slots.len(), false);
     let width = model.width;
-    for r in 0..rows {
+    if rows == 0 {
+        return Ok(());
+    }
+    // The first row writes every slot.
+    for (si, slot) in model.slots.iter().enumerate() {
+        fill_slot(si, slot, views, context, 0, &mut buf[..width], defaulted)?;
+    }
+    if rows == 1 {
+        return Ok(());
+    }
+    // The slots of the context and of a view resolved once for all rows (the user of a ranking request)
+    // are the same in every row: each later row starts as a copy of the first, and only the slots that
+    // differ by row are written again.
+    let per_row: SmallVec<[usize; 16]> = (0..model.slots.len())
+        .filter(|&si| match model.slots[si].source {
+            Source::View { view, .. } => views[view].len() != 1,
+            Source::Context { .. } => false,
+        })
+        .collect();
+    for r in 1..rows {
         let (done, todo) = buf.split_at_mut(r * width);
         let row = &mut todo[..width];
-        // The slots of the context and of a view resolved once for all rows (the user of a ranking
-        // request) are the same in every row: written for the first, copied to the rest.
-        let first = (r > 0).then(|| &done[..width]);
-        for (si, slot) in model.slots.iter().enumerate() {
-            let shared = match slot.source {
-                Source::View { view, .. } => views[view].len() == 1,
-                Source::Context { .. } => true,
-            };
-            if let Some(first) = first
-                && shared
-            {
-                let at = slot.offset..slot.offset + slot.width;
-                row[at.clone()].copy_from_slice(&first[at]);
-                continue;
-            }
-            let raw = match slot.source {
-                Source::View { view, feature } => {
-                    let per_view = &views[view];
-                    let resolved = if per_view.len() == 1 {
-                        &per_view[0]
-                    } else {
-                        &per_view[r]
-                    };
-                    resolved.found().map(|f| f.values.get(feature))
-                }
-                Source::Context { index } => context[index].as_ref().map(ValueRef::from),
-            };
-            let out = &mut row[slot.offset..slot.offset + slot.width];
-            match raw {
-                Some(v) if !v.is_null() => {
-                    write_slot(slot, v, out);
-                    if out.iter().all(|x| x.is_finite()) {
-                        continue;
-                    }
-                    if let Source::Context { index } = slot.source {
-                        return Err(Overflow {
-                            slot: si,
-                            context: index,
-                        });
-                    }
-                }
-                _ => {}
-            }
-            defaulted[si] = true;
-            write_slot(slot, slot.fallback().into(), out);
+        row.copy_from_slice(&done[..width]);
+        for &si in &per_row {
+            // Every column of the slot is written (a shorter list's others as 0), so nothing of the
+            // first row's value is left.
+            fill_slot(si, &model.slots[si], views, context, r, row, defaulted)?;
         }
     }
+    Ok(())
+}
+
+/// Writes slot `si` of row `r` into `row`, from the row's value or, when it is missing, null or beyond
+/// float32 once transformed, from the slot's fallback (and marks the slot defaulted). A context value
+/// beyond float32 is the caller's to fix: [`Overflow`].
+#[inline(always)]
+fn fill_slot(
+    si: usize,
+    slot: &Slot,
+    views: &[Vec<Resolved>],
+    context: &[Option<Value>],
+    r: usize,
+    row: &mut [f32],
+    defaulted: &mut [bool],
+) -> Result<(), Overflow> {
+    let raw = match slot.source {
+        Source::View { view, feature } => {
+            let per_view = &views[view];
+            let resolved = if per_view.len() == 1 {
+                &per_view[0]
+            } else {
+                &per_view[r]
+            };
+            resolved.found().map(|f| f.values.get(feature))
+        }
+        Source::Context { index } => context[index].as_ref().map(ValueRef::from),
+    };
+    let out = &mut row[slot.offset..slot.offset + slot.width];
+    if let Some(v) = raw
+        && !v.is_null()
+    {
+        write_slot(slot, v, out);
+        if out.iter().all(|x| x.is_finite()) {
+            return Ok(());
+        }
+        if let Source::Context { index } = slot.source {
+            return Err(Overflow {
+                slot: si,
+                context: index,
+            });
+        }
+    }
+    defaulted[si] = true;
+    write_slot(slot, slot.fallback().into(), out);
     Ok(())
 }
 
@@ -127,7 +152,7 @@ pub fn fallback_overflows(slot: &Slot) -> bool {
     !out.iter().all(|x| x.is_finite())
 }
 
-/// Applies `slot`'s transforms to `value`, writing `slot.width` numbers into `out`.
+/// Applies `slot`'s transforms to `value`, writing all `slot.width` numbers of `out`.
 pub fn write_slot(slot: &Slot, value: ValueRef<'_>, out: &mut [f32]) {
     match value {
         ValueRef::Str(s) => {
@@ -142,8 +167,11 @@ pub fn write_slot(slot: &Slot, value: ValueRef<'_>, out: &mut [f32]) {
             };
             match &slot.steps[at] {
                 Transform::OneHot { vocabulary } => {
-                    for (o, word) in out.iter_mut().zip(vocabulary.iter()) {
-                        *o = if word.as_bytes() == s.as_bytes() {
+                    for (i, o) in out.iter_mut().enumerate() {
+                        *o = if vocabulary
+                            .get(i)
+                            .is_some_and(|w| w.as_bytes() == s.as_bytes())
+                        {
                             1.0
                         } else {
                             0.0
@@ -163,8 +191,12 @@ pub fn write_slot(slot: &Slot, value: ValueRef<'_>, out: &mut [f32]) {
             }
         }
         ValueRef::List(l) => {
-            for (o, x) in out.iter_mut().zip(l.iter()) {
-                *o = numeric(&slot.steps, f64::from(x)) as f32;
+            let mut values = l.iter();
+            // A list shorter than its slot leaves the slot's other columns 0.
+            for o in out.iter_mut() {
+                *o = values
+                    .next()
+                    .map_or(0.0, |x| numeric(&slot.steps, f64::from(x)) as f32);
             }
         }
         ValueRef::Bool(b) => out[0] = numeric(&slot.steps, if b { 1.0 } else { 0.0 }) as f32,
@@ -253,6 +285,107 @@ mod tests {
         assert_eq!(r, Ok(()));
         assert_eq!(buf, vec![0.0, 1.5]);
         assert_eq!(flags, vec![true, false]);
+    }
+
+    /// A ranking request's rows, assembled together (later rows copied from the first, then their own
+    /// slots written), are the rows each candidate gets assembled alone: with the user shared, items
+    /// found, missing, not found or holding a list shorter than its slot, and the context sent or not.
+    #[test]
+    fn rows_assembled_together_equal_each_row_assembled_alone() {
+        use crate::cache::{Entry, Found};
+        use crate::hydrate::Status;
+        use crate::packed::Packed;
+        use std::path::Path;
+        use std::sync::Arc;
+        let registry = crate::schema::Registry::load_dir(Path::new("schemas"), Path::new("models"))
+            .expect("demo schemas");
+        let model = &registry.models["ctr"];
+        let user_view = &registry.views["user_profile"];
+        let item_view = &registry.views["item_stats"];
+        let stats = Arc::new(crate::telemetry::ViewStats::default());
+        let found = |view, values: Vec<Value>| Resolved {
+            entry: Some(Arc::new(Entry::new(
+                0,
+                Some(Found {
+                    event_ts_ms: 0,
+                    values: Packed::new(&values),
+                }),
+                view,
+                4,
+                stats.clone(),
+            ))),
+            status: Status::Present,
+        };
+        let item = |cat: &str, price: f64, emb: Vec<f32>| {
+            found(
+                item_view,
+                vec![
+                    Value::Str(cat.into()),
+                    Value::Str("brand_3".into()),
+                    Value::Float(price),
+                    Value::Null,
+                    Value::Int(250),
+                    Value::List(emb.into_boxed_slice()),
+                ],
+            )
+        };
+        let user = || {
+            found(
+                user_view,
+                vec![
+                    Value::Int(31),
+                    Value::Bool(true),
+                    Value::Float(12.5),
+                    Value::Str("de".into()),
+                    Value::List(vec![0.25, -0.5, 0.75, 1.0].into_boxed_slice()),
+                ],
+            )
+        };
+        let missing = |status| Resolved {
+            entry: None,
+            status,
+        };
+        let items = || {
+            vec![
+                item("tech", 99.0, vec![1.0, 2.0, 3.0, 4.0]),
+                missing(Status::NotFound),
+                // A list shorter than its slot: the slot's other columns are 0, not the row above's.
+                item("food", 5.0, vec![-1.0]),
+                missing(Status::Defaulted),
+                item("sports", 0.0, vec![0.5, 0.5, 0.5, 0.5]),
+            ]
+        };
+        for context in [
+            vec![Some(Value::Int(20)), Some(Value::Str("ios".into()))],
+            vec![None, None],
+        ] {
+            let views = [vec![user()], items()];
+            let rows = views[1].len();
+            let (mut together, mut flags) = (Vec::new(), Vec::new());
+            assemble(model, &views, &context, rows, &mut together, &mut flags).expect("assembles");
+            let mut alone = Vec::new();
+            let mut any_defaulted = vec![false; model.slots.len()];
+            for r in 0..rows {
+                let one = [vec![user()], vec![items().swap_remove(r)]];
+                let (mut buf, mut f) = (Vec::new(), Vec::new());
+                assemble(model, &one, &context, 1, &mut buf, &mut f).expect("assembles");
+                alone.extend_from_slice(&buf);
+                for (a, b) in any_defaulted.iter_mut().zip(&f) {
+                    *a |= *b;
+                }
+            }
+            assert_eq!(together.len(), rows * model.width);
+            assert_eq!(together, alone);
+            assert_eq!(flags, any_defaulted);
+            // The short list's row: its first column as sent, the other three 0.
+            let emb = model
+                .slots
+                .iter()
+                .find(|s| s.label == "item_stats:embedding")
+                .expect("slot");
+            let at = 2 * model.width + emb.offset;
+            assert_eq!(&together[at..at + 4], &[-1.0, 0.0, 0.0, 0.0]);
+        }
     }
 
     #[test]

@@ -65,6 +65,9 @@ pub fn parse(body: &[u8]) -> Option<PredictRequest> {
     })
 }
 
+/// Most candidates room is made for before the first is read (more still grow the list).
+const RESERVED_CANDIDATES: usize = 1024;
+
 struct Reader<'a> {
     /// The body, known to be UTF-8.
     s: &'a str,
@@ -279,8 +282,17 @@ impl<'a> Reader<'a> {
     }
 
     fn candidates(&mut self) -> Option<Vec<Fields<EntityKey>>> {
-        let mut out = Vec::new();
+        // Each entry is some 200 bytes (its fields inline): grown by doubling, a hundred candidates were
+        // copied about twice each, a sixth of reading a ranking body. Past the first few, room is made
+        // at once for as many as the rest of the body has objects, up to a bound.
+        let mut out = Vec::with_capacity(4);
+        let mut reserved = false;
         self.array(|p| {
+            if out.len() == out.capacity() && !reserved {
+                reserved = true;
+                let objects = p.b.get(p.i..)?.iter().filter(|&&c| c == b'{').count();
+                out.reserve(objects.min(RESERVED_CANDIDATES));
+            }
             out.push(p.fields(Reader::entity_key)?);
             Some(())
         })?;
