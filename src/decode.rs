@@ -1195,7 +1195,7 @@ pub struct PredictRequest {
     #[serde(default, deserialize_with = "null_default")]
     pub context: Fields<ContextValue>,
     #[serde(default)]
-    pub candidates: Option<Vec<Fields<EntityKey>>>,
+    pub candidates: Option<Candidates>,
     #[serde(default, deserialize_with = "options_object")]
     pub options: Options,
 }
@@ -1295,6 +1295,89 @@ impl<'de, V: Deserialize<'de>> Deserialize<'de> for Fields<V> {
     }
 }
 
+/// A request's candidates as read: every one of them, or, in a list longer than the limit the reader was
+/// given ([`with_candidate_limit`]), the first `limit` of them and the count of the rest. A candidate is
+/// some 200 bytes in memory (its fields inline) and `{},` three in the body: a 1 MiB body of empty
+/// candidates, held whole, took 200 MB before the limit refused it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Candidates {
+    pub(crate) list: Vec<Fields<EntityKey>>,
+    /// How many the request sent.
+    pub(crate) sent: usize,
+}
+
+impl Candidates {
+    /// Candidates all held.
+    pub fn new(list: Vec<Fields<EntityKey>>) -> Self {
+        let sent = list.len();
+        Self { list, sent }
+    }
+
+    /// How many the request sent, held or not.
+    pub fn sent(&self) -> usize {
+        self.sent
+    }
+}
+
+impl std::ops::Deref for Candidates {
+    type Target = [Fields<EntityKey>];
+
+    /// The candidates held.
+    fn deref(&self) -> &Self::Target {
+        &self.list
+    }
+}
+
+thread_local! {
+    /// Most candidates a predict body's reader holds on this thread; see [`with_candidate_limit`].
+    static CANDIDATE_LIMIT: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
+}
+
+/// Runs `read` (a synchronous parse of a predict body) holding at most `limit` candidates: the rest are
+/// read, checked for syntax and counted, not kept, so [`PredictRequest::plan`] refuses the list with its
+/// true length. serde gives a field's reader no arguments, hence a thread-local, set only for the call.
+pub fn with_candidate_limit<R>(limit: usize, read: impl FnOnce() -> R) -> R {
+    struct Restore(usize);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            CANDIDATE_LIMIT.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(CANDIDATE_LIMIT.with(|c| c.replace(limit)));
+    read()
+}
+
+impl<'de> Deserialize<'de> for Candidates {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct CandidatesVisitor;
+        impl<'de> Visitor<'de> for CandidatesVisitor {
+            type Value = Candidates;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a list of candidates")
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Candidates, A::Error> {
+                let limit = CANDIDATE_LIMIT.with(std::cell::Cell::get);
+                let hint = seq.size_hint().unwrap_or(0);
+                let mut list = Vec::with_capacity(hint.min(limit).min(1024));
+                let mut sent = 0usize;
+                loop {
+                    if list.len() < limit {
+                        match seq.next_element::<Fields<EntityKey>>()? {
+                            Some(c) => list.push(c),
+                            None => break,
+                        }
+                    } else if seq.next_element::<de::IgnoredAny>()?.is_none() {
+                        break;
+                    }
+                    sent += 1;
+                }
+                Ok(Candidates { list, sent })
+            }
+        }
+        d.deserialize_seq(CandidatesVisitor)
+    }
+}
+
 /// `POST /v1/features`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -1384,8 +1467,9 @@ impl PredictRequest {
     /// Resolves the request against `model`: which keys each view reads, and the typed context.
     /// Checks the request against `model` and the limits. Takes the context values out of the request.
     pub fn plan(&mut self, model: &Model, limits: &LimitsConfig) -> Result<Plan, ApiError> {
-        let candidates = self.candidates.as_deref();
-        if let Some(c) = candidates {
+        let held = self.candidates.as_ref();
+        let candidates = held.map(|c| &c[..]);
+        if let Some(c) = held {
             if c.is_empty() {
                 return Err(ApiError::invalid(
                     "empty_candidates",
@@ -1393,13 +1477,15 @@ impl PredictRequest {
                     "candidates: expected at least one candidate (leave the field out to score the entities alone)",
                 ));
             }
-            if c.len() > limits.max_candidates {
+            // A list cut short by its reader's limit is refused whatever this one is: its rows are not
+            // all here.
+            if c.sent() > limits.max_candidates || c.len() < c.sent() {
                 return Err(ApiError::TooLarge {
                     code: "too_many_candidates",
                     message: format!(
                         "candidates: {} candidates, the limit is {}",
-                        c.len(),
-                        limits.max_candidates
+                        c.sent(),
+                        limits.max_candidates.min(c.len())
                     ),
                     field: Some("candidates".to_owned()),
                 });
@@ -1933,6 +2019,78 @@ mod tests {
                 assert_eq!(v.typed(dtype), Err(format!("expected {dtype}, got {what}")));
             }
         }
+    }
+
+    /// Past the reader's limit candidates are counted, not held; a type error past it is not looked at
+    /// (the list is refused whole), a syntax error still is; plan refuses the list with its true length.
+    #[test]
+    fn candidates_past_the_limit_are_counted_not_held() {
+        let read = |format, body: &[u8], limit| {
+            with_candidate_limit(limit, || parse_body::<PredictRequest>(format, body))
+        };
+        let body = br#"{"entities": {"user_id": "u_1"}, "candidates": [{"item_id": "i_1"}, {"item_id": "i_2"}, {}, {"item_id": [1]}, {"item_id": "i_5"}]}"#;
+        let req = read(Format::Json, body, 2).expect("reads");
+        let c = req.candidates.as_ref().expect("candidates");
+        assert_eq!((c.len(), c.sent()), (2, 5));
+        assert_eq!(c[1].get("item_id"), Some(&EntityKey::Str("i_2".into())));
+        // The limit holds for this call only.
+        let e = parse_body::<PredictRequest>(Format::Json, body).expect_err("the list");
+        assert!(
+            matches!(&e, ApiError::Malformed { field: Some(f), .. } if f == "candidates[3].item_id"),
+            "{e:?}"
+        );
+        // At or under the limit, all are held; a syntax error past it is still one.
+        let c = read(Format::Json, br#"{"candidates": [{}, {}]}"#, 2)
+            .expect("reads")
+            .candidates
+            .expect("candidates");
+        assert_eq!((c.len(), c.sent()), (2, 2));
+        assert!(
+            read(
+                Format::Json,
+                br#"{"candidates": [{}, {}, {], "entities": {}}"#,
+                2
+            )
+            .is_err()
+        );
+        // MessagePack alike.
+        let packed = rmp_serde::to_vec_named(&serde_json::json!({
+            "candidates": (0..7).map(|i| serde_json::json!({"item_id": format!("i_{i}")})).collect::<Vec<_>>()
+        }))
+        .expect("msgpack");
+        let c = read(Format::Msgpack, &packed, 3)
+            .expect("reads")
+            .candidates
+            .expect("candidates");
+        assert_eq!((c.len(), c.sent()), (3, 7));
+
+        let registry = Registry::load_dir(
+            std::path::Path::new("schemas"),
+            std::path::Path::new("models"),
+        )
+        .expect("demo schemas");
+        let limits = LimitsConfig {
+            max_candidates: 2,
+            ..LimitsConfig::default()
+        };
+        let mut req = read(Format::Json, body, 2).expect("reads");
+        match req.plan(&registry.models["ctr"], &limits) {
+            Err(ApiError::TooLarge { code, message, .. }) => {
+                assert_eq!(code, "too_many_candidates");
+                assert_eq!(message, "candidates: 5 candidates, the limit is 2");
+            }
+            other => panic!("expected a 413, got {other:?}"),
+        }
+        // A list cut at a lower limit than the plan's is refused too: its rows are not all there.
+        let limits = LimitsConfig {
+            max_candidates: 10,
+            ..LimitsConfig::default()
+        };
+        let mut req = read(Format::Json, body, 2).expect("reads");
+        assert!(matches!(
+            req.plan(&registry.models["ctr"], &limits),
+            Err(ApiError::TooLarge { .. })
+        ));
     }
 
     #[test]

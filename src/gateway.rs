@@ -16,7 +16,7 @@ use tracing::Instrument;
 
 use crate::assemble::{Overflow, assemble};
 use crate::config::Config;
-use crate::decode::{FeaturesRequest, Format, PredictRequest, parse_body};
+use crate::decode::{FeaturesRequest, Format, PredictRequest, parse_body, with_candidate_limit};
 use crate::encode::{BodyWriter, TimingsBody, respond};
 use crate::error::ApiError;
 use crate::feast::{OnlineBody, OnlineFeaturesRequest};
@@ -152,14 +152,16 @@ impl Gateway {
 
         // decode
         let answer = Format::of_response(headers, format)?;
-        // The usual body read by hand; anything else (and every error) by serde.
+        // The usual body read by hand; anything else (and every error) by serde. Neither holds more
+        // candidates than the limit: past it they are counted for the 413, not kept.
+        let max_candidates = self.config.limits.max_candidates;
         let fast = match format {
-            Format::Json => crate::predict_json::parse(body),
+            Format::Json => crate::predict_json::parse(body, max_candidates),
             Format::Msgpack => None,
         };
         let mut req: PredictRequest = match fast {
             Some(req) => req,
-            None => parse_body(format, body)?,
+            None => with_candidate_limit(max_candidates, || parse_body(format, body))?,
         };
         let plan = req.plan(model, &self.config.limits)?;
         let deadline = self.deadline(started, req.options.deadline_ms);

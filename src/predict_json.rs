@@ -11,14 +11,16 @@
 use compact_str::CompactString;
 use smallvec::SmallVec;
 
-use crate::decode::{ContextValue, EntityKey, Fields, Options, PredictRequest};
+use crate::decode::{Candidates, ContextValue, EntityKey, Fields, Options, PredictRequest};
 use crate::value::Value;
 
 /// Fields one object may carry here; more goes to serde (which allows 1,024).
 const MAX_FIELDS: usize = 16;
 
-/// `body` as a predict request, or `None` to leave it to serde.
-pub fn parse(body: &[u8]) -> Option<PredictRequest> {
+/// `body` as a predict request, or `None` to leave it to serde. A list of more than `max_candidates`
+/// candidates is left to serde too, which holds no more of them than that
+/// ([`crate::decode::with_candidate_limit`]).
+pub fn parse(body: &[u8], max_candidates: usize) -> Option<PredictRequest> {
     // Checked once as a whole: a string then ends at an ASCII quote, so slicing it out needs only the
     // boundary check of `str::get`, not another pass over its bytes. A body that is not UTF-8 is
     // serde's to refuse.
@@ -42,7 +44,7 @@ pub fn parse(body: &[u8]) -> Option<PredictRequest> {
                 candidates = Some(if p.null()? {
                     None
                 } else {
-                    Some(p.candidates()?)
+                    Some(p.candidates(max_candidates)?)
                 });
             }
             "options" if options.is_none() => {
@@ -281,13 +283,16 @@ impl<'a> Reader<'a> {
         })
     }
 
-    fn candidates(&mut self) -> Option<Vec<Fields<EntityKey>>> {
+    fn candidates(&mut self, limit: usize) -> Option<Candidates> {
         // Each entry is some 200 bytes (its fields inline): grown by doubling, a hundred candidates were
         // copied about twice each, a sixth of reading a ranking body. Past the first few, room is made
         // at once for as many as the rest of the body has objects, up to a bound.
         let mut out = Vec::with_capacity(4);
         let mut reserved = false;
         self.array(|p| {
+            if out.len() == limit {
+                return None;
+            }
             if out.len() == out.capacity() && !reserved {
                 reserved = true;
                 let objects = p.b.get(p.i..)?.iter().filter(|&&c| c == b'{').count();
@@ -296,7 +301,7 @@ impl<'a> Reader<'a> {
             out.push(p.fields(Reader::entity_key)?);
             Some(())
         })?;
-        Some(out)
+        Some(Candidates::new(out))
     }
 }
 
@@ -325,7 +330,7 @@ mod tests {
             r#"{"options": null}"#,
             r#"{"options": {"deadline_ms": 999999999999999999}}"#,
         ] {
-            let fast = parse(body.as_bytes());
+            let fast = parse(body.as_bytes(), usize::MAX);
             assert!(fast.is_some(), "{body}");
             assert_eq!(fast, serde(body), "{body}");
         }
@@ -363,7 +368,7 @@ mod tests {
             "[]",
             "",
         ] {
-            assert_eq!(parse(body.as_bytes()), None, "{body}");
+            assert_eq!(parse(body.as_bytes(), usize::MAX), None, "{body}");
         }
     }
 
@@ -445,7 +450,7 @@ mod tests {
                         (_, 0) => "null".to_owned(),
                         ("candidates", _) => {
                             let c: Vec<String> =
-                                (0..rng.usize(0..3)).map(|_| object(&mut rng)).collect();
+                                (0..rng.usize(0..5)).map(|_| object(&mut rng)).collect();
                             format!("[{}]", c.join(","))
                         }
                         ("options", _) => options(&mut rng),
@@ -465,10 +470,27 @@ mod tests {
                 }
                 _ => {}
             }
-            if let Some(fast) = parse(&body) {
-                taken += 1;
-                let serde: Option<PredictRequest> = serde_json::from_slice(&body).ok();
-                assert_eq!(Some(fast), serde, "{}", String::from_utf8_lossy(&body));
+            // Half the time a candidate limit of 1 to 3, which both readers must keep to.
+            let limit = if rng.bool() {
+                usize::MAX
+            } else {
+                rng.usize(1..4)
+            };
+            let serde = || -> Option<PredictRequest> {
+                crate::decode::with_candidate_limit(limit, || serde_json::from_slice(&body).ok())
+            };
+            match parse(&body, limit) {
+                Some(fast) => {
+                    taken += 1;
+                    assert_eq!(Some(fast), serde(), "{}", String::from_utf8_lossy(&body));
+                }
+                // Past the limit serde holds `limit` of them and counts the rest.
+                None => {
+                    if let Some(c) = serde().and_then(|r| r.candidates) {
+                        assert!(c.len() <= limit && c.len() <= c.sent());
+                        assert!(c.len() == c.sent() || c.len() == limit);
+                    }
+                }
             }
         }
         // Enough of the generated bodies are plain for the comparison to mean something.

@@ -12,13 +12,17 @@ use hydrant::decode::Format;
 
 const REQUESTS: u64 = 200;
 
-/// Allocations per request over [`REQUESTS`] requests of `body` to model `ctr`, every key cached.
-fn allocations_per_request(body: &[u8]) -> u64 {
+/// A current-thread runtime and a ready gateway on the demo store (its folder kept alive beside it).
+fn demo_gateway() -> (
+    tokio::runtime::Runtime,
+    std::sync::Arc<hydrant::gateway::Gateway>,
+    tempfile::TempDir,
+) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    let (gw, _dir) = rt.block_on(async {
+    let (gw, dir) = rt.block_on(async {
         let (store, dir) = common::demo_store().await;
         let app = Application::build_with_store(common::test_config(), store, Clock::default())
             .await
@@ -35,11 +39,22 @@ fn allocations_per_request(body: &[u8]) -> u64 {
             .expect("the gateway gets ready");
         (gw, dir)
     });
+    (rt, gw, dir)
+}
+
+fn json_headers() -> HeaderMap {
     let mut headers = HeaderMap::new();
     headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
+    headers
+}
+
+/// Allocations per request over [`REQUESTS`] requests of `body` to model `ctr`, every key cached.
+fn allocations_per_request(body: &[u8]) -> u64 {
+    let (rt, gw, _dir) = demo_gateway();
+    let headers = json_headers();
     // The first request fills the cache; the rest are the hot path.
     let first = rt
         .block_on(gw.predict(
@@ -98,4 +113,51 @@ fn a_ranking_request_does_not_allocate_per_candidate() {
     );
     let n = allocations_per_request(body.as_bytes());
     assert!(n <= 40, "{n} allocations per 100-candidate request");
+}
+
+/// A body of many empty candidates (`{},`: three bytes each, some 200 in memory each if held) is refused
+/// with the list's true length, holding no more than `limits.max_candidates` of them on the way: the
+/// 1 MiB body used to take some 70 MB to read.
+#[test]
+fn a_list_of_candidates_past_the_limit_is_refused_without_holding_it() {
+    let (rt, gw, _dir) = demo_gateway();
+    let headers = json_headers();
+    let n = 300_000;
+    for body in [
+        // Read by hand, then by serde once past the limit.
+        format!(
+            r#"{{"entities": {{"user_id": "u_42"}}, "candidates": [{}]}}"#,
+            vec!["{}"; n].join(",")
+        ),
+        // Read by serde from the start (an escape the hand reader leaves to it).
+        format!(
+            r#"{{"entities": {{"user_id": "u\u0034"}}, "candidates": [{}]}}"#,
+            vec!["{}"; n].join(",")
+        ),
+    ] {
+        let mut status = None;
+        let mut message = String::new();
+        let info = allocation_counter::measure(|| {
+            let r = rt.block_on(gw.predict(
+                &gw.engine("ctr").expect("ctr"),
+                Format::Json,
+                &headers,
+                body.as_bytes(),
+            ));
+            if let Err(e) = r {
+                status = Some(e.status());
+                message = e.to_string();
+            }
+        });
+        assert_eq!(status.map(|s| s.as_u16()), Some(413), "{message}");
+        assert!(
+            message.contains(&format!("{n} candidates, the limit is 1000")),
+            "{message}"
+        );
+        assert!(
+            info.bytes_max < 4 << 20,
+            "{} bytes held at most while refusing the list",
+            info.bytes_max
+        );
+    }
 }
