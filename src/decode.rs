@@ -788,18 +788,62 @@ pub fn whole_key(f: f64) -> Result<i64, String> {
 /// One key or a list of keys (`/v1/features`).
 #[derive(Debug, Clone)]
 pub struct EntityKeys {
+    /// The keys held: all that were sent, unless the body's lists went past the key limit its reader
+    /// was given ([`with_key_limit`]).
     pub keys: Vec<EntityKey>,
     /// Sent as one key rather than a list: an error about it names the field, not an index.
     pub scalar: bool,
+    /// How many keys were sent, held or not.
+    pub sent: usize,
 }
 
 impl EntityKeys {
     fn one(key: EntityKey) -> Self {
+        take_keys(1);
         Self {
             keys: vec![key],
             scalar: true,
+            sent: 1,
         }
     }
+}
+
+thread_local! {
+    /// Keys the entity-key lists of the body being read on this thread may still hold; see
+    /// [`with_key_limit`].
+    static KEY_BUDGET: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
+}
+
+/// Runs `read` (a synchronous parse of a body with entity-key lists: `/v1/features`,
+/// `/get-online-features`, `/v1/prefetch`) holding at most `limit` keys in all: past it keys are read,
+/// checked for syntax and counted, not kept, so [`check_key_count`] refuses them with their true number.
+/// A key is 24 bytes or more in memory and `"a",` four in the body.
+pub fn with_key_limit<R>(limit: usize, read: impl FnOnce() -> R) -> R {
+    scoped(&KEY_BUDGET, limit, read)
+}
+
+/// Takes `n` keys from the budget.
+fn take_keys(n: usize) {
+    KEY_BUDGET.with(|b| b.set(b.get().saturating_sub(n)));
+}
+
+/// Runs `read` with `cell` set to `value`, then puts its old value back (also when `read` panics).
+fn scoped<R>(
+    cell: &'static std::thread::LocalKey<std::cell::Cell<usize>>,
+    value: usize,
+    read: impl FnOnce() -> R,
+) -> R {
+    struct Restore(
+        &'static std::thread::LocalKey<std::cell::Cell<usize>>,
+        usize,
+    );
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            self.0.with(|c| c.set(self.1));
+        }
+    }
+    let _restore = Restore(cell, cell.with(|c| c.replace(value)));
+    read()
 }
 
 impl<'de> Deserialize<'de> for EntityKeys {
@@ -825,13 +869,26 @@ impl<'de> Deserialize<'de> for EntityKeys {
                     .map_err(E::custom)
             }
             fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<EntityKeys, A::Error> {
-                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
-                while let Some(k) = seq.next_element::<EntityKey>()? {
-                    out.push(k);
+                let budget = KEY_BUDGET.with(std::cell::Cell::get);
+                let hint = seq.size_hint().unwrap_or(0);
+                let mut out = Vec::with_capacity(hint.min(4096).min(budget));
+                let mut sent = 0usize;
+                loop {
+                    if out.len() < budget {
+                        match seq.next_element::<EntityKey>()? {
+                            Some(k) => out.push(k),
+                            None => break,
+                        }
+                    } else if seq.next_element::<de::IgnoredAny>()?.is_none() {
+                        break;
+                    }
+                    sent += 1;
                 }
+                take_keys(out.len());
                 Ok(EntityKeys {
                     keys: out,
                     scalar: false,
+                    sent,
                 })
             }
         }
@@ -1337,14 +1394,7 @@ thread_local! {
 /// read, checked for syntax and counted, not kept, so [`PredictRequest::plan`] refuses the list with its
 /// true length. serde gives a field's reader no arguments, hence a thread-local, set only for the call.
 pub fn with_candidate_limit<R>(limit: usize, read: impl FnOnce() -> R) -> R {
-    struct Restore(usize);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            CANDIDATE_LIMIT.with(|c| c.set(self.0));
-        }
-    }
-    let _restore = Restore(CANDIDATE_LIMIT.with(|c| c.replace(limit)));
-    read()
+    scoped(&CANDIDATE_LIMIT, limit, read)
 }
 
 impl<'de> Deserialize<'de> for Candidates {
@@ -1789,13 +1839,18 @@ pub fn check_key_count<'a>(
     entities: impl IntoIterator<Item = &'a EntityKeys>,
     limits: &LimitsConfig,
 ) -> Result<(), ApiError> {
-    let total: usize = entities.into_iter().map(|k| k.keys.len()).sum();
-    if total > limits.max_entities {
+    let (mut total, mut held) = (0usize, 0usize);
+    for k in entities {
+        total += k.sent;
+        held += k.keys.len();
+    }
+    // Keys cut short by their reader's limit are refused whatever this one is: they are not all here.
+    if total > limits.max_entities || held < total {
         return Err(ApiError::TooLarge {
             code: "too_many_entities",
             message: format!(
                 "entities: {total} keys, the limit is {}",
-                limits.max_entities
+                limits.max_entities.min(held)
             ),
             field: Some("entities".to_owned()),
         });
@@ -2091,6 +2146,55 @@ mod tests {
             req.plan(&registry.models["ctr"], &limits),
             Err(ApiError::TooLarge { .. })
         ));
+    }
+
+    /// The key limit is shared by a body's key lists: keys past it are counted, not held, and any list
+    /// cut short is refused with the true total, whatever the limit it is checked against.
+    #[test]
+    fn entity_keys_past_the_limit_are_counted_not_held() {
+        let body = br#"{"features": ["user_profile"], "entities": {"user_id": ["u_1", "u_2", "u_3"], "item_id": ["i_1", "i_2"]}}"#;
+        let read = |limit| {
+            with_key_limit(limit, || parse_body::<FeaturesRequest>(Format::Json, body))
+                .expect("reads")
+        };
+        let counts = |req: &FeaturesRequest| {
+            let mut c: Vec<(String, usize, usize)> = req
+                .entities
+                .iter()
+                .map(|(n, k)| (n.clone(), k.keys.len(), k.sent))
+                .collect();
+            c.sort();
+            c
+        };
+        let all = read(5);
+        assert_eq!(
+            counts(&all),
+            [("item_id".into(), 2, 2), ("user_id".into(), 3, 3)]
+        );
+        let cut = read(4);
+        let held: usize = cut.entities.values().map(|k| k.keys.len()).sum();
+        let sent: usize = cut.entities.values().map(|k| k.sent).sum();
+        assert_eq!((held, sent), (4, 5));
+        let limits = |max_entities| LimitsConfig {
+            max_entities,
+            ..LimitsConfig::default()
+        };
+        assert!(check_key_count(all.entities.values(), &limits(5)).is_ok());
+        for max in [4, 10] {
+            match check_key_count(cut.entities.values(), &limits(max)) {
+                Err(ApiError::TooLarge { code, message, .. }) => {
+                    assert_eq!(code, "too_many_entities");
+                    assert!(
+                        message.starts_with("entities: 5 keys, the limit is 4"),
+                        "{message}"
+                    );
+                }
+                other => panic!("expected a 413, got {other:?}"),
+            }
+        }
+        // Outside the call the reader holds every key again.
+        let req = parse_body::<FeaturesRequest>(Format::Json, body).expect("reads");
+        assert_eq!(counts(&req), counts(&all));
     }
 
     #[test]

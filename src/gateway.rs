@@ -16,7 +16,9 @@ use tracing::Instrument;
 
 use crate::assemble::{Overflow, assemble};
 use crate::config::Config;
-use crate::decode::{FeaturesRequest, Format, PredictRequest, parse_body, with_candidate_limit};
+use crate::decode::{
+    FeaturesRequest, Format, PredictRequest, parse_body, with_candidate_limit, with_key_limit,
+};
 use crate::encode::{BodyWriter, TimingsBody, respond};
 use crate::error::ApiError;
 use crate::feast::{OnlineBody, OnlineFeaturesRequest};
@@ -274,7 +276,8 @@ impl Gateway {
         let mut t = Timings::default();
         let mut laps = Laps::from(started);
         let answer = Format::of_response(headers, format)?;
-        let req: FeaturesRequest = parse_body(format, body)?;
+        let max_entities = self.config.limits.max_entities;
+        let req: FeaturesRequest = with_key_limit(max_entities, || parse_body(format, body))?;
         let plan = req.plan(&self.catalog.load().registry, &self.config.limits)?;
         let deadline = self.deadline(started, req.options.deadline_ms);
         t.set(Stage::Decode, laps.lap());
@@ -334,7 +337,8 @@ impl Gateway {
         let mut t = Timings::default();
         let mut laps = Laps::from(started);
         let answer = Format::of_response(headers, format)?;
-        let req: OnlineFeaturesRequest = parse_body(format, body)?;
+        let max_entities = self.config.limits.max_entities;
+        let req: OnlineFeaturesRequest = with_key_limit(max_entities, || parse_body(format, body))?;
         let plan = req.plan(&self.catalog.load().registry, &self.config.limits)?;
         let deadline = self.deadline(started, None);
         t.set(Stage::Decode, laps.lap());
@@ -444,7 +448,9 @@ impl Gateway {
     /// `POST /v1/prefetch`: checks the entities and views, then fetches them in the background; 202
     /// `{"accepted": N}` (keys), or 429 while `prefetch.max_concurrent` prefetches are running.
     pub async fn prefetch(&self, format: Format, body: &[u8]) -> Result<Response, ApiError> {
-        let req: crate::prefetch::PrefetchRequest = parse_body(format, body)?;
+        let max_entities = self.config.limits.max_entities;
+        let req: crate::prefetch::PrefetchRequest =
+            with_key_limit(max_entities, || parse_body(format, body))?;
         let plan = req.plan(&self.catalog.load().registry, &self.config.limits)?;
         let deadline = Instant::now() + self.config.limits.request_timeout;
         match self.prefetcher.start(&self.hydrator, plan, deadline) {

@@ -161,3 +161,59 @@ fn a_list_of_candidates_past_the_limit_is_refused_without_holding_it() {
         );
     }
 }
+
+/// Entity keys past `limits.max_entities` are counted, not held, on each route that reads key lists:
+/// the 413 names their true number, and a 1 MiB body of short keys (`"a",`: four bytes each, 24 or more
+/// in memory) used to take some 20 MB more to read.
+#[test]
+fn entity_keys_past_the_limit_are_refused_without_holding_them() {
+    let (rt, gw, _dir) = demo_gateway();
+    let headers = json_headers();
+    let n = 250_000;
+    let keys = vec!["\"a\""; n].join(",");
+    let features =
+        format!(r#"{{"features": ["user_profile"], "entities": {{"user_id": [{keys}]}}}}"#);
+    // Two lists share the limit: 1 + n keys in all.
+    let online = format!(
+        r#"{{"features": ["user_profile:age"], "entities": {{"item_id": ["i_1"], "user_id": [{keys}]}}}}"#
+    );
+    let prefetch = format!(r#"{{"entities": {{"user_id": [{keys}]}}}}"#);
+    for (route, body, total) in [
+        ("/v1/features", &features, n),
+        ("/get-online-features", &online, n + 1),
+        ("/v1/prefetch", &prefetch, n),
+    ] {
+        let mut result = None;
+        let info = allocation_counter::measure(|| {
+            let body = body.as_bytes();
+            let r = rt.block_on(async {
+                match route {
+                    "/v1/features" => gw.features(Format::Json, &headers, body).await,
+                    "/get-online-features" => {
+                        gw.online_features(Format::Json, &headers, body).await
+                    }
+                    _ => gw.prefetch(Format::Json, body).await,
+                }
+            });
+            result = Some(
+                r.map(|resp| resp.status())
+                    .map_err(|e| (e.status(), e.to_string())),
+            );
+        });
+        match result {
+            Some(Err((status, message))) => {
+                assert_eq!(status, 413, "{route}: {message}");
+                assert!(
+                    message.contains(&format!("{total} keys, the limit is 1000")),
+                    "{route}: {message}"
+                );
+            }
+            other => panic!("{route}: expected a 413, got {other:?}"),
+        }
+        assert!(
+            info.bytes_max < 4 << 20,
+            "{route}: {} bytes held at most while refusing the keys",
+            info.bytes_max
+        );
+    }
+}
