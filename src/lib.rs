@@ -60,6 +60,7 @@ pub mod loader;
 pub mod middleware;
 pub mod observe;
 pub mod oip;
+pub mod oip_data;
 pub mod packed;
 pub mod postprocess;
 pub mod predict_json;

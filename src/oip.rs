@@ -94,7 +94,7 @@ pub struct InputTensor {
     pub name: String,
     pub shape: Vec<i64>,
     pub datatype: String,
-    pub data: Json_,
+    pub data: crate::oip_data::TensorData,
     #[serde(default)]
     pub parameters: Option<Parameters>,
 }
@@ -148,7 +148,9 @@ const DATATYPES: [&str; 13] = [
 ];
 
 /// Flattens row-major `data` into `out`: a flat list of numbers, or a list of rows of exactly `width`
-/// numbers each. Each element must be a number within float32's range.
+/// numbers each. Each element must be a number within float32's range. What `data` was read with before
+/// [`crate::oip_data::TensorData`]; kept as the reference its tests compare with.
+#[cfg(test)]
 fn flatten(v: &Json_, out: &mut Vec<f32>, limit: usize, width: usize) -> Result<(), String> {
     let Json_::Array(items) = v else {
         return Err(format!("expected a list of numbers, found {v}"));
@@ -173,6 +175,7 @@ fn flatten(v: &Json_, out: &mut Vec<f32>, limit: usize, width: usize) -> Result<
     items.iter().try_for_each(|x| number(x, out, limit))
 }
 
+#[cfg(test)]
 fn number(v: &Json_, out: &mut Vec<f32>, limit: usize) -> Result<(), String> {
     let Json_::Number(n) = v else {
         return Err(format!("expected numbers, found {v}"));
@@ -225,9 +228,13 @@ async fn run_infer(
             ));
         }
     }
-    let req = parse_request(body)?;
     let info = engine.info();
     let width = engine.model().width;
+    let max_rows = gw.config.limits.max_candidates;
+    // `data` holds no more numbers than the largest shape allowed needs.
+    let req = crate::oip_data::with_shape(max_rows.saturating_mul(width), width, || {
+        parse_request(body)
+    })?;
     if req.inputs.len() != 1 {
         return Err(bad(format!(
             "inputs: the model takes exactly one input, `{}`; got {}",
@@ -254,7 +261,6 @@ async fn run_infer(
             input.name, input.datatype
         )));
     }
-    let max_rows = gw.config.limits.max_candidates;
     let rows = match input.shape.as_slice() {
         [n, w] if *w == width as i64 && *n >= 1 => usize::try_from(*n).unwrap_or(usize::MAX),
         [_, w] if *w != width as i64 => {
@@ -319,7 +325,7 @@ async fn run_infer(
     let expected = rows * width;
     let mut buf = engine.take_buffer();
     buf.clear();
-    if let Err(e) = flatten(&input.data, &mut buf, expected, width) {
+    if let Err(e) = input.data.into_buffer(&mut buf, expected, width) {
         engine.give_buffer(buf);
         return Err(bad(format!("inputs[0].data: input `{}`: {e}", input.name)));
     }
@@ -381,4 +387,116 @@ async fn run_infer(
     engine.recycle(out);
     t.set(Stage::Encode, laps.lap());
     Ok((body, rows))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::oip_data::{TensorData, with_shape};
+
+    /// A random `data` value: usually a list of numbers or of rows near `width`, sometimes with an
+    /// element of another kind, a number beyond float32, or not a list at all.
+    fn data(rng: &mut fastrand::Rng, width: usize) -> String {
+        let scalar = |rng: &mut fastrand::Rng| -> String {
+            match rng.usize(0..20) {
+                0 => "\"x\"".into(),
+                1 => "null".into(),
+                2 => "true".into(),
+                3 => "{\"a\": [1]}".into(),
+                4 => "[1, 2]".into(),
+                5 => "1e39".into(),
+                6 => "-3.5e38".into(),
+                7 => "18446744073709551615".into(),
+                8 => "-7".into(),
+                _ => format!("{}", rng.i32(-1000..1000) as f64 / 8.0),
+            }
+        };
+        let clean = |rng: &mut fastrand::Rng| format!("{}", rng.i32(-100..100));
+        let element = |rng: &mut fastrand::Rng| {
+            if rng.usize(0..12) == 0 {
+                scalar(rng)
+            } else {
+                clean(rng)
+            }
+        };
+        match rng.usize(0..10) {
+            0 => scalar(rng),
+            1..=4 => {
+                let n = rng.usize(0..12);
+                let v: Vec<String> = (0..n).map(|_| element(rng)).collect();
+                format!("[{}]", v.join(", "))
+            }
+            _ => {
+                let rows = rng.usize(0..5);
+                let v: Vec<String> = (0..rows)
+                    .map(|_| {
+                        if rng.usize(0..15) == 0 {
+                            return scalar(rng);
+                        }
+                        let len = if rng.usize(0..6) == 0 {
+                            rng.usize(0..width + 2)
+                        } else {
+                            width
+                        };
+                        let r: Vec<String> = (0..len).map(|_| element(rng)).collect();
+                        format!("[{}]", r.join(", "))
+                    })
+                    .collect();
+                format!("[{}]", v.join(", "))
+            }
+        }
+    }
+
+    /// Read as it streams, `data` gives exactly what the tree of JSON values gave: the same numbers, or
+    /// the same message for the first problem, with the limit checked where it was; whatever the cap, as
+    /// long as it is at least the limit.
+    #[test]
+    fn streamed_data_reads_as_the_json_tree_did() {
+        let mut rng = fastrand::Rng::with_seed(0x6f69_7064);
+        let mut problems = 0;
+        for _ in 0..30_000 {
+            let width = rng.usize(1..4);
+            let text = data(&mut rng, width);
+            let limit = rng.usize(0..12);
+            let cap = limit + rng.usize(0..3);
+            let tree: Json_ = serde_json::from_str(&text).expect("valid JSON");
+            let mut old = Vec::new();
+            let old = flatten(&tree, &mut old, limit, width).map(|()| old);
+            let streamed: TensorData =
+                with_shape(cap, width, || serde_json::from_str(&text)).expect("reads");
+            let mut new = Vec::new();
+            let new = streamed.into_buffer(&mut new, limit, width).map(|()| new);
+            assert_eq!(new, old, "{text} (limit {limit}, width {width}, cap {cap})");
+            problems += usize::from(old.is_err());
+        }
+        // Both outcomes are common enough for the comparison to mean something.
+        assert!(
+            (5_000..25_000).contains(&problems),
+            "{problems} of 30,000 refused"
+        );
+    }
+
+    /// Past the cap numbers are counted, not held, and such a tensor is refused as too long.
+    #[test]
+    fn numbers_past_the_cap_are_counted_not_held() {
+        let text = format!("[{}]", vec!["0"; 100_000].join(","));
+        let d: TensorData = with_shape(27, 27, || serde_json::from_str(&text)).expect("reads");
+        let mut out = Vec::new();
+        assert_eq!(
+            d.into_buffer(&mut out, 27, 27),
+            Err("more elements than the shape's 27".to_owned())
+        );
+        assert!(out.is_empty());
+        // Within the cap, every number.
+        let d: TensorData =
+            with_shape(27, 27, || serde_json::from_str("[[1, 2], [3, 4]]")).expect("reads");
+        assert_eq!(
+            d.into_buffer(&mut out, 27, 27),
+            Err("row 0 has 2 elements; the shape's rows have 27".to_owned())
+        );
+        let d: TensorData =
+            with_shape(4, 2, || serde_json::from_str("[[1, 2], [3, 4]]")).expect("reads");
+        d.into_buffer(&mut out, 4, 2).expect("fits");
+        assert_eq!(out, [1.0, 2.0, 3.0, 4.0]);
+    }
 }

@@ -217,3 +217,38 @@ fn entity_keys_past_the_limit_are_refused_without_holding_them() {
         );
     }
 }
+
+/// An infer request's `data` is read into float32 as it streams, holding no more numbers than the largest
+/// shape allowed needs: a 1 MiB list of numbers (`0,`: two bytes each) used to be held as JSON values,
+/// some 40 bytes each, before its shape was checked.
+#[test]
+fn infer_data_past_the_largest_shape_is_refused_without_holding_it() {
+    let (rt, gw, _dir) = demo_gateway();
+    let n = 500_000;
+    let body = format!(
+        r#"{{"inputs": [{{"name": "features", "shape": [1, 27], "datatype": "FP32", "data": [{}]}}]}}"#,
+        vec!["0"; n].join(",")
+    );
+    let mut result = None;
+    let info = allocation_counter::measure(|| {
+        let engine = gw.engine("ctr").expect("ctr");
+        let r = rt.block_on(hydrant::oip::infer(&gw, &engine, body.as_bytes()));
+        result = Some(r.map(|resp| resp.status()).map_err(|e| (e.0, e.1)));
+    });
+    match result {
+        Some(Err((status, message))) => {
+            assert_eq!(status, 400, "{message}");
+            assert!(
+                message.contains("more elements than the shape's 27"),
+                "{message}"
+            );
+        }
+        other => panic!("expected a 400, got {other:?}"),
+    }
+    // Capped, at most 1,000 rows of 27 float32 (108 KB); uncapped, 2 MB as float32, more as JSON values.
+    assert!(
+        info.bytes_max < 1 << 20,
+        "{} bytes held at most while refusing the data",
+        info.bytes_max
+    );
+}
