@@ -496,6 +496,7 @@ impl Gateway {
             },
             other => other,
         })?;
+        crate::loader::check_row_count(req.rows.sent)?;
         let writes = crate::loader::parse_rows(
             v,
             &self.config.store.prefix,

@@ -252,3 +252,36 @@ fn infer_data_past_the_largest_shape_is_refused_without_holding_it() {
         info.bytes_max
     );
 }
+
+/// A rows request holds at most the 1,000 rows one request may write: more are counted for the 413, not
+/// kept (a row is some 80 bytes in memory, `{},` three in the body).
+#[test]
+fn rows_past_the_limit_are_refused_without_holding_them() {
+    let (rt, gw, _dir) = demo_gateway();
+    let n = 300_000;
+    let body = format!(r#"{{"rows": [{}]}}"#, vec!["{}"; n].join(","));
+    let mut result = None;
+    let info = allocation_counter::measure(|| {
+        let r = rt.block_on(gw.write_rows("user_profile", Format::Json, body.as_bytes()));
+        result = Some(
+            r.map(|resp| resp.status())
+                .map_err(|e| (e.status(), e.to_string())),
+        );
+    });
+    match result {
+        Some(Err((status, message))) => {
+            assert_eq!(status, 413, "{message}");
+            assert!(
+                message.contains(&format!("{n} rows, the limit is 1000 per request")),
+                "{message}"
+            );
+        }
+        other => panic!("expected a 413, got {other:?}"),
+    }
+    // Held: at most 1,000 empty rows; all of them took some 20 MB.
+    assert!(
+        info.bytes_max < 1 << 20,
+        "{} bytes held at most while refusing the rows",
+        info.bytes_max
+    );
+}
