@@ -231,6 +231,8 @@ pub fn parse_body<T: DeserializeOwned + Positional>(
             field: (!at.is_empty()).then_some(key.map),
         });
     }
+    // Each pass over the body counts the keys it holds from 0 ([`with_key_limit`]).
+    KEYS_HELD.with(|h| h.set(0));
     let fast = match format {
         Format::Json => serde_json::from_slice::<T>(body).ok(),
         Format::Msgpack => {
@@ -243,6 +245,7 @@ pub fn parse_body<T: DeserializeOwned + Positional>(
     if let Some(v) = fast {
         return Ok(v);
     }
+    KEYS_HELD.with(|h| h.set(0));
     parse_body_tracked(format, body)
 }
 
@@ -799,7 +802,10 @@ pub struct EntityKeys {
 
 impl EntityKeys {
     fn one(key: EntityKey) -> Self {
-        take_keys(1);
+        // A single key is held whatever the limit (it is read already), and counted towards it.
+        if !hold_key() {
+            KEYS_HELD.with(|h| h.set(h.get().saturating_add(1)));
+        }
         Self {
             keys: vec![key],
             scalar: true,
@@ -809,22 +815,34 @@ impl EntityKeys {
 }
 
 thread_local! {
-    /// Keys the entity-key lists of the body being read on this thread may still hold; see
+    /// Most keys the entity-key lists of the body being read on this thread hold in all; see
     /// [`with_key_limit`].
-    static KEY_BUDGET: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
+    static KEY_LIMIT: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
+    /// Keys held so far by the pass over the body now being read (each pass of [`parse_body`] starts
+    /// again from 0).
+    static KEYS_HELD: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// Runs `read` (a synchronous parse of a body with entity-key lists: `/v1/features`,
 /// `/get-online-features`, `/v1/prefetch`) holding at most `limit` keys in all: past it keys are read,
-/// checked for syntax and counted, not kept, so [`check_key_count`] refuses them with their true number.
-/// A key is 24 bytes or more in memory and `"a",` four in the body.
+/// checked and counted, not kept, so [`check_key_count`] refuses them with their true number. A key is
+/// 24 bytes or more in memory and `"a",` four in the body.
 pub fn with_key_limit<R>(limit: usize, read: impl FnOnce() -> R) -> R {
-    scoped(&KEY_BUDGET, limit, read)
+    KEYS_HELD.with(|h| h.set(0));
+    scoped(&KEY_LIMIT, limit, read)
 }
 
-/// Takes `n` keys from the budget.
-fn take_keys(n: usize) {
-    KEY_BUDGET.with(|b| b.set(b.get().saturating_sub(n)));
+/// Counts one more key held; `false` (counting nothing) when that would pass the limit.
+fn hold_key() -> bool {
+    let limit = KEY_LIMIT.with(std::cell::Cell::get);
+    KEYS_HELD.with(|h| {
+        let held = h.get().saturating_add(1);
+        let within = held <= limit;
+        if within {
+            h.set(held);
+        }
+        within
+    })
 }
 
 /// Runs `read` with `cell` set to `value`, then puts its old value back (also when `read` panics).
@@ -869,22 +887,29 @@ impl<'de> Deserialize<'de> for EntityKeys {
                     .map_err(E::custom)
             }
             fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<EntityKeys, A::Error> {
-                let budget = KEY_BUDGET.with(std::cell::Cell::get);
                 let hint = seq.size_hint().unwrap_or(0);
-                let mut out = Vec::with_capacity(hint.min(4096).min(budget));
+                let mut out = Vec::with_capacity(hint.min(64));
                 let mut sent = 0usize;
+                // Keys are held while the limit allows; past it, read and checked, not kept.
+                let mut holding = true;
                 loop {
-                    if out.len() < budget {
+                    if holding && hold_key() {
                         match seq.next_element::<EntityKey>()? {
                             Some(k) => out.push(k),
-                            None => break,
+                            None => {
+                                // The list ended: the key counted for it was never there.
+                                KEYS_HELD.with(|h| h.set(h.get().saturating_sub(1)));
+                                break;
+                            }
                         }
-                    } else if seq.next_element::<de::IgnoredAny>()?.is_none() {
-                        break;
+                    } else {
+                        holding = false;
+                        if seq.next_element::<Checked>()?.is_none() {
+                            break;
+                        }
                     }
                     sent += 1;
                 }
-                take_keys(out.len());
                 Ok(EntityKeys {
                     keys: out,
                     scalar: false,
@@ -1352,6 +1377,59 @@ impl<'de, V: Deserialize<'de>> Deserialize<'de> for Fields<V> {
     }
 }
 
+/// A value read and checked as a tree of values would be (numbers in range, escapes, nesting depth) but
+/// not kept: what the readers of long lists read past their limits. serde's `IgnoredAny` skips a JSON
+/// number or string without checking it, so a body refused as malformed before would be taken.
+pub(crate) struct Checked;
+
+impl<'de> Deserialize<'de> for Checked {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Checked;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any value")
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_bytes<E: de::Error>(self, _: &[u8]) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_none<E: de::Error>(self) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_some<D2: Deserializer<'de>>(self, d: D2) -> Result<Checked, D2::Error> {
+                Checked::deserialize(d)
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Checked, A::Error> {
+                while seq.next_element::<Checked>()?.is_some() {}
+                Ok(Checked)
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Checked, A::Error> {
+                while map.next_entry::<Checked, Checked>()?.is_some() {}
+                Ok(Checked)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 /// A request's candidates as read: every one of them, or, in a list longer than the limit the reader was
 /// given ([`with_candidate_limit`]), the first `limit` of them and the count of the rest. A candidate is
 /// some 200 bytes in memory (its fields inline) and `{},` three in the body: a 1 MiB body of empty
@@ -1391,7 +1469,7 @@ thread_local! {
 }
 
 /// Runs `read` (a synchronous parse of a predict body) holding at most `limit` candidates: the rest are
-/// read, checked for syntax and counted, not kept, so [`PredictRequest::plan`] refuses the list with its
+/// read, checked as JSON and counted, not kept, so [`PredictRequest::plan`] refuses the list with its
 /// true length. serde gives a field's reader no arguments, hence a thread-local, set only for the call.
 pub fn with_candidate_limit<R>(limit: usize, read: impl FnOnce() -> R) -> R {
     scoped(&CANDIDATE_LIMIT, limit, read)
@@ -1403,7 +1481,7 @@ impl<'de> Deserialize<'de> for Candidates {
         impl<'de> Visitor<'de> for CandidatesVisitor {
             type Value = Candidates;
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a list of candidates")
+                f.write_str("a sequence")
             }
             fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Candidates, A::Error> {
                 let limit = CANDIDATE_LIMIT.with(std::cell::Cell::get);
@@ -1416,7 +1494,7 @@ impl<'de> Deserialize<'de> for Candidates {
                             Some(c) => list.push(c),
                             None => break,
                         }
-                    } else if seq.next_element::<de::IgnoredAny>()?.is_none() {
+                    } else if seq.next_element::<Checked>()?.is_none() {
                         break;
                     }
                     sent += 1;
@@ -2108,6 +2186,23 @@ mod tests {
             )
             .is_err()
         );
+        // Past the limit values are still checked as JSON is: a number out of range, a broken escape.
+        for bad in [
+            &br#"{"candidates": [{}, {}, {"item_id": 1e400}]}"#[..],
+            br#"{"candidates": [{}, {}, {"item_id": "\ud800"}]}"#,
+        ] {
+            let e = read(Format::Json, bad, 2).expect_err("malformed past the limit");
+            assert!(
+                matches!(
+                    &e,
+                    ApiError::Malformed {
+                        code: "invalid_json",
+                        ..
+                    }
+                ),
+                "{e:?}"
+            );
+        }
         // MessagePack alike.
         let packed = rmp_serde::to_vec_named(&serde_json::json!({
             "candidates": (0..7).map(|i| serde_json::json!({"item_id": format!("i_{i}")})).collect::<Vec<_>>()
@@ -2192,6 +2287,19 @@ mod tests {
                 other => panic!("expected a 413, got {other:?}"),
             }
         }
+        // A body read twice (its first pass fails, the second names the field) counts its keys afresh
+        // in each pass: a bad key after the limit's worth of good ones is still the error.
+        let e = with_key_limit(5, || {
+            parse_body::<FeaturesRequest>(
+                Format::Json,
+                br#"{"features": ["user_profile"], "entities": {"user_id": ["u_1", "u_2", "u_3"], "item_id": ["i_1", [1]]}}"#,
+            )
+        })
+        .expect_err("a list is no key");
+        assert!(
+            matches!(&e, ApiError::Malformed { field: Some(f), .. } if f == "entities.item_id[1]"),
+            "{e:?}"
+        );
         // Outside the call the reader holds every key again.
         let req = parse_body::<FeaturesRequest>(Format::Json, body).expect("reads");
         assert_eq!(counts(&req), counts(&all));

@@ -827,7 +827,7 @@ pub struct RowsRequest {
 }
 
 /// A rows request's rows as read: every one of them, or, past [`BATCH`], the first `BATCH` and the count
-/// of the rest (read, checked for syntax, not kept). A row is some 80 bytes in memory and `{},` three in
+/// of the rest (read and checked as JSON, not kept). A row is some 80 bytes in memory and `{},` three in
 /// the body: a 1 MiB body of empty rows, held whole, took 28 MB more than the body before it was refused.
 #[derive(Debug, Default)]
 pub struct SentRows {
@@ -851,7 +851,7 @@ impl<'de> Deserialize<'de> for SentRows {
         impl<'de> serde::de::Visitor<'de> for V {
             type Value = SentRows;
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a list of rows")
+                f.write_str("a sequence")
             }
             fn visit_seq<A: serde::de::SeqAccess<'de>>(
                 self,
@@ -865,7 +865,7 @@ impl<'de> Deserialize<'de> for SentRows {
                             Some(row) => list.push(row.0),
                             None => break,
                         }
-                    } else if seq.next_element::<serde::de::IgnoredAny>()?.is_none() {
+                    } else if seq.next_element::<crate::decode::Checked>()?.is_none() {
                         break;
                     }
                     sent += 1;

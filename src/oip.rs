@@ -408,6 +408,10 @@ mod tests {
                 6 => "-3.5e38".into(),
                 7 => "18446744073709551615".into(),
                 8 => "-7".into(),
+                // Malformed: the whole request is refused as it was, wherever these come.
+                9 if rng.usize(0..4) == 0 => "1e400".into(),
+                10 if rng.usize(0..4) == 0 => "\"\\ud800\"".into(),
+                11 if rng.usize(0..4) == 0 => format!("{}0{}", "[".repeat(130), "]".repeat(130)),
                 _ => format!("{}", rng.i32(-1000..1000) as f64 / 8.0),
             }
         };
@@ -448,18 +452,33 @@ mod tests {
     }
 
     /// Read as it streams, `data` gives exactly what the tree of JSON values gave: the same numbers, or
-    /// the same message for the first problem, with the limit checked where it was; whatever the cap, as
-    /// long as it is at least the limit.
+    /// the same message for the first problem, with the limit checked where it was, whatever the cap, as
+    /// long as it is at least the limit; and malformed JSON anywhere in it (a number out of range, a
+    /// broken escape, nesting too deep), even after a problem, fails the read with the same error.
     #[test]
     fn streamed_data_reads_as_the_json_tree_did() {
         let mut rng = fastrand::Rng::with_seed(0x6f69_7064);
-        let mut problems = 0;
+        let (mut problems, mut malformed) = (0, 0);
         for _ in 0..30_000 {
             let width = rng.usize(1..4);
             let text = data(&mut rng, width);
             let limit = rng.usize(0..12);
             let cap = limit + rng.usize(0..3);
-            let tree: Json_ = serde_json::from_str(&text).expect("valid JSON");
+            let tree: Json_ = match serde_json::from_str(&text) {
+                Ok(tree) => tree,
+                Err(e) => {
+                    let streamed = with_shape(cap, width, || {
+                        serde_json::from_str::<TensorData>(&text).map(|_| ())
+                    });
+                    assert_eq!(
+                        streamed.map_err(|e| e.to_string()),
+                        Err(e.to_string()),
+                        "{text}"
+                    );
+                    malformed += 1;
+                    continue;
+                }
+            };
             let mut old = Vec::new();
             let old = flatten(&tree, &mut old, limit, width).map(|()| old);
             let streamed: TensorData =
@@ -474,6 +493,7 @@ mod tests {
             (5_000..25_000).contains(&problems),
             "{problems} of 30,000 refused"
         );
+        assert!(malformed > 300, "{malformed} malformed of 30,000");
     }
 
     /// Past the cap numbers are counted, not held, and such a tensor is refused as too long.

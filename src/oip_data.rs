@@ -12,7 +12,7 @@ use std::cell::Cell;
 use std::fmt;
 
 use serde::Deserialize;
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, Visitor};
+use serde::de::{self, DeserializeSeed, Deserializer, Visitor};
 use serde_json::Value as Json_;
 
 thread_local! {
@@ -190,7 +190,7 @@ impl<'de> Visitor<'de> for Top<'_> {
         let mut index = 0;
         loop {
             if data.problem.is_some() {
-                if seq.next_element::<IgnoredAny>()?.is_none() {
+                if seq.next_element::<crate::decode::Checked>()?.is_none() {
                     return Ok(());
                 }
                 continue;
@@ -278,7 +278,7 @@ impl<'de> Visitor<'de> for Item<'_> {
         let mut len = 0usize;
         loop {
             if first.is_some() {
-                if seq.next_element::<IgnoredAny>()?.is_none() {
+                if seq.next_element::<crate::decode::Checked>()?.is_none() {
                     break;
                 }
             } else if seq

@@ -296,7 +296,7 @@ impl<'a> Reader<'a> {
             if out.len() == out.capacity() && !reserved {
                 reserved = true;
                 let objects = p.b.get(p.i..)?.iter().filter(|&&c| c == b'{').count();
-                out.reserve(objects.min(RESERVED_CANDIDATES));
+                out.reserve(objects.min(RESERVED_CANDIDATES).min(limit));
             }
             out.push(p.fields(Reader::entity_key)?);
             Some(())
