@@ -249,6 +249,18 @@ pub fn parse_body<T: DeserializeOwned + Positional>(
     parse_body_tracked(format, body)
 }
 
+/// [`parse_body`] for a request, holding no more candidates ([`with_candidate_limit`]) or entity keys
+/// ([`with_key_limit`]) than `limits` allow: longer lists are counted for their 413, not kept.
+pub fn parse_limited<T: DeserializeOwned + Positional>(
+    format: Format,
+    body: &[u8],
+    limits: &LimitsConfig,
+) -> Result<T, ApiError> {
+    with_candidate_limit(limits.max_candidates, || {
+        with_key_limit(limits.max_entities, || parse_body(format, body))
+    })
+}
+
 /// Deepest nesting of lists and maps a MessagePack body may have: serde_json's limit for JSON, so the
 /// two formats take the same bodies (rmp-serde's own, 1024 levels, is deeper than a debug build's
 /// stack allows).
@@ -803,9 +815,7 @@ pub struct EntityKeys {
 impl EntityKeys {
     fn one(key: EntityKey) -> Self {
         // A single key is held whatever the limit (it is read already), and counted towards it.
-        if !hold_key() {
-            KEYS_HELD.with(|h| h.set(h.get().saturating_add(1)));
-        }
+        held_keys(1);
         Self {
             keys: vec![key],
             scalar: true,
@@ -832,30 +842,20 @@ pub fn with_key_limit<R>(limit: usize, read: impl FnOnce() -> R) -> R {
     scoped(&KEY_LIMIT, limit, read)
 }
 
-/// Counts one more key held; `false` (counting nothing) when that would pass the limit.
-fn hold_key() -> bool {
-    let limit = KEY_LIMIT.with(std::cell::Cell::get);
-    KEYS_HELD.with(|h| {
-        let held = h.get().saturating_add(1);
-        let within = held <= limit;
-        if within {
-            h.set(held);
-        }
-        within
-    })
+/// Counts `n` more keys held by the pass now reading.
+fn held_keys(n: usize) {
+    KEYS_HELD.with(|h| h.set(h.get().saturating_add(n)));
 }
 
-/// Runs `read` with `cell` set to `value`, then puts its old value back (also when `read` panics).
-fn scoped<R>(
-    cell: &'static std::thread::LocalKey<std::cell::Cell<usize>>,
-    value: usize,
+/// Runs `read` with `cell` set to `value`, then puts its old value back (also when `read` panics): a
+/// reader's limit, set for one synchronous parse.
+pub(crate) fn scoped<T: Copy + 'static, R>(
+    cell: &'static std::thread::LocalKey<std::cell::Cell<T>>,
+    value: T,
     read: impl FnOnce() -> R,
 ) -> R {
-    struct Restore(
-        &'static std::thread::LocalKey<std::cell::Cell<usize>>,
-        usize,
-    );
-    impl Drop for Restore {
+    struct Restore<T: Copy + 'static>(&'static std::thread::LocalKey<std::cell::Cell<T>>, T);
+    impl<T: Copy + 'static> Drop for Restore<T> {
         fn drop(&mut self) {
             self.0.with(|c| c.set(self.1));
         }
@@ -886,32 +886,15 @@ impl<'de> Deserialize<'de> for EntityKeys {
                     .map(|i| EntityKeys::one(EntityKey::Int(i)))
                     .map_err(E::custom)
             }
-            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<EntityKeys, A::Error> {
-                let hint = seq.size_hint().unwrap_or(0);
-                let mut out = Vec::with_capacity(hint.min(64));
-                let mut sent = 0usize;
-                // Keys are held while the limit allows; past it, read and checked, not kept.
-                let mut holding = true;
-                loop {
-                    if holding && hold_key() {
-                        match seq.next_element::<EntityKey>()? {
-                            Some(k) => out.push(k),
-                            None => {
-                                // The list ended: the key counted for it was never there.
-                                KEYS_HELD.with(|h| h.set(h.get().saturating_sub(1)));
-                                break;
-                            }
-                        }
-                    } else {
-                        holding = false;
-                        if seq.next_element::<Checked>()?.is_none() {
-                            break;
-                        }
-                    }
-                    sent += 1;
-                }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, seq: A) -> Result<EntityKeys, A::Error> {
+                // The room the body's earlier keys left under the limit.
+                let room = KEY_LIMIT
+                    .with(std::cell::Cell::get)
+                    .saturating_sub(KEYS_HELD.with(std::cell::Cell::get));
+                let (keys, sent) = read_capped(seq, room)?;
+                held_keys(keys.len());
                 Ok(EntityKeys {
-                    keys: out,
+                    keys,
                     scalar: false,
                     sent,
                 })
@@ -1430,6 +1413,31 @@ impl<'de> Deserialize<'de> for Checked {
     }
 }
 
+/// Reads a list, keeping its first `cap` elements and reading the rest as [`Checked`] values, kept
+/// not: what a list with a limit is read with, so a long one costs no memory past the limit and is refused
+/// with its true length. Returns the elements kept and how many were sent.
+pub(crate) fn read_capped<'de, T: Deserialize<'de>, A: de::SeqAccess<'de>>(
+    mut seq: A,
+    cap: usize,
+) -> Result<(Vec<T>, usize), A::Error> {
+    let hint = seq.size_hint().unwrap_or(0);
+    let mut kept = Vec::with_capacity(hint.min(cap).min(1024));
+    while kept.len() < cap {
+        match seq.next_element::<T>()? {
+            Some(x) => kept.push(x),
+            None => {
+                let sent = kept.len();
+                return Ok((kept, sent));
+            }
+        }
+    }
+    let mut sent = kept.len();
+    while seq.next_element::<Checked>()?.is_some() {
+        sent += 1;
+    }
+    Ok((kept, sent))
+}
+
 /// A request's candidates as read: every one of them, or, in a list longer than the limit the reader was
 /// given ([`with_candidate_limit`]), the first `limit` of them and the count of the rest. A candidate is
 /// some 200 bytes in memory (its fields inline) and `{},` three in the body: a 1 MiB body of empty
@@ -1483,22 +1491,8 @@ impl<'de> Deserialize<'de> for Candidates {
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str("a sequence")
             }
-            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Candidates, A::Error> {
-                let limit = CANDIDATE_LIMIT.with(std::cell::Cell::get);
-                let hint = seq.size_hint().unwrap_or(0);
-                let mut list = Vec::with_capacity(hint.min(limit).min(1024));
-                let mut sent = 0usize;
-                loop {
-                    if list.len() < limit {
-                        match seq.next_element::<Fields<EntityKey>>()? {
-                            Some(c) => list.push(c),
-                            None => break,
-                        }
-                    } else if seq.next_element::<Checked>()?.is_none() {
-                        break;
-                    }
-                    sent += 1;
-                }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, seq: A) -> Result<Candidates, A::Error> {
+                let (list, sent) = read_capped(seq, CANDIDATE_LIMIT.with(std::cell::Cell::get))?;
                 Ok(Candidates { list, sent })
             }
         }

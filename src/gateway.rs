@@ -16,9 +16,7 @@ use tracing::Instrument;
 
 use crate::assemble::{Overflow, assemble};
 use crate::config::Config;
-use crate::decode::{
-    FeaturesRequest, Format, PredictRequest, parse_body, with_candidate_limit, with_key_limit,
-};
+use crate::decode::{FeaturesRequest, Format, PredictRequest, parse_body, parse_limited};
 use crate::encode::{BodyWriter, TimingsBody, respond};
 use crate::error::ApiError;
 use crate::feast::{OnlineBody, OnlineFeaturesRequest};
@@ -156,14 +154,13 @@ impl Gateway {
         let answer = Format::of_response(headers, format)?;
         // The usual body read by hand; anything else (and every error) by serde. Neither holds more
         // candidates than the limit: past it they are counted for the 413, not kept.
-        let max_candidates = self.config.limits.max_candidates;
         let fast = match format {
-            Format::Json => crate::predict_json::parse(body, max_candidates),
+            Format::Json => crate::predict_json::parse(body, self.config.limits.max_candidates),
             Format::Msgpack => None,
         };
         let mut req: PredictRequest = match fast {
             Some(req) => req,
-            None => with_candidate_limit(max_candidates, || parse_body(format, body))?,
+            None => parse_limited(format, body, &self.config.limits)?,
         };
         let plan = req.plan(model, &self.config.limits)?;
         let deadline = self.deadline(started, req.options.deadline_ms);
@@ -276,8 +273,7 @@ impl Gateway {
         let mut t = Timings::default();
         let mut laps = Laps::from(started);
         let answer = Format::of_response(headers, format)?;
-        let max_entities = self.config.limits.max_entities;
-        let req: FeaturesRequest = with_key_limit(max_entities, || parse_body(format, body))?;
+        let req: FeaturesRequest = parse_limited(format, body, &self.config.limits)?;
         let plan = req.plan(&self.catalog.load().registry, &self.config.limits)?;
         let deadline = self.deadline(started, req.options.deadline_ms);
         t.set(Stage::Decode, laps.lap());
@@ -337,8 +333,7 @@ impl Gateway {
         let mut t = Timings::default();
         let mut laps = Laps::from(started);
         let answer = Format::of_response(headers, format)?;
-        let max_entities = self.config.limits.max_entities;
-        let req: OnlineFeaturesRequest = with_key_limit(max_entities, || parse_body(format, body))?;
+        let req: OnlineFeaturesRequest = parse_limited(format, body, &self.config.limits)?;
         let plan = req.plan(&self.catalog.load().registry, &self.config.limits)?;
         let deadline = self.deadline(started, None);
         t.set(Stage::Decode, laps.lap());
@@ -448,9 +443,8 @@ impl Gateway {
     /// `POST /v1/prefetch`: checks the entities and views, then fetches them in the background; 202
     /// `{"accepted": N}` (keys), or 429 while `prefetch.max_concurrent` prefetches are running.
     pub async fn prefetch(&self, format: Format, body: &[u8]) -> Result<Response, ApiError> {
-        let max_entities = self.config.limits.max_entities;
         let req: crate::prefetch::PrefetchRequest =
-            with_key_limit(max_entities, || parse_body(format, body))?;
+            parse_limited(format, body, &self.config.limits)?;
         let plan = req.plan(&self.catalog.load().registry, &self.config.limits)?;
         let deadline = Instant::now() + self.config.limits.request_timeout;
         match self.prefetcher.start(&self.hydrator, plan, deadline) {

@@ -853,23 +853,9 @@ impl<'de> Deserialize<'de> for SentRows {
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str("a sequence")
             }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(
-                self,
-                mut seq: A,
-            ) -> Result<SentRows, A::Error> {
-                let mut list = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(BATCH));
-                let mut sent = 0usize;
-                loop {
-                    if list.len() < BATCH {
-                        match seq.next_element::<FiniteRow>()? {
-                            Some(row) => list.push(row.0),
-                            None => break,
-                        }
-                    } else if seq.next_element::<crate::decode::Checked>()?.is_none() {
-                        break;
-                    }
-                    sent += 1;
-                }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<SentRows, A::Error> {
+                let (rows, sent) = crate::decode::read_capped::<FiniteRow, _>(seq, BATCH)?;
+                let list = rows.into_iter().map(|r| r.0).collect();
                 Ok(SentRows { list, sent })
             }
         }

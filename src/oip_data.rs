@@ -33,14 +33,7 @@ struct Shape {
 /// the most any shape the request may send can need (rows up to the limit, times `width`): a tensor
 /// with more is refused whatever its shape.
 pub fn with_shape<R>(cap: usize, width: usize, read: impl FnOnce() -> R) -> R {
-    struct Restore(Shape);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            SHAPE.with(|c| c.set(self.0));
-        }
-    }
-    let _restore = Restore(SHAPE.with(|c| c.replace(Shape { cap, width })));
-    read()
+    crate::decode::scoped(&SHAPE, Shape { cap, width }, read)
 }
 
 /// A tensor's `data`: its numbers, and the first problem met reading them.
@@ -161,25 +154,47 @@ macro_rules! as_json {
     };
 }
 
+/// A visitor's methods for numbers: each hands the number, as f64, to `$on`.
+macro_rules! as_number {
+    ($on:expr) => {
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+            Ok($on(self, v as f64))
+        }
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+            Ok($on(self, v as f64))
+        }
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+            Ok($on(self, v))
+        }
+    };
+}
+
 /// `data` itself: a list, or a problem.
 struct Top<'a>(&'a mut TensorData);
+
+impl Top<'_> {
+    fn not_a_list(self, v: Json_) {
+        self.0.problem = Some((0, Problem::NotAList(v.to_string())));
+    }
+}
 
 impl<'de> Visitor<'de> for Top<'_> {
     type Value = ();
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a list of numbers")
     }
-    as_json!(|t: Self, v: Json_| t.0.problem = Some((0, Problem::NotAList(v.to_string()))));
+    as_json!(Top::not_a_list);
+    // A number is quoted as it was sent (`1`, not `1.0`).
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
-        self.0.problem = Some((0, Problem::NotAList(Json_::from(v).to_string())));
+        self.not_a_list(v.into());
         Ok(())
     }
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
-        self.0.problem = Some((0, Problem::NotAList(Json_::from(v).to_string())));
+        self.not_a_list(v.into());
         Ok(())
     }
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
-        self.0.problem = Some((0, Problem::NotAList(Json_::from(v).to_string())));
+        self.not_a_list(v.into());
         Ok(())
     }
     fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
@@ -250,18 +265,7 @@ impl<'de> Visitor<'de> for Item<'_> {
         f.write_str("a number or a row of numbers")
     }
     as_json!(Item::not_a_list);
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
-        self.number(v as f64);
-        Ok(())
-    }
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
-        self.number(v as f64);
-        Ok(())
-    }
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
-        self.number(v);
-        Ok(())
-    }
+    as_number!(Item::number);
     fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         if !*self.rows.get_or_insert(true) {
             // A list inside a flat list of numbers.
@@ -340,18 +344,7 @@ impl<'de> Visitor<'de> for Element<'_> {
         f.write_str("a number")
     }
     as_json!(Element::not_a_number);
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
-        self.number(v as f64);
-        Ok(())
-    }
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
-        self.number(v as f64);
-        Ok(())
-    }
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
-        self.number(v);
-        Ok(())
-    }
+    as_number!(Element::number);
     fn visit_seq<A: de::SeqAccess<'de>>(self, seq: A) -> Result<(), A::Error> {
         let v = Json_::deserialize(de::value::SeqAccessDeserializer::new(seq))?;
         self.not_a_number(v);

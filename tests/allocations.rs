@@ -5,10 +5,12 @@
 
 mod common;
 
-use axum::http::{HeaderMap, HeaderValue, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::Response;
 use hydrant::app::Application;
 use hydrant::clock::Clock;
 use hydrant::decode::Format;
+use hydrant::error::ApiError;
 
 const REQUESTS: u64 = 200;
 
@@ -115,6 +117,23 @@ fn a_ranking_request_does_not_allocate_per_candidate() {
     assert!(n <= 40, "{n} allocations per 100-candidate request");
 }
 
+/// Runs `call`, a request that must be refused, under the allocation counter: the refusal's status and
+/// message, and the most bytes held at once while it ran.
+fn refused(call: impl FnOnce() -> Result<StatusCode, (StatusCode, String)>) -> (u16, String, u64) {
+    let mut result = None;
+    let info = allocation_counter::measure(|| result = Some(call()));
+    match result {
+        Some(Err((status, message))) => (status.as_u16(), message, info.bytes_max),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+/// A gateway answer as [`refused`] takes it.
+fn outcome(r: Result<Response, ApiError>) -> Result<StatusCode, (StatusCode, String)> {
+    r.map(|resp| resp.status())
+        .map_err(|e| (e.status(), e.to_string()))
+}
+
 /// A body of many empty candidates (`{},`: three bytes each, some 200 in memory each if held) is refused
 /// with the list's true length, holding no more than `limits.max_candidates` of them on the way: the
 /// 1 MiB body used to take some 70 MB to read.
@@ -135,29 +154,18 @@ fn a_list_of_candidates_past_the_limit_is_refused_without_holding_it() {
             vec!["{}"; n].join(",")
         ),
     ] {
-        let mut status = None;
-        let mut message = String::new();
-        let info = allocation_counter::measure(|| {
-            let r = rt.block_on(gw.predict(
-                &gw.engine("ctr").expect("ctr"),
-                Format::Json,
-                &headers,
-                body.as_bytes(),
-            ));
-            if let Err(e) = r {
-                status = Some(e.status());
-                message = e.to_string();
-            }
+        let engine = gw.engine("ctr").expect("ctr");
+        let (status, message, held) = refused(|| {
+            outcome(rt.block_on(gw.predict(&engine, Format::Json, &headers, body.as_bytes())))
         });
-        assert_eq!(status.map(|s| s.as_u16()), Some(413), "{message}");
+        assert_eq!(status, 413, "{message}");
         assert!(
             message.contains(&format!("{n} candidates, the limit is 1000")),
             "{message}"
         );
         assert!(
-            info.bytes_max < 4 << 20,
-            "{} bytes held at most while refusing the list",
-            info.bytes_max
+            held < 4 << 20,
+            "{held} bytes held at most while refusing the list"
         );
     }
 }
@@ -183,10 +191,9 @@ fn entity_keys_past_the_limit_are_refused_without_holding_them() {
         ("/get-online-features", &online, n + 1),
         ("/v1/prefetch", &prefetch, n),
     ] {
-        let mut result = None;
-        let info = allocation_counter::measure(|| {
-            let body = body.as_bytes();
-            let r = rt.block_on(async {
+        let body = body.as_bytes();
+        let (status, message, held) = refused(|| {
+            outcome(rt.block_on(async {
                 match route {
                     "/v1/features" => gw.features(Format::Json, &headers, body).await,
                     "/get-online-features" => {
@@ -194,26 +201,16 @@ fn entity_keys_past_the_limit_are_refused_without_holding_them() {
                     }
                     _ => gw.prefetch(Format::Json, body).await,
                 }
-            });
-            result = Some(
-                r.map(|resp| resp.status())
-                    .map_err(|e| (e.status(), e.to_string())),
-            );
+            }))
         });
-        match result {
-            Some(Err((status, message))) => {
-                assert_eq!(status, 413, "{route}: {message}");
-                assert!(
-                    message.contains(&format!("{total} keys, the limit is 1000")),
-                    "{route}: {message}"
-                );
-            }
-            other => panic!("{route}: expected a 413, got {other:?}"),
-        }
+        assert_eq!(status, 413, "{route}: {message}");
         assert!(
-            info.bytes_max < 4 << 20,
-            "{route}: {} bytes held at most while refusing the keys",
-            info.bytes_max
+            message.contains(&format!("{total} keys, the limit is 1000")),
+            "{route}: {message}"
+        );
+        assert!(
+            held < 4 << 20,
+            "{route}: {held} bytes held at most while refusing the keys"
         );
     }
 }
@@ -229,27 +226,21 @@ fn infer_data_past_the_largest_shape_is_refused_without_holding_it() {
         r#"{{"inputs": [{{"name": "features", "shape": [1, 27], "datatype": "FP32", "data": [{}]}}]}}"#,
         vec!["0"; n].join(",")
     );
-    let mut result = None;
-    let info = allocation_counter::measure(|| {
-        let engine = gw.engine("ctr").expect("ctr");
-        let r = rt.block_on(hydrant::oip::infer(&gw, &engine, body.as_bytes()));
-        result = Some(r.map(|resp| resp.status()).map_err(|e| (e.0, e.1)));
+    let engine = gw.engine("ctr").expect("ctr");
+    let (status, message, held) = refused(|| {
+        rt.block_on(hydrant::oip::infer(&gw, &engine, body.as_bytes()))
+            .map(|resp| resp.status())
+            .map_err(|e| (e.0, e.1))
     });
-    match result {
-        Some(Err((status, message))) => {
-            assert_eq!(status, 400, "{message}");
-            assert!(
-                message.contains("more elements than the shape's 27"),
-                "{message}"
-            );
-        }
-        other => panic!("expected a 400, got {other:?}"),
-    }
+    assert_eq!(status, 400, "{message}");
+    assert!(
+        message.contains("more elements than the shape's 27"),
+        "{message}"
+    );
     // Capped, at most 1,000 rows of 27 float32 (108 KB); uncapped, 2 MB as float32, more as JSON values.
     assert!(
-        info.bytes_max < 1 << 20,
-        "{} bytes held at most while refusing the data",
-        info.bytes_max
+        held < 1 << 20,
+        "{held} bytes held at most while refusing the data"
     );
 }
 
@@ -260,28 +251,17 @@ fn rows_past_the_limit_are_refused_without_holding_them() {
     let (rt, gw, _dir) = demo_gateway();
     let n = 300_000;
     let body = format!(r#"{{"rows": [{}]}}"#, vec!["{}"; n].join(","));
-    let mut result = None;
-    let info = allocation_counter::measure(|| {
-        let r = rt.block_on(gw.write_rows("user_profile", Format::Json, body.as_bytes()));
-        result = Some(
-            r.map(|resp| resp.status())
-                .map_err(|e| (e.status(), e.to_string())),
-        );
+    let (status, message, held) = refused(|| {
+        outcome(rt.block_on(gw.write_rows("user_profile", Format::Json, body.as_bytes())))
     });
-    match result {
-        Some(Err((status, message))) => {
-            assert_eq!(status, 413, "{message}");
-            assert!(
-                message.contains(&format!("{n} rows, the limit is 1000 per request")),
-                "{message}"
-            );
-        }
-        other => panic!("expected a 413, got {other:?}"),
-    }
+    assert_eq!(status, 413, "{message}");
+    assert!(
+        message.contains(&format!("{n} rows, the limit is 1000 per request")),
+        "{message}"
+    );
     // Held: at most 1,000 empty rows; all of them took some 20 MB.
     assert!(
-        info.bytes_max < 1 << 20,
-        "{} bytes held at most while refusing the rows",
-        info.bytes_max
+        held < 1 << 20,
+        "{held} bytes held at most while refusing the rows"
     );
 }
