@@ -393,10 +393,13 @@ pub fn read_text_file(path: &Path, max_bytes: u64) -> std::io::Result<String> {
         ));
     }
     if meta.len() > max_bytes {
-        return Err(std::io::Error::other(format!(
-            "{} bytes, more than the {max_bytes} a file of this kind may have",
-            meta.len()
-        )));
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "{} bytes, more than the {max_bytes} a file of this kind may have",
+                meta.len()
+            ),
+        ));
     }
     let text = std::fs::read_to_string(path)?;
     Ok(match text.strip_prefix('\u{feff}') {

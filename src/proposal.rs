@@ -639,7 +639,9 @@ pub(crate) fn load_error(e: InferError, doc: Option<&Document>) -> SchemaError {
             path,
             message,
         } => SchemaError {
-            file: schema,
+            // Where the document is: a submitted one is in the request body, and numbered as it is
+            // there, not in the file it would be written to.
+            file: doc.map_or(schema, |d| d.file.clone()),
             path: doc.map_or_else(|| "file".to_owned(), |d| at(d, "file")),
             message: format!(
                 "model `{model}` ({}) cannot be loaded: {message}",

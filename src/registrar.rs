@@ -1407,6 +1407,15 @@ fn read_version(
                 path.display()
             ),
         }),
+        // Not UTF-8, or larger than a schema file may be: edited into something unreadable, which no
+        // retry mends.
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => Err(ApiError::Conflict {
+            code: "kept_version_unreadable",
+            message: format!(
+                "kept version {version} of `{name}` ({}) cannot be read: {e}; restore it or remove it",
+                path.display()
+            ),
+        }),
         Err(e) => Err(cannot_read(&path, e)),
     }
 }
@@ -1471,6 +1480,15 @@ fn versioned(kind: Kind, name: &str) -> Result<(), ApiError> {
     })
 }
 
+/// The version a kept file's name says it holds: `{version}.yaml`, written as [`kept_file`] writes it
+/// (from 1, no leading zeros), so that `01.yaml` or `0.yaml` put there by hand are not listed as
+/// versions that show and rollback would then not find.
+fn kept_number(file_name: &str) -> Option<u32> {
+    let digits = file_name.strip_suffix(".yaml")?;
+    let n: u32 = digits.parse().ok()?;
+    (n >= 1 && n.to_string() == digits).then_some(n)
+}
+
 /// The kept versions of a view or model, ascending.
 fn versions(schemas_dir: &Path, kind: Kind, name: &str) -> Vec<u32> {
     let mut out: Vec<u32> = std::fs::read_dir(kept_dir(schemas_dir, kind, name))
@@ -1479,7 +1497,7 @@ fn versions(schemas_dir: &Path, kind: Kind, name: &str) -> Vec<u32> {
                 .filter_map(|e| e.ok())
                 // A folder of that name (made by hand) is no kept version: it could not be shown.
                 .filter(|e| e.path().is_file())
-                .filter_map(|e| e.file_name().to_str()?.strip_suffix(".yaml")?.parse().ok())
+                .filter_map(|e| kept_number(e.file_name().to_str()?))
                 .collect()
         })
         .unwrap_or_default();

@@ -500,14 +500,20 @@ impl Registry {
         Self::compile(&Self::read_dir(dir)?, models_dir)
     }
 
-    /// The paths of the `*.yaml` (and `*.yml`) files of the schemas folder `dir`, sorted.
+    /// The paths of the `*.yaml` (and `*.yml`) files of the schemas folder `dir`, sorted. Hidden names
+    /// (`.#user_profile.yaml`, the link Emacs keeps while a file is edited; `.ctr.yaml.swp`) are
+    /// editors' and tools' files, not schemas.
     pub fn schema_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
         let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| {
-                p.extension().and_then(|e| e.to_str()).is_some_and(|e| {
-                    e.eq_ignore_ascii_case("yaml") || e.eq_ignore_ascii_case("yml")
-                })
+                let hidden = p
+                    .file_name()
+                    .is_some_and(|n| n.as_encoded_bytes().starts_with(b"."));
+                !hidden
+                    && p.extension().and_then(|e| e.to_str()).is_some_and(|e| {
+                        e.eq_ignore_ascii_case("yaml") || e.eq_ignore_ascii_case("yml")
+                    })
             })
             .collect();
         files.sort();
@@ -852,7 +858,19 @@ fn check_name(errs: &mut Errs, file: &Path, path: &str, name: &str) -> bool {
 }
 
 fn compile_entity(errs: &mut Errs, file: &Path, d: EntityDoc) -> Option<Entity> {
-    let name_ok = check_name(errs, file, "name", &d.name);
+    let mut name_ok = check_name(errs, file, "name", &d.name);
+    // A view's rows carry its entity's key beside `event_timestamp`: a key of that name would be read
+    // as the row's event time too.
+    if d.name == EVENT_TIMESTAMP {
+        errs.push(
+            file,
+            "name",
+            format!(
+                "`{EVENT_TIMESTAMP}` is reserved: a view's rows carry it beside the entity key"
+            ),
+        );
+        name_ok = false;
+    }
     let dtype = match d.dtype.as_str() {
         "string" => Some(Dtype::String),
         "int64" => Some(Dtype::Int64),
@@ -894,7 +912,15 @@ fn compile_features(
             errs.push(
                 file,
                 &format!("{at}.name"),
-                format!("feature `{}` appears twice", f.name),
+                format!(
+                    "{} `{}` appears twice",
+                    if base == CONTEXT {
+                        "context field"
+                    } else {
+                        "feature"
+                    },
+                    f.name
+                ),
             );
             ok = false;
         }
@@ -1673,6 +1699,20 @@ features:
     }
 
     #[test]
+    fn a_context_field_given_twice_is_called_a_context_field() {
+        let m = model("  - {feature: user_profile:age}\n").replace(
+            "default: web}\n",
+            "default: web}\n  - {name: device, dtype: string}\n",
+        );
+        let e = compile(&m).expect_err("twice");
+        assert_eq!(e.0[0].path, "context[1].name", "{e}");
+        assert_eq!(
+            e.0[0].message, "context field `device` appears twice",
+            "{e}"
+        );
+    }
+
+    #[test]
     fn a_typo_in_a_feature_name_is_reported_with_file_and_path() {
         let e = compile(&model(
             "  - {feature: user_profile:age}\n  - {feature: user_profile:agee}\n",
@@ -1961,6 +2001,25 @@ features:
             reg.views["user_profile"].policy.key_ttl,
             Some(MAX_RETENTION)
         );
+    }
+
+    #[test]
+    fn an_entity_may_not_be_named_event_timestamp() {
+        let entities = ENTITIES.replace("name: item_id", "name: event_timestamp\ndtype: int64");
+        let view = VIEW.replace("entity: user_id", "entity: event_timestamp");
+        let e = Registry::compile(
+            &[
+                (PathBuf::from("e.yaml"), entities),
+                (PathBuf::from("v.yaml"), view),
+            ],
+            Path::new("models"),
+        )
+        .expect_err("reserved");
+        // The entity's own error, and no follow-on "unknown entity" for the view naming it.
+        assert_eq!(e.0.len(), 1, "{e}");
+        assert_eq!(e.0[0].file, PathBuf::from("e.yaml"), "{e}");
+        assert_eq!(e.0[0].path, "document 2: name", "{e}");
+        assert!(e.0[0].message.contains("reserved"), "{e}");
     }
 
     #[test]

@@ -310,6 +310,19 @@ async fn a_new_view_version_is_served_at_once_kept_and_rolled_back() {
     // A rollback to it says the same, rather than reporting a problem in a "request body".
     let said = kept_refused(&app, 2, "kept_version_unreadable").await;
     assert!(said.contains("2.yaml"), "{said}");
+    // Bytes that are not text, or more of them than a schema file may hold, are the same mistake, not a
+    // failing disk to retry (503).
+    for (bytes, why) in [
+        (b"\xff\xfe kind: view\n".to_vec(), "UTF-8"),
+        (vec![b'#'; (1 << 20) + 1], "more than"),
+    ] {
+        std::fs::write(kept.join("2.yaml"), bytes).expect("edit");
+        let r = app.get("/v1/schemas/views/user_profile/versions/2").await;
+        assert_eq!(r.status, 409, "{}", String::from_utf8_lossy(&r.body));
+        assert_eq!(r.code(), "kept_version_unreadable");
+        let said = kept_refused(&app, 2, "kept_version_unreadable").await;
+        assert!(said.contains("2.yaml") && said.contains(why), "{said}");
+    }
     // A kept file whose version was edited would register another number: refused too.
     std::fs::write(
         kept.join("2.yaml"),
@@ -326,13 +339,20 @@ async fn a_new_view_version_is_served_at_once_kept_and_rolled_back() {
     // A folder where a kept file would be is named, not taken for a failing disk (503).
     std::fs::create_dir(kept.join("3.yaml")).expect("a folder");
     kept_refused(&app, 3, "kept_version_unreadable").await;
-    // ... and not listed as a kept version, which it is not.
+    // ... and not listed as a kept version, which it is not; nor are files by other names, which
+    // show and rollback would not find (`01.yaml` is not version 1's file).
+    for stray in ["0.yaml", "01.yaml", "+2.yaml", "abc.yaml"] {
+        std::fs::write(kept.join(stray), "kind: view\n").expect("stray");
+    }
     let j = ok(&app.get("/v1/schemas/views/user_profile/versions").await);
     assert_eq!(
         j["versions"],
         json!([{"version": 1, "running": true}, {"version": 2, "running": false}])
     );
     std::fs::remove_dir(kept.join("3.yaml")).expect("removed");
+    for stray in ["0.yaml", "01.yaml", "+2.yaml", "abc.yaml"] {
+        std::fs::remove_file(kept.join(stray)).expect("removed");
+    }
     let other = edit(
         &schema_file("user_profile.yaml"),
         "name: user_profile",
@@ -534,6 +554,43 @@ async fn refused_changes_leave_the_gateway_and_the_files_as_they_were() {
         let r = put(&app, &format!("/v1/schemas/models/{name}"), text).await;
         assert_eq!(r.status, 422, "{}", String::from_utf8_lossy(&r.body));
     }
+    // A model that cannot load, second in a request: named where the caller wrote it (the request
+    // body's document 2), not in the file it would have gone to, whose numbering differs.
+    let body = format!(
+        "kind: entity\nname: shop_id\ndtype: string\n---\n{}",
+        edit(
+            &edit(&schema_file("ctr.yaml"), "version: 1", "version: 2"),
+            "file: ctr.onnx",
+            "file: ctr.weights.json"
+        )
+    );
+    for path in ["/v1/schemas", "/v1/schemas:validate"] {
+        let r = send(&app, reqwest::Method::POST, path, Some(&body)).await;
+        assert_eq!(
+            r.status,
+            422,
+            "{path}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        let j = r.json();
+        let problem = &j["error"]["problems"][0];
+        assert_eq!(
+            (&problem["file"], &problem["path"], &j["error"]["field"]),
+            (
+                &json!("request body"),
+                &json!("document 2: file"),
+                &json!("document 2: file")
+            ),
+            "{path}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        assert!(
+            problem["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("cannot be loaded")),
+            "{problem}"
+        );
+    }
     let stats = ok(&app.get("/v1/stats").await);
     let models: Vec<&String> = stats["models"]
         .as_object()
@@ -733,10 +790,19 @@ async fn odd_schema_files_block_only_changes_to_themselves() {
     std::fs::write(dir.path().join("shops.yaml"), bom).expect("write");
     let inline = "kind: entity\nname: brand_id\n--- {kind: entity, name: region_id}\n";
     std::fs::write(dir.path().join("more.yaml"), inline).expect("write");
+    // An editor's hidden copy, which would define `shop_id` twice were it read.
+    std::fs::write(dir.path().join(".shops.yaml"), bom).expect("write");
     let app = spawn(&dir, true).await;
     for name in ["shop_id", "brand_id", "region_id"] {
         ok(&app.get(&format!("/v1/schemas/entities/{name}")).await);
     }
+    // The link Emacs keeps while a file is open, pointing nowhere, appearing after the folder was
+    // loaded: not a schema file that "appeared since" (409), nor one that cannot be read.
+    std::os::unix::fs::symlink(
+        "root@host.12345:1700000000",
+        dir.path().join(".#shops.yaml"),
+    )
+    .expect("link");
     // A document in another file.
     let entities = edit(
         &schema_file("entities.yaml"),
