@@ -1090,6 +1090,43 @@ async fn a_rows_write_while_redis_is_down_is_refused_unsent_and_never_replayed()
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
 }
 
+/// Redis restarted with a password the gateway does not have: the gateway cannot reconnect, and the
+/// writes refused meanwhile say why (`NOAUTH`), not only that Redis is not connected, though it answers
+/// (the log says it too, at WARN, as do the failed reads' lines).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_required_after_a_restart_is_named_in_the_errors_meanwhile() {
+    let mut redis = RedisServer::start();
+    let app = gateway(&redis, |c| {
+        c.store.redis.reconnect_min_delay = Duration::from_millis(10);
+        c.store.redis.reconnect_max_delay = Duration::from_millis(100);
+    })
+    .await;
+    redis.restart_with_password("rotated-secret");
+    let row = json!({"rows": [{"user_id": "u_auth", "age": 20}]});
+    let started = Instant::now();
+    let said = loop {
+        let r = app.post_json("/v1/views/user_profile/rows", &row).await;
+        assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
+        let said = r.json()["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if said.contains("NOAUTH") {
+            break said;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "{said}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        said.contains("not connected") && said.contains("the last reconnection failed"),
+        "{said}"
+    );
+    assert_eq!(
+        redis.cmd(&["EXISTS", "hy:user_profile:u_auth"]),
+        Reply::Int(0)
+    );
+}
+
 /// A write the store does not confirm before the request's limit: the 503 says the rows may have been
 /// written and that sending them again is safe, and once Redis answers they are there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

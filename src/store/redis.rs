@@ -86,6 +86,82 @@ pub struct RedisStore {
     /// Every view whose hot set this replica has written, so a decay halves all of them, not just the
     /// views sampled in the flush that happened to win the decay lock.
     hot_views: Mutex<std::collections::BTreeSet<String>>,
+    /// Why the pool's last reconnection failed, for the log and for the errors of the meantime.
+    failures: Arc<ConnectFailures>,
+}
+
+/// Why the pool's last (re)connection attempt failed, kept for a while. Without it, a server that
+/// refuses the password after a restart (newly required, or rotated: `NOAUTH`, `WRONGPASS`) shows only
+/// as "not connected" while it answers, and fred says why only at its debug level.
+#[derive(Default)]
+struct ConnectFailures {
+    last: Mutex<Option<(Instant, String)>>,
+    /// When a failure was last logged, and how many have come since without a line.
+    logged: Mutex<(Option<Instant>, u64)>,
+}
+
+impl ConnectFailures {
+    /// At most one log line per this long: the pool retries every `reconnect_max_delay` per client.
+    const LOG_EVERY: Duration = Duration::from_secs(10);
+    /// How long a failure is quoted in errors after it happened.
+    const RECENT: Duration = Duration::from_secs(60);
+
+    /// Listens to `client`'s connection errors until the client is gone. An error with no server is a
+    /// connection attempt that failed; a connected server's errors name it, and fred logs those itself.
+    fn watch(self: &Arc<Self>, client: &fred::clients::Client) {
+        let mut errors = client.error_rx();
+        let failures = self.clone();
+        tokio::spawn(async move {
+            loop {
+                match errors.recv().await {
+                    Ok((e, None)) => failures.note(&e),
+                    Ok(_) | Err(RecvError::Lagged(_)) => {}
+                    Err(RecvError::Closed) => break,
+                }
+            }
+        });
+    }
+
+    fn note(&self, e: &FredError) {
+        let now = Instant::now();
+        let text = e.to_string();
+        *self.last.lock() = Some((now, text.clone()));
+        let more = {
+            let mut logged = self.logged.lock();
+            if logged
+                .0
+                .is_some_and(|at| now.duration_since(at) < Self::LOG_EVERY)
+            {
+                logged.1 += 1;
+                return;
+            }
+            logged.0 = Some(now);
+            std::mem::take(&mut logged.1)
+        };
+        tracing::warn!(
+            error = %text,
+            more_since_last_line = more,
+            "Redis (store.redis.url) refused or failed a reconnection; retrying"
+        );
+    }
+
+    /// `; the last reconnection failed: ...`, when one failed within [`Self::RECENT`].
+    fn hint(&self) -> String {
+        match &*self.last.lock() {
+            Some((at, text)) if at.elapsed() < Self::RECENT => {
+                format!("; the last reconnection failed: {text}")
+            }
+            _ => String::new(),
+        }
+    }
+
+    /// `e`, with the last reconnection's failure when `e` is the store being unavailable.
+    fn explain(&self, e: StoreError) -> StoreError {
+        match e {
+            StoreError::Unavailable(m) => StoreError::Unavailable(m + &self.hint()),
+            other => other,
+        }
+    }
 }
 
 impl RedisStore {
@@ -172,6 +248,10 @@ impl RedisStore {
             }
         }
         let clustered = pool.is_clustered();
+        let failures = Arc::new(ConnectFailures::default());
+        for client in pool.clients() {
+            failures.watch(client);
+        }
         Ok(Self {
             pool,
             clustered,
@@ -196,6 +276,7 @@ impl RedisStore {
             flushes: AtomicU64::new(0),
             subscriber: Mutex::new(None),
             closed: std::sync::atomic::AtomicBool::new(false),
+            failures,
         })
     }
 
@@ -211,7 +292,7 @@ impl RedisStore {
                 .with_options(&self.read)
                 .mget(keys.iter().map(String::as_str).collect::<Vec<_>>())
                 .await
-                .map_err(store_error)?;
+                .map_err(|e| self.failures.explain(store_error(e)))?;
             return match reply {
                 Value::Array(items) => items.into_iter().map(record_bytes).collect(),
                 other => Err(StoreError::Io(format!(
@@ -230,7 +311,7 @@ impl RedisStore {
                 Ok(v) => record_bytes(v)?,
                 // Another type stored at the key reads as absent, as MGET answers it on a standalone server.
                 Err(e) if e.details().starts_with("WRONGTYPE") => None,
-                Err(e) => return Err(store_error(e)),
+                Err(e) => return Err(self.failures.explain(store_error(e))),
             });
         }
         Ok(out)
@@ -260,8 +341,9 @@ impl RedisStore {
             let connected = tokio::time::timeout(wait, client.wait_for_connect()).await;
             if !matches!(connected, Ok(Ok(()))) {
                 return Err(StoreError::Unavailable(format!(
-                    "Redis is not connected (waited {}), so the batch was not sent",
-                    crate::config::duration::format(wait)
+                    "Redis is not connected (waited {}), so the batch was not sent{}",
+                    crate::config::duration::format(wait),
+                    self.failures.hint()
                 )));
             }
         }

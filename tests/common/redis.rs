@@ -396,6 +396,15 @@ impl RedisServer {
         }
     }
 
+    /// Stops the server and starts it again requiring `password`, as an operator turning a password
+    /// on or rotating it would.
+    #[allow(dead_code)]
+    pub fn restart_with_password(&mut self, password: &str) {
+        self.kill();
+        self.password = Some(password.to_owned());
+        self.restart();
+    }
+
     fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
