@@ -677,13 +677,14 @@ async fn v2_infer(
     body_read: Option<BodyRead>,
 ) -> Result<Response, crate::oip::OipError> {
     // Looked up once; refusals before the model's own checks count in its stats too. An unknown model
-    // is answered once the body is read, as before.
-    let engine = gw.engine(&path_segment(req.uri(), 3)).ok();
-    let failed = |status: StatusCode| {
-        if let Some(engine) = &engine {
-            engine.stats().failed(status);
-        }
+    // is known from the path: answered before waiting for the body.
+    let Ok(engine) = gw.engine(&path_segment(req.uri(), 3)) else {
+        return Err(crate::oip::OipError(
+            StatusCode::NOT_FOUND,
+            format!("model `{}` is not registered", path_segment(req.uri(), 3)),
+        ));
     };
+    let failed = |status: StatusCode| engine.stats().failed(status);
     let headers = req.headers();
     // The Open Inference Protocol's REST binding is JSON only.
     if let Some(ct) = headers.get(header::CONTENT_TYPE) {
@@ -702,12 +703,6 @@ async fn v2_infer(
         failed(e.status());
         crate::oip::OipError(e.status(), e.to_string())
     })?;
-    let Some(engine) = engine else {
-        return Err(crate::oip::OipError(
-            StatusCode::NOT_FOUND,
-            format!("model `{}` is not registered", path_segment(&r.uri, 3)),
-        ));
-    };
     crate::oip::infer(&gw, &engine, &r.body).await
 }
 
@@ -730,6 +725,8 @@ async fn write_rows(
     req: Request,
     body_read: Option<BodyRead>,
 ) -> Result<Response, ApiError> {
+    // An unknown view is known from the path: answered before waiting for the body.
+    gw.view(&path_segment(req.uri(), 3))?;
     let r = split(req, body_read, &gw).await?;
     gw.write_rows(&path_segment(&r.uri, 3), r.format, &r.body)
         .await

@@ -1706,15 +1706,19 @@ impl PredictRequest {
         rows: &mut usize,
     ) -> Result<(ViewKeys, bool), ApiError> {
         let entity = &view.entity;
-        let in_candidates =
-            candidates.is_some_and(|c| c.iter().any(|m| m.contains_key(&entity.name)));
+        let first_in_candidates =
+            candidates.and_then(|c| c.iter().position(|m| m.contains_key(&entity.name)));
+        let in_candidates = first_in_candidates.is_some();
         if let Some(k) = self.entities.get(&entity.name) {
-            if in_candidates {
+            if let Some(i) = first_in_candidates {
+                // The candidate is the place to name: `entities` holds one of each, a list may hold
+                // a thousand candidates.
+                let field = format!("candidates[{i}].{}", entity.name);
                 return Err(ApiError::invalid(
                     "ambiguous_entity",
-                    format!("entities.{}", entity.name),
+                    &field,
                     format!(
-                        "entities.{0}: entity `{0}` is given both in `entities` and in `candidates`: give it in one place",
+                        "{field}: entity `{}` is given both in `entities` and in `candidates`: give it in one place (in `entities` when every row shares it)",
                         entity.name
                     ),
                 ));

@@ -118,6 +118,18 @@ impl Gateway {
         })
     }
 
+    /// The registered view `name` (404 `unknown_view` when there is none).
+    pub fn view(&self, name: &str) -> Result<Arc<crate::schema::View>, ApiError> {
+        let registry = self.registry();
+        registry.views.get(name).cloned().ok_or_else(|| {
+            let known = crate::schema::known_names(registry.views.keys().map(String::as_str));
+            ApiError::NotFound {
+                code: "unknown_view",
+                message: format!("no view `{name}` is registered (views: {})", known),
+            }
+        })
+    }
+
     /// `POST /v1/models/{model}/predict`, on the model's engine ([`Gateway::engine`], looked up from the
     /// path before the body is read).
     pub async fn predict(
@@ -468,14 +480,7 @@ impl Gateway {
         format: Format,
         body: &[u8],
     ) -> Result<Response, ApiError> {
-        let registry = self.registry();
-        let Some(v) = registry.views.get(view) else {
-            let known = crate::schema::known_names(registry.views.keys().map(String::as_str));
-            return Err(ApiError::NotFound {
-                code: "unknown_view",
-                message: format!("no view `{view}` is registered (views: {})", known),
-            });
-        };
+        let v = &self.view(view)?;
         // A row the decoder refuses (a name given twice, NaN) is a bad row like the ones `parse_rows`
         // refuses, and answered the same way.
         let req: crate::loader::RowsRequest = parse_body(format, body).map_err(|e| match e {
@@ -553,8 +558,8 @@ fn overflow(model: &Model, o: Overflow) -> ApiError {
 }
 
 /// A 422 for a row the model scored as NaN or infinity: every input was finite (assemble sees to
-/// that), so the stored features of the entities named are what the model cannot score. The answer
-/// names them, and the row's candidate when the request has candidates.
+/// that), so the stored features of the entities named, or the context sent, are what the model cannot
+/// score. The answer names both, and the row's candidate when the request has candidates.
 fn unscorable(model: &Model, plan: &crate::decode::Plan, output: &str, row: usize) -> ApiError {
     let mut entities = String::new();
     for ((view, keys), per_row) in model.views.iter().zip(&plan.keys).zip(&plan.per_row) {
@@ -577,14 +582,31 @@ fn unscorable(model: &Model, plan: &crate::decode::Plan, output: &str, row: usiz
         .iter()
         .any(|p| *p)
         .then(|| format!("candidates[{row}]"));
-    let whose = if entities.is_empty() {
-        "from the fallbacks and context alone".to_owned()
+    // The context values sent are inputs too: a large one can carry the model's sums past float32 as
+    // well as a stored feature can.
+    let mut sent = String::new();
+    for (field, value) in model.context.iter().zip(&plan.context) {
+        if value.is_some() {
+            let sep = if sent.is_empty() { "" } else { ", " };
+            let _ = write!(sent, "{sep}`context.{}`", field.name);
+        }
+    }
+    let whose = match (entities.is_empty(), sent.is_empty()) {
+        (true, true) => "from the fallbacks alone".to_owned(),
+        (true, false) => format!("from the context sent ({sent}) and the fallbacks"),
+        (false, true) => format!("from the features hydrated for {entities}"),
+        (false, false) => {
+            format!("from the features hydrated for {entities} and the context sent ({sent})")
+        }
+    };
+    let mend = if sent.is_empty() {
+        "correct the rows or the model"
     } else {
-        format!("from the features hydrated for {entities}")
+        "check the context values sent, the rows and the model"
     };
     ApiError::Unscorable {
         message: format!(
-            "{}model `{}` gave a non-finite `{output}` (NaN or infinity) {whose}: the model cannot score those values; correct the rows or the model",
+            "{}model `{}` gave a non-finite `{output}` (NaN or infinity) {whose}: the model cannot score those values; {mend}",
             candidate
                 .as_deref()
                 .map(|c| format!("{c}: "))

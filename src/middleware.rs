@@ -279,15 +279,63 @@ fn host_problem<B>(req: &Request<B>) -> Option<ApiError> {
     }
     // A host name, an IPv4 address or a bracketed IPv6 one, and an optional port: the characters of
     // RFC 3986's `host` and `port`. An empty value is allowed (a target with no authority).
-    (!host.as_bytes().iter().all(|&b| HOST_CHARS[usize::from(b)])).then(|| {
-        ApiError::invalid(
+    let host = host.as_bytes();
+    if !host.iter().all(|&b| HOST_CHARS[usize::from(b)]) {
+        return Some(ApiError::invalid(
             "invalid_host",
             "Host",
             format!(
                 "the Host header is not a host and optional port: it holds a character neither can (a space, `/`, `@`, a control or non-ASCII byte) {RFC}"
             ),
+        ));
+    }
+    host_shape_problem(host).map(|why| {
+        ApiError::invalid(
+            "invalid_host",
+            "Host",
+            format!("the Host header is not a host and optional port: {why} {RFC}"),
         )
     })
+}
+
+/// What is wrong with the shape of a `Host` value made of host characters: `host[:port]`, where the host
+/// is a name or IPv4 address (no `:`, `[` or `]`) or a bracketed IPv6 address, and the port is at most
+/// 65535. An empty value is none of these and is allowed (a target with no authority).
+fn host_shape_problem(value: &[u8]) -> Option<&'static str> {
+    let (host, port) = if let Some(rest) = value.strip_prefix(b"[") {
+        let Some(end) = rest.iter().position(|&b| b == b']') else {
+            return Some("`[` opens an IPv6 address that no `]` closes");
+        };
+        let (inside, after) = (&rest[..end], &rest[end + 1..]);
+        if inside.is_empty() || inside.contains(&b'[') {
+            return Some("the brackets hold no IPv6 address");
+        }
+        match after {
+            [] => return None,
+            [b':', port @ ..] => (inside, port),
+            _ => return Some("only `:` and a port may follow the `]` of an IPv6 address"),
+        }
+    } else {
+        if value.iter().any(|&b| b == b'[' || b == b']') {
+            return Some("brackets may only enclose an IPv6 address at the start");
+        }
+        match value.iter().position(|&b| b == b':') {
+            None => return None,
+            Some(i) => (&value[..i], &value[i + 1..]),
+        }
+    };
+    if host.is_empty() {
+        return Some("a port with no host");
+    }
+    // RFC 3986 allows an empty port (`host:`); any other is digits naming a TCP port.
+    let number = port.iter().try_fold(0u32, |n, &b| {
+        b.is_ascii_digit()
+            .then(|| n * 10 + u32::from(b - b'0'))
+            .filter(|&n| n <= 65_535)
+    });
+    number
+        .is_none()
+        .then_some("the port is not a number from 0 to 65535")
 }
 
 pin_project_lite::pin_project! {
@@ -530,6 +578,31 @@ mod tests {
             push_hex(&mut out, n);
             assert_eq!(String::from_utf8_lossy(&out), format!("{n:x}"));
             assert_eq!(hex_digits(n), out.len());
+        }
+    }
+
+    #[test]
+    fn host_values_are_a_host_and_an_optional_port() {
+        for fine in [
+            "",
+            "h",
+            "h:",
+            "h:0",
+            "h:8080",
+            "h:65535",
+            "127.0.0.1:80",
+            "[::1]",
+            "[::1]:8080",
+            "[v1.x]",
+            "a.b-c_d~e",
+        ] {
+            assert_eq!(host_shape_problem(fine.as_bytes()), None, "{fine:?}");
+        }
+        for bad in [
+            "a:abc", "a:1:2", "a:99999", "a:65536", "a:-1", ":80", "[::1", "[]", "[]:80", "[::1]x",
+            "[::1]:x", "a]", "a[b]", "[[::1]]",
+        ] {
+            assert!(host_shape_problem(bad.as_bytes()).is_some(), "{bad:?}");
         }
     }
 

@@ -310,6 +310,24 @@ impl PrefetchRequest {
                 "entities: no registered view is keyed by these entities",
             ));
         }
+        // Keys that would warm nothing are a mistake to name, as `/v1/features` names them, not to drop
+        // in silence.
+        let mut sent: Vec<&str> = keys.keys().copied().collect();
+        sent.sort_unstable();
+        if let Some(unused) = sent
+            .into_iter()
+            .find(|name| !views.iter().any(|v| v.entity.name == *name))
+        {
+            return Err(if self.views.is_some() {
+                crate::decode::entity_unused(unused)
+            } else {
+                ApiError::invalid(
+                    "unknown_entity",
+                    format!("entities.{unused}"),
+                    format!("entities.{unused}: no registered view is keyed by `{unused}`"),
+                )
+            });
+        }
         Ok(views
             .into_iter()
             .filter_map(|v| {

@@ -500,6 +500,17 @@ async fn bad_requests_get_documented_errors_and_the_gateway_keeps_serving() {
             field: Some("candidates[0]"),
         },
         Case {
+            name: "the user given in entities and again in the third candidate",
+            path: "/v1/models/ctr/predict",
+            content_type: "application/json",
+            body: j(json!({"entities": {"user_id": "u_1"}, "candidates": [
+                {"item_id": "i_1"}, {"item_id": "i_2"}, {"item_id": "i_3", "user_id": "u_9"}
+            ]})),
+            status: 400,
+            code: "ambiguous_entity",
+            field: Some("candidates[2].user_id"),
+        },
+        Case {
             name: "a candidate naming its item twice",
             path: "/v1/models/ctr/predict",
             content_type: "application/json",
@@ -911,6 +922,17 @@ async fn bad_requests_get_documented_errors_and_the_gateway_keeps_serving() {
             status: 400,
             code: "missing_entity",
             field: Some("entities.user_id"),
+        },
+        Case {
+            name: "a prefetch of item keys for the user view only",
+            path: "/v1/prefetch",
+            content_type: "application/json",
+            body: j(
+                json!({"entities": {"user_id": ["u_1"], "item_id": ["i_1"]}, "views": ["user_profile"]}),
+            ),
+            status: 400,
+            code: "unknown_entity",
+            field: Some("entities.item_id"),
         },
         Case {
             name: "a prefetch of no views",
@@ -1489,6 +1511,9 @@ async fn a_request_without_one_valid_host_is_refused() {
         ("HTTP/1.1", "host: a\r\nhost: b\r\n", "400", "invalid_host"),
         ("HTTP/1.0", "host: a\r\nhost: a\r\n", "400", "invalid_host"),
         ("HTTP/1.1", "host: a b\r\n", "400", "invalid_host"),
+        ("HTTP/1.1", "host: a:abc\r\n", "400", "invalid_host"),
+        ("HTTP/1.1", "host: [::1\r\n", "400", "invalid_host"),
+        ("HTTP/1.1", "host: h:99999\r\n", "400", "invalid_host"),
         (
             "HTTP/1.1",
             "host: evil.example/x\r\n",
@@ -1547,6 +1572,17 @@ async fn an_oversized_body_or_unknown_model_is_refused_before_the_body_arrives()
             "POST /v1/models/ctr/predict HTTP/1.1\r\nhost: h\r\ncontent-type: text/plain\r\nexpect: 100-continue\r\ncontent-length: 100\r\n\r\n",
             "415",
             "unsupported_media_type",
+        ),
+        // The other routes whose path names what they act on.
+        (
+            "POST /v2/models/nope/infer HTTP/1.1\r\nhost: h\r\nexpect: 100-continue\r\ncontent-length: 100\r\n\r\n",
+            "404",
+            "",
+        ),
+        (
+            "POST /v1/views/nope/rows HTTP/1.1\r\nhost: h\r\nexpect: 100-continue\r\ncontent-length: 100\r\n\r\n",
+            "404",
+            "unknown_view",
         ),
         // A body sent to a path no route has, and to a route that takes none.
         (
@@ -1767,6 +1803,25 @@ async fn a_non_finite_score_is_an_error_not_a_null() {
             && says.contains("item_id `i_huge`"),
         "{says}"
     );
+    // The context sent is an input too, and is named beside the entities: it may be what the model
+    // cannot score.
+    let r = app
+        .predict(
+            "ctr",
+            &json!({"entities": {"user_id": "u_1", "item_id": "i_huge"}, "context": {"hour_of_day": 20, "device": "ios"}}),
+        )
+        .await;
+    assert_eq!(r.status, 422, "{}", String::from_utf8_lossy(&r.body));
+    let says = r.json()["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        says.contains(
+            "(view `item_stats`) and the context sent (`context.hour_of_day`, `context.device`)"
+        ) && says.ends_with("check the context values sent, the rows and the model"),
+        "{says}"
+    );
     // Counted as refused, not as a gateway error.
     let stats = app.get("/v1/stats").await.json();
     assert_eq!(
@@ -1774,7 +1829,7 @@ async fn a_non_finite_score_is_an_error_not_a_null() {
             &stats["models"]["ctr"]["errors"],
             &stats["models"]["ctr"]["rejected"]
         ),
-        (&json!(0), &json!(2)),
+        (&json!(0), &json!(3)),
         "{stats}"
     );
     let ok = app
