@@ -233,8 +233,13 @@ impl Application {
         // cached or `prefetch.warm_timeout` is over, whichever comes first.
         let gw = gateway.clone();
         tokio::spawn(async move {
-            let warmed =
-                prefetch::warm_start(&gw.hydrator, &gw.registry(), &gw.config.prefetch).await;
+            let warmed = prefetch::warm_start(
+                &gw.hydrator,
+                &gw.registry(),
+                &gw.config.prefetch,
+                &gw.config.limits,
+            )
+            .await;
             if warmed.keys.fetched > 0 || warmed.incomplete {
                 tracing::info!(
                     keys = warmed.keys.fetched,

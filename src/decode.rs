@@ -760,7 +760,7 @@ impl<'de> Deserialize<'de> for EntityKey {
         impl Visitor<'_> for V {
             type Value = EntityKey;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an entity key (a string or an integer)")
+                f.write_str("an entity key (a string, or an integer for an int64 entity)")
             }
             fn visit_str<E: de::Error>(self, s: &str) -> Result<EntityKey, E> {
                 Ok(EntityKey::Str(CompactString::from(s)))
@@ -771,7 +771,7 @@ impl<'de> Deserialize<'de> for EntityKey {
             fn visit_u64<E: de::Error>(self, u: u64) -> Result<EntityKey, E> {
                 i64::try_from(u)
                     .map(EntityKey::Int)
-                    .map_err(|_| E::custom("entity key out of int64 range"))
+                    .map_err(|_| E::custom(KEY_OUT_OF_RANGE))
             }
             fn visit_f64<E: de::Error>(self, f: f64) -> Result<EntityKey, E> {
                 whole_key(f).map(EntityKey::Int).map_err(E::custom)
@@ -781,21 +781,23 @@ impl<'de> Deserialize<'de> for EntityKey {
     }
 }
 
+/// A key past int64, as an integer or a float: the same words from every route and the loader.
+pub const KEY_OUT_OF_RANGE: &str =
+    "entity key out of int64 range (write it as a string if the entity's keys are strings)";
+
 /// An integer key written as a float (`1e3`, or `1000.0` from an encoder that writes every number as
 /// a double), taken as the integer while float64 holds it exactly, as an int64 context value is.
 pub fn whole_key(f: f64) -> Result<i64, String> {
     use crate::value::FloatAsInt;
     match crate::value::float_as_int(f) {
         FloatAsInt::Exact(i) => Ok(i),
-        FloatAsInt::OutOfRange => {
-            Err("entity key out of int64 range (write it as a string if the entity's keys are strings)".to_owned())
-        }
+        FloatAsInt::OutOfRange => Err(KEY_OUT_OF_RANGE.to_owned()),
         FloatAsInt::LowerBound => Err("entity key out of int64 range, or -9223372036854775808 written as a float (past 2^53 a float cannot tell neighbouring integers apart): write it as an integer, or as a string if the entity's keys are strings".to_owned()),
         FloatAsInt::Inexact => Err(format!(
-            "expected an entity key (a string or an integer), got {f} written as a float: past 2^53 a float cannot tell neighbouring integers apart, so write it as an integer or a string"
+            "expected an entity key (a string, or an integer for an int64 entity), got {f} written as a float: past 2^53 a float cannot tell neighbouring integers apart, so write it as an integer"
         )),
         FloatAsInt::NotWhole => Err(format!(
-            "expected an entity key (a string or an integer), got {f}, which is not a whole number"
+            "expected an entity key (a string, or an integer for an int64 entity), got {f}, which is not a whole number"
         )),
     }
 }
@@ -2382,7 +2384,7 @@ mod tests {
         );
         for (bad, says) in [
             ("1.5", "got 1.5, which is not a whole number"),
-            ("9007199254740993.0", "write it as an integer or a string"),
+            ("9007199254740993.0", "so write it as an integer"),
             ("-9223372036854775809", "out of int64 range"),
             ("-9.223372036854775808e18", "written as a float"),
             ("-1e19", "out of int64 range"),

@@ -22,7 +22,7 @@ use serde::Deserialize;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::{LimitsConfig, PrefetchConfig};
-use crate::decode::{EntityKeys, check_key_count, entity_keys, unknown_view};
+use crate::decode::{EntityKey, EntityKeys, check_key_count, entity_keys, unknown_view};
 use crate::error::ApiError;
 use crate::hydrate::{Hydrator, Prefetched};
 use crate::schema::{Registry, View};
@@ -151,8 +151,36 @@ pub async fn flush_hot(h: &Hydrator, keep: usize) {
     stats.hot_samples.fetch_add(lookups, Relaxed);
     if let Err(e) = h.store().record_hot(&counts, keep).await {
         stats.hot_flush_errors.fetch_add(1, Relaxed);
-        tracing::debug!("hot-key flush of {n} keys failed (for the view named, or for all): {e}");
+        // A flush runs every `hot_flush_interval`: one line a minute says a lasting failure (a hot set
+        // of another type, an ACL without the command) without a line per flush.
+        static LAST_LINE: Mutex<Option<Instant>> = Mutex::new(None);
+        let due = {
+            let mut last = LAST_LINE.lock();
+            let due = last.is_none_or(|at| at.elapsed() >= Duration::from_secs(60));
+            if due {
+                *last = Some(Instant::now());
+            }
+            due
+        };
+        if due {
+            tracing::warn!(
+                "hot-key flush of {n} keys failed (for the view named, or for all; counted in hydrant_hot_key_flush_errors_total, logged at most once a minute): {e}"
+            );
+        }
     }
+}
+
+/// Whether `key`, read from a hot set, is one a request could send for `entity`: an int64 entity's keys
+/// are integers as hydrant writes them (`7`, not `07`).
+fn sendable_key(entity: &crate::schema::Entity, key: &str, limits: &LimitsConfig) -> bool {
+    let sent = match entity.dtype {
+        crate::value::Dtype::Int64 => match key.parse::<i64>() {
+            Ok(i) if i.to_string() == key => EntityKey::Int(i),
+            _ => return false,
+        },
+        _ => EntityKey::Str(CompactString::from(key)),
+    };
+    crate::decode::check_key(entity, &sent, limits).is_ok()
 }
 
 /// What a warm start did.
@@ -163,8 +191,15 @@ pub struct Warmed {
     pub incomplete: bool,
 }
 
-/// Reads the hottest keys of every view into the cache, within `cfg.warm_timeout`.
-pub async fn warm_start(h: &Arc<Hydrator>, registry: &Registry, cfg: &PrefetchConfig) -> Warmed {
+/// Reads the hottest keys of every view into the cache, within `cfg.warm_timeout`. A hot-set member that
+/// is no key a request could send (`limits`: empty, too long, not an integer for an int64 entity,
+/// written by another tool) is skipped.
+pub async fn warm_start(
+    h: &Arc<Hydrator>,
+    registry: &Registry,
+    cfg: &PrefetchConfig,
+    limits: &LimitsConfig,
+) -> Warmed {
     if cfg.warm_top_k == 0 {
         return Warmed::default();
     }
@@ -176,7 +211,7 @@ pub async fn warm_start(h: &Arc<Hydrator>, registry: &Registry, cfg: &PrefetchCo
     let work = futures::future::join_all(registry.views.values().map(|view| {
         let tally = tally_ref;
         async move {
-            let keys = match h.store().hottest(&view.name, cfg.warm_top_k).await {
+            let mut keys = match h.store().hottest(&view.name, cfg.warm_top_k).await {
                 Ok(keys) => keys,
                 Err(e) => {
                     tracing::warn!(view = %view.name, "warm start: cannot read the hot keys: {e}");
@@ -184,6 +219,15 @@ pub async fn warm_start(h: &Arc<Hydrator>, registry: &Registry, cfg: &PrefetchCo
                     return;
                 }
             };
+            let listed = keys.len();
+            keys.retain(|k| sendable_key(&view.entity, k, limits));
+            if keys.len() < listed {
+                tracing::warn!(
+                    view = %view.name,
+                    skipped = listed - keys.len(),
+                    "warm start: hot keys that no request could send (empty, over limits.max_key_bytes, or not of the entity's dtype) were skipped"
+                );
+            }
             for chunk in keys.chunks(WARM_BATCH) {
                 let p = h.prefetch(&[(view, chunk)], deadline).await;
                 let mut t = tally.lock();

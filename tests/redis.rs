@@ -1688,6 +1688,34 @@ async fn one_views_hot_set_of_another_type_does_not_stop_the_others() {
     );
 }
 
+/// Hot-set members written by another tool that name no key a request could send (bytes that are not
+/// text, an empty or overlong key) are skipped at a warm start: the view's real hot keys are still
+/// warmed, and the junk takes no memory.
+#[tokio::test]
+async fn a_warm_start_skips_hot_set_members_that_are_no_keys() {
+    let redis = RedisServer::start();
+    seeded(&redis).await;
+    let long = "u".repeat(300);
+    for (score, member) in [
+        (&b"50"[..], &b"u_1"[..]),
+        (b"99", b"\xff\xfe\x00bin"),
+        (b"98", b""),
+        (b"97", long.as_bytes()),
+    ] {
+        redis.cmd_bytes(&[b"ZADD", b"hy:hot:user_profile", score, member]);
+    }
+    let app = gateway(&redis, |c| c.prefetch.warm_top_k = 10).await;
+    let warm = &app.gateway.telemetry.prefetch;
+    assert_eq!(warm.warm_keys.load(Relaxed), 1, "u_1 alone is a key");
+    assert_eq!(
+        warm.warm_incomplete.load(Relaxed),
+        0,
+        "nothing cut it short"
+    );
+    let (_, _, j) = ages(&app, &["u_1"]).await;
+    assert_eq!(j["cache"]["hits"], 1, "u_1 was warmed: {j}");
+}
+
 #[tokio::test]
 async fn the_warm_start_is_bounded_by_warm_timeout() {
     let redis = RedisServer::start();

@@ -657,9 +657,46 @@ impl RedisStore {
             ],
         );
         let client = self.pool.next_connected();
-        one(cluster::run(client, &self.newcomers, &Options::default(), &[range]).await)?
-            .convert()
-            .map_err(store_error)
+        let members = match one(cluster::run(
+            client,
+            &self.newcomers,
+            &Options::default(),
+            &[range],
+        )
+        .await)?
+        {
+            Value::Array(members) => members,
+            Value::Null => Vec::new(),
+            other => {
+                return Err(StoreError::Io(format!(
+                    "ZREVRANGE answered {:?}, not an array",
+                    other.kind()
+                )));
+            }
+        };
+        // A member that is not text (written by another tool) names no key a request can send: it is
+        // skipped, not allowed to stop the view's whole warm start.
+        let mut keys = Vec::with_capacity(members.len());
+        let mut skipped = 0usize;
+        for m in members {
+            match m {
+                Value::String(s) => keys.push(s.to_string()),
+                Value::Bytes(b) => match String::from_utf8(b.to_vec()) {
+                    Ok(s) => keys.push(s),
+                    Err(_) => skipped += 1,
+                },
+                _ => skipped += 1,
+            }
+        }
+        if skipped > 0 {
+            tracing::warn!(
+                view,
+                skipped,
+                "the hot set {} holds members that are not UTF-8 text (not written by hydrant): skipped",
+                self.hot_key(view)
+            );
+        }
+        Ok(keys)
     }
 }
 
