@@ -861,9 +861,11 @@ async fn method_not_allowed(req: Request) -> Response {
 
 async fn not_found(req: Request) -> Response {
     let path = req.uri().path();
+    // A target with no path (`CONNECT host:443`, the authority form) is named as sent.
+    let target: &dyn std::fmt::Display = if path.is_empty() { req.uri() } else { &path };
     ApiError::NotFound {
         code: "unknown_route",
-        message: format!("no route {} {path}", req.method()),
+        message: format!("no route {} {target}", req.method()),
     }
     .respond(Shape::of_path(path))
 }

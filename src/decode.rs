@@ -794,10 +794,10 @@ pub fn whole_key(f: f64) -> Result<i64, String> {
         FloatAsInt::OutOfRange => Err(KEY_OUT_OF_RANGE.to_owned()),
         FloatAsInt::LowerBound => Err("entity key out of int64 range, or -9223372036854775808 written as a float (past 2^53 a float cannot tell neighbouring integers apart): write it as an integer, or as a string if the entity's keys are strings".to_owned()),
         FloatAsInt::Inexact => Err(format!(
-            "expected an entity key (a string, or an integer for an int64 entity), got {f} written as a float: past 2^53 a float cannot tell neighbouring integers apart, so write it as an integer"
+            "expected an entity key (a string, or an integer for an int64 entity), got {f:?} written as a float: past 2^53 a float cannot tell neighbouring integers apart, so write it as an integer"
         )),
         FloatAsInt::NotWhole => Err(format!(
-            "expected an entity key (a string, or an integer for an int64 entity), got {f}, which is not a whole number"
+            "expected an entity key (a string, or an integer for an int64 entity), got {f:?}, which is not a whole number"
         )),
     }
 }
@@ -1004,7 +1004,7 @@ fn positive_ms<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error>
                 self.visit_u64(ms as u64)
             } else {
                 Err(E::custom(format_args!(
-                    "expected a whole number of milliseconds, at least 1, got {ms}"
+                    "expected a whole number of milliseconds, at least 1, got {ms:?}"
                 )))
             }
         }
@@ -1202,6 +1202,13 @@ impl<'de> Deserialize<'de> for ContextValue {
             }
             fn visit_str<E: de::Error>(self, s: &str) -> Result<ContextValue, E> {
                 ValueVisitor.visit_str(s).map(ContextValue::Value)
+            }
+            fn visit_bytes<E: de::Error>(self, _: &[u8]) -> Result<ContextValue, E> {
+                // (MessagePack only: Python's `bytes` are packed as bin.) Refused in the field's terms.
+                Ok(ContextValue::Unfit(Box::new(Unfit {
+                    what: "binary data (MessagePack bin; text is sent as str)",
+                    element: None,
+                })))
             }
             fn visit_seq<A: de::SeqAccess<'de>>(
                 self,
@@ -2152,6 +2159,16 @@ mod tests {
                 assert_eq!(v.typed(dtype), Err(format!("expected {dtype}, got {what}")));
             }
         }
+        // And bin, which is how Python's `bytes` are packed: named as what it is.
+        let packed = [0xc4, 3, b'i', b'o', b's'];
+        let v: ContextValue = rmp_serde::from_slice(&packed).expect("decodes");
+        assert_eq!(
+            v.typed(Dtype::String),
+            Err(
+                "expected string, got binary data (MessagePack bin; text is sent as str)"
+                    .to_owned()
+            )
+        );
     }
 
     /// Past the reader's limit candidates are counted, not held; a type error past it is not looked at
@@ -2341,6 +2358,8 @@ mod tests {
             ("0.0", "at least 1 millisecond, got 0"),
             ("-3", "at least 1 millisecond, got -3"),
             ("2.5", "whole number of milliseconds, at least 1, got 2.5"),
+            // A tiny one is echoed as written, not as 300 digits.
+            ("1e-300", "at least 1, got 1e-300"),
             ("\"soon\"", "expected a whole number of milliseconds"),
         ] {
             let e = deadline(bad).expect_err(bad);

@@ -139,7 +139,7 @@ impl Dtype {
             (Self::Int64, Value::Float(f)) => match float_as_int(f) {
                 FloatAsInt::Exact(i) => Ok(Value::Int(i)),
                 FloatAsInt::NotWhole => Err(format!(
-                    "expected int64, got {f}, which is not a whole number"
+                    "expected int64, got {f:?}, which is not a whole number"
                 )),
                 // An integer past 2^63 arrives here as a float: echoing it would show it rounded.
                 FloatAsInt::OutOfRange => Err("expected int64, got a number outside its range (-9223372036854775808 to 9223372036854775807)".to_owned()),
@@ -164,11 +164,11 @@ impl Dtype {
     /// elements.
     pub fn from_json(self, v: &serde_json::Value) -> Result<Value, String> {
         match (self, v) {
-            (Self::Float32List(_), _) | (_, serde_json::Value::Null) => {}
-            (t, serde_json::Value::Array(_)) => return Err(format!("expected {t}, got a list")),
             (t, serde_json::Value::Object(_)) => {
                 return Err(format!("expected {t}, got an object"));
             }
+            (Self::Float32List(_), _) | (_, serde_json::Value::Null) => {}
+            (t, serde_json::Value::Array(_)) => return Err(format!("expected {t}, got a list")),
             _ => {}
         }
         self.coerce(Value::from_json(v)?)
@@ -485,6 +485,10 @@ mod tests {
         assert_eq!(
             Dtype::Int64.from_json(&serde_json::json!({"a": 1})),
             Err("expected int64, got an object".to_owned())
+        );
+        assert_eq!(
+            Dtype::Float32List(2).from_json(&serde_json::json!({"0": 1})),
+            Err("expected float32[2], got an object".to_owned())
         );
         assert_eq!(
             Dtype::Float32List(2).from_json(&serde_json::json!([1, 2.5])),

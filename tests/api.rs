@@ -1547,6 +1547,21 @@ async fn a_request_without_one_valid_host_is_refused() {
     }
 }
 
+/// A target with no path (the authority form of `CONNECT`) is named as sent in the 404.
+#[tokio::test]
+async fn a_connect_request_is_refused_naming_its_target() {
+    let app = TestApp::spawn().await;
+    let answer = common::exchange(
+        &app.addr,
+        b"CONNECT example.com:443 HTTP/1.1\r\nhost: example.com:443\r\nconnection: close\r\n\r\n",
+        "CONNECT",
+    )
+    .await;
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 404 "), "{text}");
+    assert!(text.contains("no route CONNECT example.com:443"), "{text}");
+}
+
 /// What the headers alone settle is answered without waiting for the body: a body declared over
 /// `limits.max_body_bytes` (413), a predict for a model that does not exist (404), and a content type
 /// hydrant does not read (415: a client that asked `Expect: 100-continue` gets no 100 first). Each closes
