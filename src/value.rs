@@ -397,8 +397,19 @@ impl Record {
         rmp_serde::to_vec(self).unwrap_or_default()
     }
 
+    /// Decodes a stored record, which must be the whole of `bytes`: a record followed by other bytes
+    /// was not written by hydrant, as a record with an element too many was not.
     pub fn decode(bytes: &[u8]) -> Result<Self, String> {
-        rmp_serde::from_slice(bytes).map_err(|e| format!("not a valid record: {e}"))
+        let mut rest = bytes;
+        let record = Self::deserialize(&mut rmp_serde::Deserializer::new(&mut rest))
+            .map_err(|e| format!("not a valid record: {e}"))?;
+        if !rest.is_empty() {
+            return Err(format!(
+                "not a valid record: {} bytes follow it",
+                rest.len()
+            ));
+        }
+        Ok(record)
     }
 }
 
@@ -497,6 +508,23 @@ mod tests {
         assert_eq!(
             Dtype::String.from_json(&serde_json::Value::Null),
             Ok(Value::Null)
+        );
+    }
+
+    #[test]
+    fn a_record_followed_by_other_bytes_is_not_one() {
+        let record = Record {
+            schema_version: 1,
+            event_ts_ms: 5,
+            values: vec![Value::Int(3)],
+            layout: 7,
+        };
+        let mut bytes = record.encode();
+        assert_eq!(Record::decode(&bytes), Ok(record));
+        bytes.extend_from_slice(b"\xc1junk");
+        assert_eq!(
+            Record::decode(&bytes),
+            Err("not a valid record: 5 bytes follow it".to_owned())
         );
     }
 
