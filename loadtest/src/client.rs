@@ -86,6 +86,11 @@ impl Pool {
         &self.target
     }
 
+    /// Whether requests carry a token (`--token-file`).
+    pub fn sends_token(&self) -> bool {
+        self.authorization.is_some()
+    }
+
     /// The origin-form URI of `path` under the target's base path.
     pub fn uri(&self, path: &str) -> Result<Uri, ExchangeError> {
         format!("{}{}", self.target.base_path, path)

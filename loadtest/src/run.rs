@@ -118,13 +118,20 @@ pub enum RunError {
     /// The probe predict was answered 401 or 403: the gateway has `[auth]` on, and the run would measure
     /// nothing but refusals.
     #[error(
-        "target {target} refused the probe predict with HTTP {status}{}: pass --token-file with a client token of the gateway (auth.token_file)",
-        colon_prefixed(.body)
+        "target {target} refused the probe predict with HTTP {status}{}: {}",
+        colon_prefixed(.body),
+        if *.token_sent {
+            "the token of --token-file was refused: pass a client token of the gateway (auth.token_file)"
+        } else {
+            "pass --token-file with a client token of the gateway (auth.token_file)"
+        }
     )]
     Unauthorized {
         target: String,
         status: u16,
         body: String,
+        /// A token was sent (`--token-file`), so it is the token that was refused.
+        token_sent: bool,
     },
 }
 
@@ -309,6 +316,7 @@ pub async fn probe_model(pool: &Pool, s: &Scenario, cancel: &Cancel) -> Result<(
                 target: pool.target().to_string(),
                 status: r.status.as_u16(),
                 body: quote_body(&r.body, r.msgpack),
+                token_sent: pool.sends_token(),
             })
         }
         Ok(r) if !r.status.is_success() => {
