@@ -151,6 +151,15 @@ pub struct Hydrator {
     reads_unlogged: AtomicU64,
 }
 
+/// `read_warned_ms` before the first failed read is logged: the cache's clock starts at 0, so a 0 here
+/// would hold back a failure in the process's first second, and with no later one, for good.
+const NEVER_WARNED: u64 = u64::MAX;
+
+/// Whether a failed read at `now_ms` is logged, the last line having gone out at `last`.
+fn read_warning_due(last: u64, now_ms: u64) -> bool {
+    last == NEVER_WARNED || now_ms.saturating_sub(last) >= 1_000
+}
+
 /// A key the request waits for.
 struct Pending {
     view: usize,
@@ -192,7 +201,7 @@ impl Hydrator {
             inflight: Mutex::new(HashMap::new()),
             next_flight: AtomicU64::new(0),
             logged_bad: Mutex::new(HashSet::new()),
-            read_warned_ms: AtomicU64::new(0),
+            read_warned_ms: AtomicU64::new(NEVER_WARNED),
             reads_unlogged: AtomicU64::new(0),
         })
     }
@@ -529,7 +538,7 @@ impl Hydrator {
                     u64::try_from(now).unwrap_or(0),
                     self.read_warned_ms.load(Relaxed),
                 );
-                if now_ms.saturating_sub(last) >= 1_000
+                if read_warning_due(last, now_ms)
                     && self
                         .read_warned_ms
                         .compare_exchange(last, now_ms, Relaxed, Relaxed)
@@ -655,6 +664,15 @@ async fn wait(mut rx: watch::Receiver<Option<Outcome>>, deadline: Instant) -> Ou
 #[cfg(test)]
 mod tests {
     use std::path::Path;
+
+    #[test]
+    fn the_first_failed_read_is_logged_even_in_the_first_second() {
+        assert!(super::read_warning_due(super::NEVER_WARNED, 0));
+        assert!(super::read_warning_due(super::NEVER_WARNED, 999));
+        assert!(!super::read_warning_due(0, 999));
+        assert!(super::read_warning_due(0, 1_000));
+        assert!(!super::read_warning_due(5_000, 5_999));
+    }
     use std::sync::atomic::AtomicUsize;
 
     use tokio::sync::Semaphore;

@@ -201,7 +201,9 @@ impl Shared {
             None
         };
         let id = request_id(req.headers());
-        let span = tracing::info_span!(
+        // At the error level, so that it is on whatever the log level lets through: a warning or an
+        // error logged at `log_level = "warn"` still carries the request id.
+        let span = tracing::error_span!(
             "request",
             id = id.as_ref().and_then(|v| v.to_str().ok()).unwrap_or(""),
             method = %req.method(),
