@@ -17,7 +17,7 @@ use arc_swap::ArcSwap;
 use axum::http::{HeaderMap, Method, header};
 
 use crate::config::AuthConfig;
-use crate::error::ApiError;
+use crate::error::{ApiError, BearerError};
 use crate::telemetry::Telemetry;
 
 /// The tokens in force, swapped whole by [`watch_files`].
@@ -115,13 +115,13 @@ impl Auth {
             return Err(ApiError::Unauthorized {
                 message: "the request carries more than one Authorization header: send one"
                     .to_owned(),
-                invalid_token: true,
+                bearer: BearerError::InvalidRequest,
             });
         }
         let Some(sent) = bearer(headers) else {
             return Err(ApiError::Unauthorized {
                 message: "this route needs `Authorization: Bearer <token>` (a token of the gateway's auth.token_file or auth.admin_token_file)".to_owned(),
-                invalid_token: false,
+                bearer: BearerError::Missing,
             });
         };
         let admin = any_equal(&self.admins, sent);
@@ -131,7 +131,7 @@ impl Auth {
         if !any_equal(&self.clients, sent) {
             return Err(ApiError::Unauthorized {
                 message: "the bearer token is not one of the gateway's tokens".to_owned(),
-                invalid_token: true,
+                bearer: BearerError::InvalidToken,
             });
         }
         if need == Need::Admin {

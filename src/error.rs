@@ -92,8 +92,8 @@ pub enum ApiError {
     #[error("{message}")]
     Unauthorized {
         message: String,
-        /// A token was sent and is wrong (RFC 6750's `invalid_token`), rather than none sent.
-        invalid_token: bool,
+        /// What RFC 6750's challenge says was wrong.
+        bearer: BearerError,
     },
     /// A route turned off by configuration (registering schemas with `registry.writes = false`).
     #[error("{message}")]
@@ -145,6 +145,17 @@ fn summary(errors: &crate::schema::SchemaErrors) -> String {
         Some(first) => format!("{} schema problem(s); the first: {first}", errors.0.len()),
         None => "the schema is not valid".to_owned(),
     }
+}
+
+/// What a 401's `WWW-Authenticate` challenge says was wrong (RFC 6750, section 3.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BearerError {
+    /// No token was sent: the challenge names no error.
+    Missing,
+    /// The request is malformed, as one with two `Authorization` headers is: `invalid_request`.
+    InvalidRequest,
+    /// A token was sent and is not one of the gateway's: `invalid_token`.
+    InvalidToken,
 }
 
 impl ApiError {
@@ -343,13 +354,17 @@ impl ApiError {
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         // RFC 6750: a 401 says which scheme, and whether the token sent was the problem.
-        if let Self::Unauthorized { invalid_token, .. } = &self {
+        if let Self::Unauthorized { bearer, .. } = &self {
             resp.headers_mut().insert(
                 header::WWW_AUTHENTICATE,
-                HeaderValue::from_static(if *invalid_token {
-                    "Bearer realm=\"hydrant\", error=\"invalid_token\""
-                } else {
-                    "Bearer realm=\"hydrant\""
+                HeaderValue::from_static(match bearer {
+                    BearerError::Missing => "Bearer realm=\"hydrant\"",
+                    BearerError::InvalidRequest => {
+                        "Bearer realm=\"hydrant\", error=\"invalid_request\""
+                    }
+                    BearerError::InvalidToken => {
+                        "Bearer realm=\"hydrant\", error=\"invalid_token\""
+                    }
                 }),
             );
         }

@@ -103,6 +103,24 @@ async fn tokens_guard_every_route_but_health_and_metrics() {
     let (status, challenge, _) = send(&app, Method::POST, path, Some(&predict), Some(&wrong)).await;
     assert_eq!(status, 401);
     assert!(challenge.contains("error=\"invalid_token\""), "{challenge}");
+    // Two Authorization headers, even of good tokens, are a malformed request (RFC 6750's
+    // `invalid_request`), not a wrong token.
+    let r = app
+        .client
+        .post(format!("{}{path}", app.addr))
+        .header("authorization", format!("Bearer {CLIENT}"))
+        .header("authorization", format!("Bearer {ADMIN}"))
+        .json(&predict)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status().as_u16(), 401);
+    assert_eq!(
+        r.headers()
+            .get("www-authenticate")
+            .and_then(|v| v.to_str().ok()),
+        Some("Bearer realm=\"hydrant\", error=\"invalid_request\"")
+    );
     // A client token scores; so does an admin token.
     for token in [CLIENT, ADMIN] {
         let (status, _, body) = send(&app, Method::POST, path, Some(&predict), Some(token)).await;
@@ -151,8 +169,8 @@ async fn tokens_guard_every_route_but_health_and_metrics() {
     // The refusals count as rejected, not as gateway errors.
     let (_, _, stats) = send(&app, Method::GET, "/v1/stats", None, Some(CLIENT)).await;
     assert_eq!(stats["models"]["ctr"]["errors"], 0, "{stats}");
-    // Two predicts (no token, a wrong one) and one V2 infer.
-    assert_eq!(stats["models"]["ctr"]["rejected"], 3, "{stats}");
+    // Three predicts (no token, a wrong one, two tokens) and one V2 infer.
+    assert_eq!(stats["models"]["ctr"]["rejected"], 4, "{stats}");
 }
 
 #[tokio::test]
