@@ -947,6 +947,23 @@ async fn start_up_fails_clearly_when_redis_is_unreachable_or_refuses_the_passwor
         "the password leaked into the message: {e}"
     );
     assert!(e.contains("Redis"), "{e}");
+
+    // Something else on the port (an HTTP server here) answers bytes that are not Redis's.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt as _;
+        while let Ok((mut s, _)) = listener.accept().await {
+            let _ = s
+                .write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+                .await;
+        }
+    });
+    c.store.redis.url = format!("redis://127.0.0.1:{port}");
+    let e = format!("{:#}", open_store(&c).await.err().expect("not Redis"));
+    assert!(e.contains("did not answer as Redis does"), "{e}");
 }
 
 /// Redis 7 gives a new ACL user no pub/sub access, and refuses its `SUBSCRIBE`; the client does not pass

@@ -224,7 +224,14 @@ impl RedisStore {
         match tokio::time::timeout(cfg.connect_timeout, pool.init()).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => {
-                anyhow::bail!("cannot connect to Redis (store.redis.url): {e}");
+                // Bytes that are not RESP: something else listens there (an HTTP proxy, a TLS port
+                // spoken to in plain text).
+                let hint = if *e.kind() == ErrorKind::Protocol {
+                    ": the server did not answer as Redis does; check the host and port, and whether it wants TLS (rediss://)"
+                } else {
+                    ""
+                };
+                anyhow::bail!("cannot connect to Redis (store.redis.url): {e}{hint}");
             }
             Err(_) => {
                 // Stop the connection attempts still running (best-effort: quitting may wait on them too).
