@@ -166,19 +166,28 @@ fn flatten(v: &Json_, out: &mut Vec<f32>, limit: usize, width: usize) -> Result<
                     row.len()
                 ));
             }
-            for x in row {
-                number(x, out, limit)?;
+            for (j, x) in row.iter().enumerate() {
+                number(x, out, limit, Some((i, j)))?;
             }
         }
         return Ok(());
     }
-    items.iter().try_for_each(|x| number(x, out, limit))
+    items.iter().try_for_each(|x| number(x, out, limit, None))
 }
 
+/// One element, at `(row, column)` of a list of rows, or at `out.len()` of a flat list.
 #[cfg(test)]
-fn number(v: &Json_, out: &mut Vec<f32>, limit: usize) -> Result<(), String> {
+fn number(
+    v: &Json_,
+    out: &mut Vec<f32>,
+    limit: usize,
+    at: Option<(usize, usize)>,
+) -> Result<(), String> {
     let Json_::Number(n) = v else {
-        return Err(format!("expected numbers, found {v}"));
+        return Err(match at {
+            Some((r, c)) => format!("row {r} element {c} is not a number: found {v}"),
+            None => format!("element {} is not a number: found {v}", out.len()),
+        });
     };
     if out.len() >= limit {
         return Err(format!("more elements than the shape's {limit}"));

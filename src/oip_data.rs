@@ -91,7 +91,16 @@ impl TensorData {
                 Problem::RowWidth { row, len } => {
                     format!("row {row} has {len} elements; the shape's rows have {width}")
                 }
-                Problem::NotANumber(v) => format!("expected numbers, found {v}"),
+                // Every element before it is a number, and every row before its row has the
+                // shape's width: `before` is its row-major index.
+                Problem::NotANumber(v) => match self.row_width {
+                    Some(_) if width > 0 => format!(
+                        "row {} element {} is not a number: found {v}",
+                        before / width,
+                        before % width
+                    ),
+                    _ => format!("element {before} is not a number: found {v}"),
+                },
                 Problem::Range(e) => e.clone(),
             });
         }
