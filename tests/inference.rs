@@ -457,8 +457,8 @@ async fn v2_infer_rejects_bad_tensors_with_the_reason() {
         ),
         (
             "a string element",
-            json!({"inputs": [{"name": "features", "shape": [1, 27], "datatype": "FP32", "data": ["a"]}]}),
-            "expected numbers",
+            json!({"inputs": [{"name": "features", "shape": [1, 27], "datatype": "FP32", "data": [0.5, "a"]}]}),
+            "element 1 is not a number: found \"a\"",
         ),
         (
             "ragged rows that add up",
