@@ -30,15 +30,23 @@ pub struct EmbeddedStore {
 }
 
 impl EmbeddedStore {
-    /// Opens (or creates) the store file, creating its folder if needed.
+    /// Opens (or creates) the store file, creating its folder if needed (`data/` on a fresh clone), but
+    /// not the folders above it: a path whose folders do not exist is more likely a typo than a place
+    /// meant for a store, and serving from it would answer every key as not found.
     pub fn open(path: &Path) -> anyhow::Result<Self> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| {
-                anyhow::anyhow!(
+            match std::fs::create_dir(dir) {
+                Ok(()) => {}
+                Err(_) if dir.is_dir() => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => anyhow::bail!(
+                    "cannot create the embedded store folder {}: the folder above it does not exist (check store.embedded.path, or create it)",
+                    dir.display()
+                ),
+                Err(e) => anyhow::bail!(
                     "cannot create the embedded store folder {}: {e}",
                     dir.display()
-                )
-            })?;
+                ),
+            }
         }
         let existed = path.exists();
         // redb would take an empty file for a new store; a store is never empty on disk, so this is a
@@ -162,6 +170,22 @@ mod tests {
     use redb::ReadableTableMetadata;
 
     use super::*;
+
+    #[test]
+    fn the_store_folder_is_made_but_not_the_folders_above_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        EmbeddedStore::open(&dir.path().join("data/s.redb")).expect("data/ is made");
+        let typo = dir.path().join("dta/hydrant/s.redb");
+        let e = EmbeddedStore::open(&typo)
+            .err()
+            .expect("a typo")
+            .to_string();
+        assert!(
+            e.contains("does not exist") && e.contains("store.embedded.path"),
+            "{e}"
+        );
+        assert!(!dir.path().join("dta").exists(), "nothing was made");
+    }
 
     #[tokio::test]
     async fn written_values_are_read_back_and_survive_reopening() {
