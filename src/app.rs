@@ -275,20 +275,31 @@ impl Application {
         tracing::info!(%addr, "hydrant listening");
         let grace = self.gateway.config.server.shutdown_grace;
         let gateway = self.gateway.clone();
-        // The cache's upkeep (`FeatureCache::upkeep`), on the blocking pool, as often as it says. Aborted
-        // on stop.
+        // The cache's upkeep (`FeatureCache::upkeep`), as often as it says, on a thread of its own: on
+        // the blocking pool, a task every second went to each idle pool thread in turn, so none stayed
+        // idle long enough to retire, and the threads a burst of embedded-store reads started stayed for
+        // good. Stops when `_stop_upkeep` is dropped, as this function returns.
         let cache = self.gateway.hydrator.cache().clone();
-        let upkeep = tokio::spawn(async move {
-            let mut pause = std::time::Duration::ZERO;
-            loop {
-                tokio::time::sleep(pause).await;
-                let c = cache.clone();
-                if let Ok(next) = tokio::task::spawn_blocking(move || c.upkeep()).await {
-                    pause = next;
+        let (_stop_upkeep, stopped) = std::sync::mpsc::channel::<()>();
+        std::thread::Builder::new()
+            .name("hydrant-upkeep".to_owned())
+            .spawn(move || {
+                let mut pause = std::time::Duration::ZERO;
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                    stopped.recv_timeout(pause)
+                {
+                    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cache.upkeep()))
+                    {
+                        Ok(next) => pause = next,
+                        Err(_) => {
+                            tracing::error!(
+                                "the cache's upkeep panicked; it runs again in a second"
+                            );
+                            pause = std::time::Duration::from_secs(1);
+                        }
+                    }
                 }
-            }
-        });
-        let _abort_upkeep = AbortOnDrop(upkeep);
+            })?;
         let _abort_watch = AbortOnDrop(tokio::spawn(crate::registrar::watch_folder(
             self.gateway.clone(),
         )));

@@ -87,6 +87,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     hydrant::telemetry::init_logging(&config.telemetry);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        // The blocking pool hands each task to its idle threads in turn, so the folder watch (every
+        // `registry.reload_interval`, 2 s) alone kept a thread alive per 2 s of tokio's 10 s keep-alive:
+        // five threads a burst of embedded-store reads had started never retired. At 3 s, one or two stay.
+        .thread_keep_alive(std::time::Duration::from_secs(3))
         .build()?;
     match cli.command {
         Command::Serve => serve(&rt, config),

@@ -935,3 +935,87 @@ fn texts(out: &std::process::Output) -> (std::borrow::Cow<'_, str>, std::borrow:
         String::from_utf8_lossy(&out.stderr),
     )
 }
+
+/// The process's thread count, from `/proc`.
+fn threads(pid: u32) -> usize {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .expect("status")
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("a Threads line")
+}
+
+/// A burst of embedded-store reads starts blocking threads; once it is over they retire, though the
+/// folder watch runs every 2 s. (With tokio's 10 s keep-alive and its idle threads woken in turn, the
+/// watch and the cache's upkeep had kept five to fifteen of them alive for good.)
+#[test]
+fn threads_started_by_a_burst_retire_after_it() {
+    use std::io::{Read as _, Write as _};
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let child = hydrant(&root())
+        .env("HYDRANT_SERVER__BIND", format!("127.0.0.1:{port}"))
+        .env("HYDRANT_STORE__EMBEDDED__PATH", dir.path().join("s.redb"))
+        .env("HYDRANT_TELEMETRY__LOG_LEVEL", "warn")
+        .arg("serve")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starts");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // Settled: the watch's first reads are done.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let before = threads(child.id());
+    let burst: Vec<_> = (0..48)
+        .map(|t| {
+            std::thread::spawn(move || {
+                for i in 0..10 {
+                    let keys: Vec<String> = (0..50).map(|j| format!("\"x{t}_{i}_{j}\"")).collect();
+                    let body = format!(
+                        r#"{{"entities": {{"user_id": [{}]}}, "features": ["user_profile:age"]}}"#,
+                        keys.join(",")
+                    );
+                    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+                    let request = format!(
+                        "POST /v1/features HTTP/1.1\r\nhost: h\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    s.write_all(request.as_bytes()).expect("send");
+                    let mut answer = String::new();
+                    s.read_to_string(&mut answer).expect("read");
+                    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+                }
+            })
+        })
+        .collect();
+    for b in burst {
+        b.join().expect("burst");
+    }
+    let during = threads(child.id());
+    let started = std::time::Instant::now();
+    let left = loop {
+        let now = threads(child.id());
+        if now <= before + 1 || started.elapsed() > std::time::Duration::from_secs(20) {
+            break now;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    };
+    // Stopped before the verdict, so that a failure leaves no server behind.
+    terminate(child);
+    assert!(
+        left <= before + 1,
+        "{left} threads 20 s after the burst, {before} before it ({during} at its end)"
+    );
+}
