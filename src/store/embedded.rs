@@ -3,9 +3,11 @@
 //! redb calls block (file I/O, fsync on commit), so every call runs on the blocking pool. Each record is
 //! stored with its expiry time (0 = never) so `store.key_ttl` means the same here as in Redis.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
 
 use redb::{Builder, Database, DatabaseError, ReadableDatabase, StorageError, TableDefinition};
 
@@ -26,8 +28,22 @@ fn io(e: impl std::fmt::Display) -> StoreError {
 
 #[derive(Clone)]
 pub struct EmbeddedStore {
-    db: Arc<Database>,
+    inner: Arc<Inner>,
 }
+
+struct Inner {
+    /// The open database; `None` when opening it again after an I/O error failed.
+    db: RwLock<Option<Database>>,
+    /// Opens the file again (without the checks of a start).
+    reopen: Box<dyn Fn() -> Result<Database, DatabaseError> + Send + Sync>,
+    /// When opening it again was last tried, so that a failing reopen is not retried by every call.
+    tried: Mutex<Option<Instant>>,
+    /// The file, for messages.
+    path: PathBuf,
+}
+
+/// How often a store that could not be opened again is retried.
+const REOPEN_EVERY: Duration = Duration::from_secs(1);
 
 impl EmbeddedStore {
     /// Opens (or creates) the store file, creating its folder if needed (`data/` on a fresh clone), but
@@ -84,7 +100,13 @@ impl EmbeddedStore {
         // file does not keep them for ever (Redis drops them itself).
         let tx = db.begin_write()?;
         let removed = {
-            let mut table = tx.open_table(RECORDS)?;
+            let mut table = tx.open_table(RECORDS).map_err(|e| match e {
+                redb::TableError::TableTypeMismatch { .. } => anyhow::anyhow!(
+                    "the embedded store {} holds a `records` table that hydrant did not write ({e}): store.embedded.path names another program's redb file",
+                    path.display()
+                ),
+                e => anyhow::anyhow!("cannot open the embedded store {}: {e}", path.display()),
+            })?;
             let now = now_ms();
             let mut removed = 0u64;
             table.retain(|_, (expires, _)| {
@@ -98,38 +120,129 @@ impl EmbeddedStore {
         if removed > 0 {
             tracing::info!(path = %path.display(), removed, "removed expired records (store.key_ttl) from the embedded store");
         }
-        Ok(Self { db: Arc::new(db) })
+        let file = path.to_owned();
+        let reopen = move || {
+            Builder::new()
+                .set_cache_size(PAGE_CACHE_BYTES)
+                .create(&file)
+        };
+        Ok(Self::over(db, Box::new(reopen), path))
+    }
+
+    fn over(
+        db: Database,
+        reopen: Box<dyn Fn() -> Result<Database, DatabaseError> + Send + Sync>,
+        path: &Path,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                db: RwLock::new(Some(db)),
+                reopen,
+                tried: Mutex::new(None),
+                path: path.to_owned(),
+            }),
+        }
+    }
+
+    /// Runs `op` on the database. After a write fails on I/O (a full disk), redb refuses every later one
+    /// (`PreviousIo`) until the database is opened again: that is done here, and `op` tried once more,
+    /// so that the store writes again once the cause is gone, without a restart.
+    fn with_db<T>(
+        &self,
+        op: impl Fn(&Database) -> Result<T, redb::Error>,
+    ) -> Result<T, StoreError> {
+        {
+            let db = self.inner.db.read();
+            if let Some(db) = db.as_ref() {
+                match op(db) {
+                    Err(redb::Error::PreviousIo) => {}
+                    other => return other.map_err(io),
+                }
+            }
+        }
+        self.reopen()?;
+        let db = self.inner.db.read();
+        let db = db.as_ref().ok_or_else(|| self.closed())?;
+        op(db).map_err(io)
+    }
+
+    fn closed(&self) -> StoreError {
+        StoreError::Unavailable(format!(
+            "the embedded store {} failed on I/O and could not be opened again yet (see the log)",
+            self.inner.path.display()
+        ))
+    }
+
+    /// Opens the database again, unless another call already did since it failed.
+    fn reopen(&self) -> Result<(), StoreError> {
+        let mut db = self.inner.db.write();
+        if let Some(open) = db.as_ref() {
+            // Opened again by another call meanwhile: its writes go through.
+            match open.begin_write().map_err(redb::Error::from) {
+                Err(redb::Error::PreviousIo) => {}
+                _ => return Ok(()),
+            }
+        } else {
+            let mut tried = self.inner.tried.lock();
+            if tried.is_some_and(|at| at.elapsed() < REOPEN_EVERY) {
+                return Err(self.closed());
+            }
+            *tried = Some(Instant::now());
+        }
+        // Closed first: the file is locked while it is open.
+        *db = None;
+        match (self.inner.reopen)() {
+            Ok(again) => {
+                tracing::warn!(
+                    path = %self.inner.path.display(),
+                    "the embedded store failed a write on I/O (a full disk?) and was opened again"
+                );
+                *db = Some(again);
+                Ok(())
+            }
+            Err(e) => {
+                *self.inner.tried.lock() = Some(Instant::now());
+                tracing::error!(
+                    path = %self.inner.path.display(),
+                    "the embedded store failed on I/O and cannot be opened again (retried each second, on use): {e}"
+                );
+                Err(self.closed())
+            }
+        }
     }
 
     fn read(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
-        let tx = self.db.begin_read().map_err(io)?;
-        let table = tx.open_table(RECORDS).map_err(io)?;
-        let now = now_ms();
-        let mut out = Vec::with_capacity(keys.len());
-        for k in keys {
-            let v = table.get(k.as_str()).map_err(io)?;
-            out.push(v.and_then(|g| {
-                let (expires, bytes) = g.value();
-                (expires == 0 || expires > now).then(|| bytes.to_vec())
-            }));
-        }
-        Ok(out)
+        self.with_db(|db| {
+            let tx = db.begin_read()?;
+            let table = tx.open_table(RECORDS)?;
+            let now = now_ms();
+            let mut out = Vec::with_capacity(keys.len());
+            for k in keys {
+                let v = table.get(k.as_str())?;
+                out.push(v.and_then(|g| {
+                    let (expires, bytes) = g.value();
+                    (expires == 0 || expires > now).then(|| bytes.to_vec())
+                }));
+            }
+            Ok(out)
+        })
     }
 
     fn write(&self, writes: &Writes, ttl: Option<Duration>) -> Result<(), StoreError> {
         let expires = ttl.map_or(0, |t| {
             now_ms().saturating_add(i64::try_from(t.as_millis()).unwrap_or(i64::MAX))
         });
-        let tx = self.db.begin_write().map_err(io)?;
-        {
-            let mut table = tx.open_table(RECORDS).map_err(io)?;
-            for (k, v) in writes {
-                table
-                    .insert(k.as_str(), (expires, v.as_slice()))
-                    .map_err(io)?;
+        self.with_db(|db| {
+            let tx = db.begin_write()?;
+            {
+                let mut table = tx.open_table(RECORDS)?;
+                for (k, v) in writes {
+                    table.insert(k.as_str(), (expires, v.as_slice()))?;
+                }
             }
-        }
-        tx.commit().map_err(io)
+            tx.commit()?;
+            Ok(())
+        })
     }
 }
 
@@ -168,8 +281,114 @@ impl Store for EmbeddedStore {
 #[cfg(test)]
 mod tests {
     use redb::ReadableTableMetadata;
+    use redb::StorageBackend as _;
 
     use super::*;
+
+    /// Storage that can be made full, refusing to grow as a full disk does (bytes it already holds can
+    /// still be written), and that outlives the database over it, as a file does.
+    #[derive(Debug, Clone)]
+    struct Disk {
+        bytes: Arc<redb::backends::InMemoryBackend>,
+        full: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl Disk {
+        /// ENOSPC when full and `end` is past what the storage holds.
+        fn check(&self, end: u64) -> std::io::Result<()> {
+            if self.full.load(std::sync::atomic::Ordering::Relaxed) && end > self.bytes.len()? {
+                Err(std::io::Error::from_raw_os_error(28))
+            } else {
+                Ok(())
+            }
+        }
+    }
+
+    impl redb::StorageBackend for Disk {
+        fn len(&self) -> std::io::Result<u64> {
+            self.bytes.len()
+        }
+        fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+            self.bytes.read(offset, out)
+        }
+        fn set_len(&self, len: u64) -> std::io::Result<()> {
+            self.check(len)?;
+            self.bytes.set_len(len)
+        }
+        fn sync_data(&self) -> std::io::Result<()> {
+            self.bytes.sync_data()
+        }
+        fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+            self.check(offset + data.len() as u64)?;
+            self.bytes.write(offset, data)
+        }
+    }
+
+    /// After a write fails on I/O, redb refuses every later write until the database is opened again:
+    /// the store does that itself, so it writes again once there is room, without a restart, and
+    /// what was written before is still there.
+    #[tokio::test]
+    async fn writes_resume_once_a_full_disk_has_room_again() {
+        let disk = Disk {
+            bytes: Arc::new(redb::backends::InMemoryBackend::new()),
+            full: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        };
+        let opener = {
+            let disk = disk.clone();
+            move || Builder::new().create_with_backend(disk.clone())
+        };
+        let db = opener().expect("open");
+        let tx = db.begin_write().expect("tx");
+        tx.open_table(RECORDS).expect("table");
+        tx.commit().expect("commit");
+        let s = EmbeddedStore::over(db, Box::new(opener), Path::new("test.redb"));
+        let put = |k: &str| s.put_many(vec![(k.into(), k.as_bytes().to_vec())], None);
+        put("before").await.expect("written");
+
+        disk.full.store(true, std::sync::atomic::Ordering::Relaxed);
+        // Past what the file holds: it must grow.
+        let big = |k: &str| s.put_many(vec![(k.into(), vec![7u8; 4 << 20])], None);
+        big("full").await.expect_err("no room");
+        big("still full").await.expect_err("no room");
+        // Reads are served meanwhile.
+        assert_eq!(
+            s.get_many(&["before".into()]).await.expect("read"),
+            vec![Some(b"before".to_vec())]
+        );
+        tokio::time::sleep(REOPEN_EVERY).await;
+        disk.full.store(false, std::sync::atomic::Ordering::Relaxed);
+        put("after").await.expect("written once there is room");
+
+        let keys = ["before", "full", "after"].map(String::from);
+        assert_eq!(
+            s.get_many(&keys).await.expect("read"),
+            vec![Some(b"before".to_vec()), None, Some(b"after".to_vec())]
+        );
+    }
+
+    #[test]
+    fn another_programs_records_table_is_named_as_such() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("other.redb");
+        {
+            let db = Database::create(&path).expect("create");
+            let tx = db.begin_write().expect("tx");
+            let other: TableDefinition<u64, u64> = TableDefinition::new("records");
+            tx.open_table(other)
+                .expect("table")
+                .insert(1, 2)
+                .expect("insert");
+            tx.commit().expect("commit");
+        }
+        let e = EmbeddedStore::open(&path)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(
+            e.contains("another program's redb file") && e.contains("other.redb"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn the_store_folder_is_made_but_not_the_folders_above_it() {
@@ -233,7 +452,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("s.redb");
         let records = |s: &EmbeddedStore| {
-            let tx = s.db.begin_read().expect("read");
+            let db = s.inner.db.read();
+            let tx = db.as_ref().expect("open").begin_read().expect("read");
             tx.open_table(RECORDS).expect("table").len().expect("len")
         };
         {
