@@ -1300,6 +1300,13 @@ fn csv_row(
 /// The error completes "`cell` ...".
 fn csv_number(cell: &str) -> Result<serde_json::Value, &'static str> {
     if let Ok(i) = cell.parse::<i64>() {
+        // `-0` is a float's negative zero, as in JSON Lines, where it keeps its sign for a float
+        // feature (an integer one takes it as 0 either way).
+        if i == 0 && cell.starts_with('-') {
+            return serde_json::Number::from_f64(-0.0)
+                .map(serde_json::Value::Number)
+                .ok_or("is not a number");
+        }
         return Ok(i.into());
     }
     match cell.parse::<f64>() {
@@ -1889,6 +1896,21 @@ mod tests {
         for (user, age) in [("a", 1), ("b", 21), ("c", 10)] {
             assert_eq!(age_of(&store, user).await, Some(Value::Int(age)), "{user}");
         }
+        // `-0` keeps its sign in a float feature, as it does in JSON Lines.
+        let got = store
+            .get_many(&["hy:user_profile:c".to_owned()])
+            .await
+            .expect("read");
+        let record = Record::decode(got[0].as_deref().expect("c")).expect("record");
+        let minutes = record.values.iter().find_map(|v| match v {
+            Value::Float(f) if *f == 0.0 => Some(*f),
+            _ => None,
+        });
+        assert!(
+            minutes.is_some_and(|f| f.is_sign_negative()),
+            "{:?}",
+            record.values
+        );
     }
 
     #[tokio::test]
