@@ -296,6 +296,27 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         shell_word(&file.to_string_lossy())
                     );
                 }
+                // The first row of a batch the store refused: every row before it was written (or
+                // rejected for itself), so the load resumes there; rows after it already written are
+                // written again, which is safe.
+                if let Some(first) = not_written
+                    .iter()
+                    .chain(&partial)
+                    .map(|b| b.first_line)
+                    .min()
+                {
+                    eprintln!(
+                        "{}: to write the rows the store refused, once it takes writes again, load the file again from line {first} on (hydrant{global} load --view {} --from-line {first} {}){}",
+                        file.display(),
+                        shell_word(&view),
+                        shell_word(&file.to_string_lossy()),
+                        if unconfirmed.is_empty() {
+                            ""
+                        } else {
+                            " or from the timed-out batch's line above, whichever is earlier"
+                        }
+                    );
+                }
                 if report.unannounced > 0 {
                     eprintln!(
                         "{}: {} batch(es) written but not announced to running replicas; they see them within the view's cache.ttl",

@@ -1019,3 +1019,23 @@ fn threads_started_by_a_burst_retire_after_it() {
         "{left} threads 20 s after the burst, {before} before it ({during} at its end)"
     );
 }
+
+/// Batches the store refuses (Redis at its `maxmemory`) are listed, and the loader says from which line
+/// to load the file again, with the command.
+#[test]
+fn a_load_the_store_refuses_says_where_to_resume() {
+    let redis = common::redis::RedisServer::start();
+    redis.cmd(&["CONFIG", "SET", "maxmemory", "1"]);
+    let err = fails(
+        hydrant(&root())
+            .env("HYDRANT_STORE__REDIS__URL", redis.url())
+            .env("HYDRANT_PREFETCH__WARM_TOP_K", "0")
+            .args(["load", "--view", "user_profile"])
+            .arg("demo/rows/user_profile.jsonl"),
+    );
+    assert!(err.contains("not written"), "{err}");
+    assert!(
+        err.contains("load the file again from line 1 on (hydrant load --view user_profile --from-line 1 demo/rows/user_profile.jsonl)"),
+        "{err}"
+    );
+}
