@@ -781,7 +781,7 @@ impl<'de> Deserialize<'de> for EntityKey {
     }
 }
 
-/// A key past int64, as an integer or a float: the same words from every route and the loader.
+/// A key past int64, sent as an integer or as a float: the same words on every route.
 pub const KEY_OUT_OF_RANGE: &str =
     "entity key out of int64 range (write it as a string if the entity's keys are strings)";
 

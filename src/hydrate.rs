@@ -664,15 +664,6 @@ async fn wait(mut rx: watch::Receiver<Option<Outcome>>, deadline: Instant) -> Ou
 #[cfg(test)]
 mod tests {
     use std::path::Path;
-
-    #[test]
-    fn the_first_failed_read_is_logged_even_in_the_first_second() {
-        assert!(super::read_warning_due(super::NEVER_WARNED, 0));
-        assert!(super::read_warning_due(super::NEVER_WARNED, 999));
-        assert!(!super::read_warning_due(0, 999));
-        assert!(super::read_warning_due(0, 1_000));
-        assert!(!super::read_warning_due(5_000, 5_999));
-    }
     use std::sync::atomic::AtomicUsize;
 
     use tokio::sync::Semaphore;
@@ -771,6 +762,15 @@ mod tests {
 
     fn soon() -> Instant {
         Instant::now() + Duration::from_secs(5)
+    }
+
+    #[test]
+    fn the_first_failed_read_is_logged_even_in_the_first_second() {
+        assert!(read_warning_due(NEVER_WARNED, 0));
+        assert!(read_warning_due(NEVER_WARNED, 999));
+        assert!(!read_warning_due(0, 999));
+        assert!(read_warning_due(0, 1_000));
+        assert!(!read_warning_due(5_000, 5_999));
     }
 
     #[tokio::test]

@@ -153,17 +153,11 @@ pub async fn flush_hot(h: &Hydrator, keep: usize) {
         stats.hot_flush_errors.fetch_add(1, Relaxed);
         // A flush runs every `hot_flush_interval`: one line a minute says a lasting failure (a hot set
         // of another type, an ACL without the command) without a line per flush.
-        static LAST_LINE: Mutex<Option<Instant>> = Mutex::new(None);
-        let due = {
-            let mut last = LAST_LINE.lock();
-            let due = last.is_none_or(|at| at.elapsed() >= Duration::from_secs(60));
-            if due {
-                *last = Some(Instant::now());
-            }
-            due
-        };
-        if due {
+        static LINES: crate::telemetry::Throttle =
+            crate::telemetry::Throttle::new(Duration::from_secs(60));
+        if let Some(more) = LINES.admit() {
             tracing::warn!(
+                more_since_last_line = more,
                 "hot-key flush of {n} keys failed (for the view named, or for all; counted in hydrant_hot_key_flush_errors_total, logged at most once a minute): {e}"
             );
         }

@@ -764,6 +764,39 @@ impl Telemetry {
     }
 }
 
+/// Lets one log line through per `every` and counts the ones it holds back: for failures that repeat
+/// at the rate of a timer or a retry loop, which a line each would flood the log with.
+pub struct Throttle {
+    every: std::time::Duration,
+    /// When a line last went through, and how many were held back since.
+    state: parking_lot::Mutex<(Option<Instant>, u64)>,
+}
+
+impl Throttle {
+    pub const fn new(every: std::time::Duration) -> Self {
+        Self {
+            every,
+            state: parking_lot::Mutex::new((None, 0)),
+        }
+    }
+
+    /// `Some(n)` when a line may go out now, `n` having been held back since the last; `None` when
+    /// this one is held back (and counted).
+    pub fn admit(&self) -> Option<u64> {
+        let now = Instant::now();
+        let mut state = self.state.lock();
+        if state
+            .0
+            .is_some_and(|at| now.duration_since(at) < self.every)
+        {
+            state.1 += 1;
+            return None;
+        }
+        state.0 = Some(now);
+        Some(std::mem::take(&mut state.1))
+    }
+}
+
 /// Installs the global `tracing` subscriber (once; later calls are ignored, as in tests).
 pub fn init_logging(cfg: &TelemetryConfig) {
     let filter = tracing_subscriber::EnvFilter::try_new(&cfg.log_level)
@@ -783,6 +816,16 @@ pub fn init_logging(cfg: &TelemetryConfig) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_throttle_lets_one_line_through_per_period_and_counts_the_rest() {
+        let t = super::Throttle::new(std::time::Duration::from_millis(200));
+        assert_eq!(t.admit(), Some(0));
+        assert_eq!((t.admit(), t.admit()), (None, None));
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        assert_eq!(t.admit(), Some(2));
+        assert_eq!(t.admit(), None);
+    }
+
     use super::*;
 
     #[test]

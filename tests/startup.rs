@@ -847,11 +847,7 @@ fn a_fetch_logs_in_the_span_of_its_request() {
 
     let redis = common::redis::RedisServer::start();
     redis.cmd(&["SET", "hy:user_profile:u_garbled", "not a record"]);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
+    let port = free_port();
     // The line is logged once the read is back: bounds far above a read's time keep a loaded test
     // machine from turning it into a timeout, which logs something else.
     let schemas = common::schemas_with_edit("user_profile.yaml", "timeout: 50ms", "timeout: 5s");
@@ -900,18 +896,23 @@ fn a_fetch_logs_in_the_span_of_its_request() {
     assert!(line.contains("trace-me-7"), "{line}");
 }
 
-#[test]
-fn sigterm_drains_and_exits_cleanly() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
+/// A free loopback port.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
         .expect("bind")
         .local_addr()
         .expect("addr")
-        .port();
+        .port()
+}
+
+/// `hydrant serve` on a free port over an embedded store in `dir`, logging at `level` to a pipe, once it
+/// listens; with its port.
+fn serve_embedded(dir: &Path, level: &str) -> (std::process::Child, u16) {
+    let port = free_port();
     let child = hydrant(&root())
         .env("HYDRANT_SERVER__BIND", format!("127.0.0.1:{port}"))
-        .env("HYDRANT_STORE__EMBEDDED__PATH", dir.path().join("s.redb"))
-        .env("HYDRANT_TELEMETRY__LOG_LEVEL", "info")
+        .env("HYDRANT_STORE__EMBEDDED__PATH", dir.join("s.redb"))
+        .env("HYDRANT_TELEMETRY__LOG_LEVEL", level)
         .arg("serve")
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -924,6 +925,13 @@ fn sigterm_drains_and_exits_cleanly() {
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+    (child, port)
+}
+
+#[test]
+fn sigterm_drains_and_exits_cleanly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (child, _) = serve_embedded(dir.path(), "info");
     let err = terminate(child);
     assert!(err.contains("draining in-flight requests"), "{err}");
 }
@@ -954,27 +962,7 @@ fn threads_started_by_a_burst_retire_after_it() {
     use std::io::{Read as _, Write as _};
 
     let dir = tempfile::tempdir().expect("tempdir");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
-    let child = hydrant(&root())
-        .env("HYDRANT_SERVER__BIND", format!("127.0.0.1:{port}"))
-        .env("HYDRANT_STORE__EMBEDDED__PATH", dir.path().join("s.redb"))
-        .env("HYDRANT_TELEMETRY__LOG_LEVEL", "warn")
-        .arg("serve")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("starts");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the server did not start"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    let (child, port) = serve_embedded(dir.path(), "warn");
     // Settled: the watch's first reads are done.
     std::thread::sleep(std::time::Duration::from_secs(3));
     let before = threads(child.id());

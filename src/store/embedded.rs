@@ -42,6 +42,13 @@ struct Inner {
     path: PathBuf,
 }
 
+/// The database's settings, on every open.
+fn builder() -> Builder {
+    let mut b = Builder::new();
+    b.set_cache_size(PAGE_CACHE_BYTES);
+    b
+}
+
 /// How often a store that could not be opened again is retried.
 const REOPEN_EVERY: Duration = Duration::from_secs(1);
 
@@ -75,8 +82,7 @@ impl EmbeddedStore {
         }
         // Every page's checksum is verified on open: a damaged file is refused here, with a message,
         // rather than panicking inside redb on the first read that meets the damage.
-        let db = Builder::new()
-            .set_cache_size(PAGE_CACHE_BYTES)
+        let db = builder()
             .set_check_integrity_on_open(true)
             .create(path)
             .map_err(|e| match e {
@@ -121,11 +127,7 @@ impl EmbeddedStore {
             tracing::info!(path = %path.display(), removed, "removed expired records (store.key_ttl) from the embedded store");
         }
         let file = path.to_owned();
-        let reopen = move || {
-            Builder::new()
-                .set_cache_size(PAGE_CACHE_BYTES)
-                .create(&file)
-        };
+        let reopen = move || builder().create(&file);
         Ok(Self::over(db, Box::new(reopen), path))
     }
 
@@ -182,13 +184,15 @@ impl EmbeddedStore {
                 Err(redb::Error::PreviousIo) => {}
                 _ => return Ok(()),
             }
-        } else {
-            let mut tried = self.inner.tried.lock();
-            if tried.is_some_and(|at| at.elapsed() < REOPEN_EVERY) {
-                return Err(self.closed());
-            }
-            *tried = Some(Instant::now());
+        } else if self
+            .inner
+            .tried
+            .lock()
+            .is_some_and(|at| at.elapsed() < REOPEN_EVERY)
+        {
+            return Err(self.closed());
         }
+        *self.inner.tried.lock() = Some(Instant::now());
         // Closed first: the file is locked while it is open.
         *db = None;
         match (self.inner.reopen)() {
@@ -201,7 +205,6 @@ impl EmbeddedStore {
                 Ok(())
             }
             Err(e) => {
-                *self.inner.tried.lock() = Some(Instant::now());
                 tracing::error!(
                     path = %self.inner.path.display(),
                     "the embedded store failed on I/O and cannot be opened again (retried each second, on use): {e}"

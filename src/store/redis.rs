@@ -93,16 +93,20 @@ pub struct RedisStore {
 /// Why the pool's last (re)connection attempt failed, kept for a while. Without it, a server that
 /// refuses the password after a restart (newly required, or rotated: `NOAUTH`, `WRONGPASS`) shows only
 /// as "not connected" while it answers, and fred says why only at its debug level.
-#[derive(Default)]
 struct ConnectFailures {
     last: Mutex<Option<(Instant, String)>>,
-    /// When a failure was last logged, and how many have come since without a line.
-    logged: Mutex<(Option<Instant>, u64)>,
+    /// At most one log line per 10 s: the pool retries every `reconnect_max_delay` per client.
+    logged: crate::telemetry::Throttle,
 }
 
 impl ConnectFailures {
-    /// At most one log line per this long: the pool retries every `reconnect_max_delay` per client.
-    const LOG_EVERY: Duration = Duration::from_secs(10);
+    fn new() -> Self {
+        Self {
+            last: Mutex::new(None),
+            logged: crate::telemetry::Throttle::new(Duration::from_secs(10)),
+        }
+    }
+
     /// How long a failure is quoted in errors after it happened.
     const RECENT: Duration = Duration::from_secs(60);
 
@@ -123,20 +127,10 @@ impl ConnectFailures {
     }
 
     fn note(&self, e: &FredError) {
-        let now = Instant::now();
         let text = e.to_string();
-        *self.last.lock() = Some((now, text.clone()));
-        let more = {
-            let mut logged = self.logged.lock();
-            if logged
-                .0
-                .is_some_and(|at| now.duration_since(at) < Self::LOG_EVERY)
-            {
-                logged.1 += 1;
-                return;
-            }
-            logged.0 = Some(now);
-            std::mem::take(&mut logged.1)
+        *self.last.lock() = Some((Instant::now(), text.clone()));
+        let Some(more) = self.logged.admit() else {
+            return;
         };
         tracing::warn!(
             error = %text,
@@ -255,7 +249,7 @@ impl RedisStore {
             }
         }
         let clustered = pool.is_clustered();
-        let failures = Arc::new(ConnectFailures::default());
+        let failures = Arc::new(ConnectFailures::new());
         for client in pool.clients() {
             failures.watch(client);
         }
