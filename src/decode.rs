@@ -1516,9 +1516,57 @@ pub struct FeaturesRequest {
     #[serde(deserialize_with = "unique_names")]
     pub entities: HashMap<String, EntityKeys>,
     /// `view` (all its features) or `view:feature`.
-    pub features: Vec<String>,
+    pub features: FeatureRefs,
     #[serde(default, deserialize_with = "options_object")]
     pub options: Options,
+}
+
+/// Most feature references (`view` or `view:feature`) one `/v1/features` or `/get-online-features`
+/// request may name. Each is a string in memory and `"v",` four bytes in the body, so a 1 MiB body of
+/// repeated names held whole took some 25 MB before it was read.
+pub const MAX_FEATURE_REFS: usize = 4096;
+
+/// A request's `features` list as read: every reference, or, in a list longer than
+/// [`MAX_FEATURE_REFS`], the first of them and the count of the rest.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FeatureRefs {
+    pub list: Vec<String>,
+    /// How many the request sent, held or not.
+    pub sent: usize,
+}
+
+impl FeatureRefs {
+    /// The references, or 413 `too_many_features` when the list went past [`MAX_FEATURE_REFS`].
+    pub fn checked(&self) -> Result<&[String], ApiError> {
+        if self.sent > self.list.len() {
+            return Err(ApiError::TooLarge {
+                code: "too_many_features",
+                message: format!(
+                    "features: {} references, the limit is {MAX_FEATURE_REFS} (name a view alone for all of its features)",
+                    self.sent
+                ),
+                field: Some("features".to_owned()),
+            });
+        }
+        Ok(&self.list)
+    }
+}
+
+impl<'de> Deserialize<'de> for FeatureRefs {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = FeatureRefs;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a list of `view` or `view:feature` names")
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, seq: A) -> Result<FeatureRefs, A::Error> {
+                let (list, sent) = read_capped(seq, MAX_FEATURE_REFS)?;
+                Ok(FeatureRefs { list, sent })
+            }
+        }
+        d.deserialize_seq(V)
+    }
 }
 
 /// What a predict request resolves to.
@@ -1956,7 +2004,8 @@ impl FeaturesRequest {
         registry: &Registry,
         limits: &LimitsConfig,
     ) -> Result<FeaturesPlan, ApiError> {
-        if self.features.is_empty() {
+        let features = self.features.checked()?;
+        if features.is_empty() {
             return Err(ApiError::invalid(
                 "invalid_field",
                 "features",
@@ -1981,14 +2030,16 @@ impl FeaturesRequest {
             return Err(unregistered_entity(registry, name));
         }
         let mut views: Vec<(std::sync::Arc<View>, Vec<CompactString>, Vec<usize>)> = Vec::new();
-        for (i, name) in self.features.iter().enumerate() {
-            let field = format!("features[{i}]");
+        // Per view in `views`: which of its features are asked for already (a name may come twice).
+        let mut asked: Vec<Vec<bool>> = Vec::new();
+        for (i, name) in features.iter().enumerate() {
+            let field = || format!("features[{i}]");
             let (vname, fname) = match name.split_once(':') {
                 Some((v, f)) => (v, Some(f)),
                 None => (name.as_str(), None),
             };
             let Some(view) = registry.views.get(vname) else {
-                return Err(unknown_view(registry, &field, vname));
+                return Err(unknown_view(registry, &field(), vname));
             };
             let idx = match views.iter().position(|(v, _, _)| v.name == vname) {
                 Some(idx) => idx,
@@ -2000,18 +2051,20 @@ impl FeaturesRequest {
                         .ok_or_else(|| view_keys_missing(view))?;
                     let ks = entity_keys(entity, keys, limits)?;
                     views.push((view.clone(), ks, Vec::new()));
+                    asked.push(vec![false; view.features.len()]);
                     views.len() - 1
                 }
             };
-            let wanted = &mut views[idx].2;
+            let (wanted, seen) = (&mut views[idx].2, &mut asked[idx]);
+            let mut ask = |f: usize| {
+                if !std::mem::replace(&mut seen[f], true) {
+                    wanted.push(f);
+                }
+            };
             match fname {
-                None => wanted.extend(0..view.features.len()),
-                Some(f) => wanted.push(feature_of(view, f, &field)?),
+                None => (0..view.features.len()).for_each(&mut ask),
+                Some(f) => ask(feature_of(view, f, &field())?),
             }
-        }
-        for (_, _, wanted) in &mut views {
-            let mut seen = std::collections::HashSet::new();
-            wanted.retain(|i| seen.insert(*i));
         }
         for name in names {
             if !views.iter().any(|(v, _, _)| &v.entity.name == name) {

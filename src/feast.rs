@@ -43,7 +43,7 @@ pub struct OnlineFeaturesRequest {
     pub entities: Fields<EntityKeys>,
     /// `view:feature` (Feast's feature references), or `view` for all of a view's features.
     #[serde(default)]
-    pub features: Option<Vec<String>>,
+    pub features: Option<crate::decode::FeatureRefs>,
     /// A model: the features its binding reads, in binding order.
     #[serde(default)]
     pub feature_service: Option<String>,
@@ -107,6 +107,7 @@ impl OnlineFeaturesRequest {
                 ));
             }
             (Some(features), None) => {
+                let features = features.checked()?;
                 if features.is_empty() {
                     return Err(ApiError::invalid(
                         "invalid_field",

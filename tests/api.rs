@@ -389,6 +389,68 @@ async fn features_endpoint_returns_the_values_written() {
 }
 
 #[tokio::test]
+async fn a_feature_named_twice_is_answered_once_and_the_list_has_a_limit() {
+    let app = TestApp::spawn().await;
+    let whole = app
+        .post_json(
+            "/v1/features",
+            &json!({"entities": {"user_id": "u_5"}, "features": ["user_profile"]}),
+        )
+        .await
+        .json();
+    let all: Vec<String> = whole["features"]
+        .as_object()
+        .expect("features")
+        .keys()
+        .cloned()
+        .collect();
+    assert!(all.len() > 2, "{whole}");
+    // A feature, its whole view and the feature again: every feature of the view, each once.
+    let body = json!({"entities": {"user_id": "u_5"}, "features": ["user_profile:age", "user_profile", "user_profile:age"]});
+    let r = app.post_json("/v1/features", &body).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    for name in &all {
+        assert_eq!(
+            text.matches(&format!("\"{name}\"")).count(),
+            1,
+            "{name}: {text}"
+        );
+    }
+    assert_eq!(r.json()["features"], whole["features"]);
+    // The references are held up to hydrant's limit, and past it counted, not held.
+    let many = |n: usize| vec!["user_profile"; n];
+    let r = app
+        .post_json(
+            "/v1/features",
+            &json!({"entities": {"user_id": "u_5"}, "features": many(4096)}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["features"], whole["features"]);
+    for (path, entities) in [
+        ("/v1/features", json!({"user_id": "u_5"})),
+        ("/get-online-features", json!({"user_id": ["u_5"]})),
+    ] {
+        let r = app
+            .post_json(
+                path,
+                &json!({"entities": entities, "features": many(50_000)}),
+            )
+            .await;
+        let j = r.json();
+        assert_eq!(
+            (r.status, r.code().as_str()),
+            (413, "too_many_features"),
+            "{path}: {j}"
+        );
+        assert_eq!(j["error"]["field"], "features", "{path}: {j}");
+        let message = j["error"]["message"].as_str().expect("a message");
+        assert!(message.contains("50000 references"), "{path}: {message}");
+    }
+}
+
+#[tokio::test]
 async fn keys_with_unicode_and_separators_stay_inside_their_view() {
     let app = TestApp::spawn().await;
     // Write a user whose key looks like another view's key, and one with non-ASCII characters.
