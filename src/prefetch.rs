@@ -151,14 +151,14 @@ pub async fn flush_hot(h: &Hydrator, keep: usize) {
     stats.hot_samples.fetch_add(lookups, Relaxed);
     if let Err(e) = h.store().record_hot(&counts, keep).await {
         stats.hot_flush_errors.fetch_add(1, Relaxed);
-        // A flush runs every `hot_flush_interval`: one line a minute says a lasting failure (a hot set
-        // of another type, an ACL without the command) without a line per flush.
+        // A flush runs every `hot_flush_interval`: one line a minute per reason says a lasting failure
+        // (a hot set of another type, an ACL without the command) without a line per flush.
         static LINES: crate::telemetry::Throttle =
             crate::telemetry::Throttle::new(Duration::from_secs(60));
-        if let Some(more) = LINES.admit() {
+        if let Some(more) = LINES.admit_reason(&e.to_string()) {
             tracing::warn!(
                 more_since_last_line = more,
-                "hot-key flush of {n} keys failed (for the view named, or for all; counted in hydrant_hot_key_flush_errors_total, logged at most once a minute): {e}"
+                "hot-key flush of {n} keys failed (for the view named, or for all; counted in hydrant_hot_key_flush_errors_total, logged at most once a minute per reason): {e}"
             );
         }
     }

@@ -764,36 +764,55 @@ impl Telemetry {
     }
 }
 
-/// Lets one log line through per `every` and counts the ones it holds back: for failures that repeat
-/// at the rate of a timer or a retry loop, which a line each would flood the log with.
+/// Lets one log line through per `every` for each reason (the failure's text), and counts the ones it
+/// holds back: for failures that repeat at the rate of a timer or a retry loop, which a line each would
+/// flood the log with. A new reason is let through at once (a Redis that refused connections while it
+/// restarted and now refuses the password says so), up to [`Throttle::REASONS`] lines per period.
 pub struct Throttle {
     every: std::time::Duration,
-    /// When a line last went through, and how many were held back since.
-    state: parking_lot::Mutex<(Option<Instant>, u64)>,
+    /// Per recent reason: when a line last went through for it, and how many were held back since.
+    state: parking_lot::Mutex<Vec<(String, Instant, u64)>>,
 }
 
 impl Throttle {
+    /// Reasons remembered at once; a further reason takes the place of the oldest once its period is
+    /// over, and is held back (counted with it) before.
+    pub const REASONS: usize = 8;
+
     pub const fn new(every: std::time::Duration) -> Self {
         Self {
             every,
-            state: parking_lot::Mutex::new((None, 0)),
+            state: parking_lot::Mutex::new(Vec::new()),
         }
     }
 
-    /// `Some(n)` when a line may go out now, `n` having been held back since the last; `None` when
-    /// this one is held back (and counted).
-    pub fn admit(&self) -> Option<u64> {
+    /// `Some(n)` when a line for `reason` may go out now, `n` lines having been held back since the
+    /// last one for it; `None` when this one is held back (and counted).
+    pub fn admit_reason(&self, reason: &str) -> Option<u64> {
         let now = Instant::now();
         let mut state = self.state.lock();
-        if state
-            .0
-            .is_some_and(|at| now.duration_since(at) < self.every)
-        {
-            state.1 += 1;
+        if let Some(seen) = state.iter_mut().find(|(r, _, _)| r == reason) {
+            if now.duration_since(seen.1) < self.every {
+                seen.2 += 1;
+                return None;
+            }
+            seen.1 = now;
+            return Some(std::mem::take(&mut seen.2));
+        }
+        if state.len() < Self::REASONS {
+            state.push((reason.to_owned(), now, 0));
+            return Some(0);
+        }
+        let Some(oldest) = state.iter_mut().min_by_key(|(_, at, _)| *at) else {
+            return Some(0);
+        };
+        if now.duration_since(oldest.1) < self.every {
+            oldest.2 += 1;
             return None;
         }
-        state.0 = Some(now);
-        Some(std::mem::take(&mut state.1))
+        let held = oldest.2;
+        *oldest = (reason.to_owned(), now, 0);
+        Some(held)
     }
 }
 
@@ -819,11 +838,30 @@ mod tests {
     #[test]
     fn a_throttle_lets_one_line_through_per_period_and_counts_the_rest() {
         let t = super::Throttle::new(std::time::Duration::from_millis(200));
-        assert_eq!(t.admit(), Some(0));
-        assert_eq!((t.admit(), t.admit()), (None, None));
+        assert_eq!(t.admit_reason(""), Some(0));
+        assert_eq!((t.admit_reason(""), t.admit_reason("")), (None, None));
         std::thread::sleep(std::time::Duration::from_millis(250));
-        assert_eq!(t.admit(), Some(2));
-        assert_eq!(t.admit(), None);
+        assert_eq!(t.admit_reason(""), Some(2));
+        assert_eq!(t.admit_reason(""), None);
+    }
+
+    #[test]
+    fn a_new_reason_gets_its_line_at_once_up_to_a_bound_per_period() {
+        let t = super::Throttle::new(std::time::Duration::from_millis(300));
+        assert_eq!(t.admit_reason("connection refused"), Some(0));
+        assert_eq!(t.admit_reason("connection refused"), None);
+        assert_eq!(t.admit_reason("NOAUTH"), Some(0));
+        assert_eq!(t.admit_reason("NOAUTH"), None);
+        assert_eq!(t.admit_reason("connection refused"), None);
+        // Reasons past the bound wait for the oldest's period, and are counted with it.
+        for i in 2..super::Throttle::REASONS {
+            assert_eq!(t.admit_reason(&format!("reason {i}")), Some(0));
+        }
+        assert_eq!(t.admit_reason("one too many"), None);
+        std::thread::sleep(std::time::Duration::from_millis(350));
+        // It takes the oldest reason's place, with that reason's two held-back lines and its own.
+        assert_eq!(t.admit_reason("one too many"), Some(3));
+        assert_eq!(t.admit_reason("NOAUTH"), Some(1));
     }
 
     use super::*;

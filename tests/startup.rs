@@ -1027,3 +1027,82 @@ fn a_load_the_store_refuses_says_where_to_resume() {
         "{err}"
     );
 }
+
+/// Sends one request with `connection: close` and returns the whole answer, or `None` when nothing
+/// listens on `port` yet.
+fn post(port: u16, path: &str, body: &str) -> Option<String> {
+    use std::io::{Read as _, Write as _};
+
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nhost: h\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(request.as_bytes()).expect("send");
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).expect("read");
+    Some(answer)
+}
+
+/// Failures of the store that no request sees (the hot-key flush, a reconnection Redis refuses) are
+/// logged with the store's own words, once per period however often they repeat.
+#[test]
+fn background_store_failures_are_logged_once_per_period() {
+    let mut redis = common::redis::RedisServer::start();
+    let port = free_port();
+    let child = hydrant(&root())
+        .env("HYDRANT_SERVER__BIND", format!("127.0.0.1:{port}"))
+        .env("HYDRANT_STORE__REDIS__URL", redis.url())
+        .env("HYDRANT_STORE__REDIS__RECONNECT_MIN_DELAY", "10ms")
+        .env("HYDRANT_STORE__REDIS__RECONNECT_MAX_DELAY", "50ms")
+        .env("HYDRANT_TELEMETRY__LOG_LEVEL", "warn")
+        .env("HYDRANT_PREFETCH__WARM_TOP_K", "0")
+        .env("HYDRANT_PREFETCH__HOT_SAMPLE_EVERY", "1")
+        .env("HYDRANT_PREFETCH__HOT_FLUSH_INTERVAL", "50ms")
+        .arg("serve")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starts");
+    // A hot set that is no sorted set: every flush of sampled keys fails with WRONGTYPE.
+    redis.cmd(&["SET", "hy:hot:user_profile", "not a sorted set"]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let features = |user: usize| {
+        format!(r#"{{"entities": {{"user_id": "u_{user}"}}, "features": ["user_profile:age"]}}"#)
+    };
+    for user in 0..20 {
+        loop {
+            match post(port, "/v1/features", &features(user)) {
+                Some(a) if a.starts_with("HTTP/1.1 200") => break,
+                _ if std::time::Instant::now() > deadline => {
+                    terminate(child);
+                    panic!("the server did not answer");
+                }
+                _ => std::thread::sleep(std::time::Duration::from_millis(50)),
+            }
+        }
+        // About 20 flushes in all, each with a key sampled since the last.
+        std::thread::sleep(std::time::Duration::from_millis(60));
+    }
+    // Then Redis away for a moment (reconnections refused), and back with a password the gateway
+    // does not have (some 30 reconnections refused for it in 1.5 s).
+    redis.stop();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    redis.restart_with_password("rotated-secret");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let err = terminate(child);
+    let flushes: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("hot-key flush of"))
+        .collect();
+    assert_eq!(flushes.len(), 1, "{err}");
+    assert!(flushes[0].contains("WRONGTYPE"), "{err}");
+    // A line for each reason: the password's is not held back behind the refused connections'.
+    let refusals = |reason: &str| {
+        err.lines()
+            .filter(|l| l.contains("refused or failed a reconnection") && l.contains(reason))
+            .count()
+    };
+    assert_eq!(refusals("ConnectionRefused"), 1, "{err}");
+    assert_eq!(refusals("NOAUTH"), 1, "{err}");
+    assert_eq!(refusals(""), 2, "{err}");
+}

@@ -95,7 +95,8 @@ pub struct RedisStore {
 /// as "not connected" while it answers, and fred says why only at its debug level.
 struct ConnectFailures {
     last: Mutex<Option<(Instant, String)>>,
-    /// At most one log line per 10 s: the pool retries every `reconnect_max_delay` per client.
+    /// At most one log line per reason per 10 s: the pool retries every `reconnect_max_delay` per
+    /// client.
     logged: crate::telemetry::Throttle,
 }
 
@@ -129,7 +130,7 @@ impl ConnectFailures {
     fn note(&self, e: &FredError) {
         let text = e.to_string();
         *self.last.lock() = Some((Instant::now(), text.clone()));
-        let Some(more) = self.logged.admit() else {
+        let Some(more) = self.logged.admit_reason(&text) else {
             return;
         };
         tracing::warn!(
