@@ -1144,6 +1144,39 @@ async fn a_password_required_after_a_restart_is_named_in_the_errors_meanwhile() 
     );
 }
 
+/// A Redis that closes idle connections (`timeout`) does not close a quiet gateway's: the pool's
+/// heartbeat pings each connection within a third of that time, so none has to be opened again (with a
+/// warning from fred each, and a request in that moment served degraded).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_gateway_keeps_its_connections_through_the_servers_idle_timeout() {
+    let redis = RedisServer::start();
+    redis.cmd(&["CONFIG", "SET", "timeout", "2"]);
+    let app = gateway(&redis, |_| {}).await;
+    let opened = || {
+        let info = redis.cmd(&["INFO", "stats"]).text();
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .expect("total_connections_received")
+    };
+    let before = opened();
+    let pings = redis.calls("ping");
+    // Idle for twice the server's timeout (which it checks in whole seconds).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let after = opened();
+    assert!(redis.calls("ping") > pings, "no heartbeat was sent");
+    // Only this test's own two connections (`calls`, then `INFO`) are new.
+    assert_eq!(after, before + 2, "connections were opened again");
+    let r = app
+        .post_json(
+            "/v1/models/ctr/predict",
+            &json!({"entities": {"user_id": "u_1"}, "candidates": [{"item_id": "i_1"}]}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["degraded"], false);
+}
+
 /// A write the store does not confirm before the request's limit: the 503 says the rows may have been
 /// written and that sending them again is safe, and once Redis answers they are there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -58,6 +58,9 @@ const ONCE: Options = Options {
     fail_fast: true,
 };
 
+/// Longest time between two pings of each pooled connection (see [`heartbeat`]).
+const HEARTBEAT: Duration = Duration::from_secs(10);
+
 /// Longest wait for a lost connection to come back before a write batch is refused unsent (at most
 /// `write_timeout`): a restart or fail-over of a second or so is ridden out, an outage is not queued for.
 const CONNECT_WAIT: Duration = Duration::from_secs(1);
@@ -88,6 +91,8 @@ pub struct RedisStore {
     hot_views: Mutex<std::collections::BTreeSet<String>>,
     /// Why the pool's last reconnection failed, for the log and for the errors of the meantime.
     failures: Arc<ConnectFailures>,
+    /// Stops the pool's heartbeat (also when dropped).
+    heartbeat: tokio::sync::watch::Sender<bool>,
 }
 
 /// Why the pool's last (re)connection attempt failed, kept for a while. Without it, a server that
@@ -254,6 +259,9 @@ impl RedisStore {
         for client in pool.clients() {
             failures.watch(client);
         }
+        let every = heartbeat_every(&pool, cfg.connect_timeout).await;
+        let (heartbeat_stop, stop) = tokio::sync::watch::channel(false);
+        tokio::spawn(heartbeat(pool.clone(), every, cfg.connect_timeout, stop));
         Ok(Self {
             pool,
             clustered,
@@ -279,6 +287,7 @@ impl RedisStore {
             subscriber: Mutex::new(None),
             closed: std::sync::atomic::AtomicBool::new(false),
             failures,
+            heartbeat: heartbeat_stop,
         })
     }
 
@@ -325,6 +334,7 @@ impl RedisStore {
         if let Some(stop) = self.subscriber.lock().take() {
             let _ = stop.send(true);
         }
+        let _ = self.heartbeat.send(true);
         !self.closed.swap(true, Relaxed)
     }
 
@@ -700,6 +710,86 @@ impl RedisStore {
         }
         Ok(keys)
     }
+}
+
+/// How often [`heartbeat`] pings: every [`HEARTBEAT`], or within a third of the server's idle `timeout`
+/// when that is shorter (a server that does not say, an ACL without `CONFIG`, keeps [`HEARTBEAT`]).
+async fn heartbeat_every(pool: &Pool, limit: Duration) -> Duration {
+    let config =
+        fred::types::CustomCommand::new_static("CONFIG", fred::types::ClusterHash::Random, false);
+    let reply = tokio::time::timeout(
+        limit,
+        pool.next()
+            .custom::<Value, &str>(config, vec!["GET", "timeout"]),
+    )
+    .await;
+    let idle = match reply {
+        Ok(Ok(Value::Array(pair))) => pair.get(1).and_then(|v| v.as_u64()),
+        Ok(Ok(Value::Map(map))) => map.inner().values().next().and_then(Value::as_u64),
+        _ => None,
+    };
+    match idle {
+        Some(secs) if secs > 0 => HEARTBEAT.min(Duration::from_secs(secs) / 3),
+        _ => HEARTBEAT,
+    }
+}
+
+/// Pings every connection of the pool (each node's, on a cluster) every `every` until `stop`: a server
+/// whose idle `timeout` is set would otherwise close the connections of a quiet replica (fred reconnects,
+/// logging a warning for each, and a request in that moment is served degraded), and a connection that
+/// died silently (a half-open socket) would be found by a request's read timing out rather than by a
+/// ping, whose missing answer trips the unresponsive check, which reconnects.
+async fn heartbeat(
+    pool: Pool,
+    every: Duration,
+    limit: Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick is at once: the connections are fresh.
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            _ = tick.tick() => {}
+        }
+        let pings = pool
+            .clients()
+            .iter()
+            .filter(|c| c.is_connected())
+            .flat_map(|c| {
+                let nodes = if c.is_clustered() {
+                    c.active_connections()
+                } else {
+                    Vec::new()
+                };
+                let one = nodes.is_empty().then(|| ping(c.clone(), None, limit));
+                one.into_iter().chain(
+                    nodes
+                        .into_iter()
+                        .map(move |n| ping(c.clone(), Some(n), limit)),
+                )
+            })
+            .collect::<Vec<_>>();
+        futures::future::join_all(pings).await;
+    }
+}
+
+/// One heartbeat `PING`, to `node` of a cluster or to the server; its failure is the reconnection's to
+/// report.
+async fn ping(
+    client: fred::clients::Client,
+    node: Option<fred::types::config::Server>,
+    limit: Duration,
+) {
+    let sent = async {
+        match node {
+            Some(n) => client.with_cluster_node(n).ping::<Value>(None).await,
+            None => client.ping::<Value>(None).await,
+        }
+    };
+    let _ = tokio::time::timeout(limit, sent).await;
 }
 
 impl Drop for RedisStore {
