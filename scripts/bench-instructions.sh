@@ -100,7 +100,7 @@ print(f"instructions per hot-path request ({hn} gateway and {fn} floor requests 
 print(f"  floor                 {f_total:9.0f}")
 print(f"  hydrant               {h_total:9.0f}   ({h_total / f_total:.2f}x the floor's)")
 for label, needles in [
-    ("request path", ("hydrant::serve::serve::{{closure}}::{{closure}}::{{closure}} [",)),
+    ("request path", ("serve.rs:hydrant::serve::serve::{{closure}}::{{closure}}::{{closure}}",)),
     ("predict handler", ("hydrant::api::predict::{{closure}}",)),
     ("decode, by hand", ("predict_json.rs:hydrant::predict_json::parse",)),
     ("decode, by serde", ("decode.rs:hydrant::decode::parse_body",)),
