@@ -160,6 +160,20 @@ fn flatten(v: &Json_, out: &mut Vec<f32>, limit: usize, width: usize) -> Result<
             let Json_::Array(row) = row else {
                 return Err(format!("row {i} is not a list"));
             };
+            // The row's first element that is no float32, when it is a list: nested too deep.
+            let bad = row.iter().position(|x| match x {
+                Json_::Number(n) => n
+                    .as_f64()
+                    .is_none_or(|f| crate::value::to_float32(f).is_err()),
+                _ => true,
+            });
+            if let Some(j) = bad
+                && row[j].is_array()
+            {
+                return Err(format!(
+                    "row {i} element {j} is a list: data is a list of numbers, or of rows of numbers, and nests no deeper"
+                ));
+            }
             if row.len() != width {
                 return Err(format!(
                     "row {i} has {} elements; the shape's rows have {width}",
@@ -527,5 +541,31 @@ mod tests {
             with_shape(4, 2, || serde_json::from_str("[[1, 2], [3, 4]]")).expect("reads");
         d.into_buffer(&mut out, 4, 2).expect("fits");
         assert_eq!(out, [1.0, 2.0, 3.0, 4.0]);
+    }
+
+    /// Data nested a level too deep is named as such, not as rows of the wrong width.
+    #[test]
+    fn a_list_inside_a_row_is_named_as_nesting() {
+        let read = |text: &str| {
+            let d: TensorData = with_shape(4, 2, || serde_json::from_str(text)).expect("reads");
+            d.into_buffer(&mut Vec::new(), 4, 2)
+        };
+        let nested = |row, element| {
+            Err(format!(
+                "row {row} element {element} is a list: data is a list of numbers, or of rows of numbers, and nests no deeper"
+            ))
+        };
+        assert_eq!(read("[[[1, 2], [3, 4]]]"), nested(0, 0));
+        assert_eq!(read("[[1, 2], [3, [4]]]"), nested(1, 1));
+        assert_eq!(read("[[1, 2], [3, 4, [5]]]"), nested(1, 2));
+        // Wrong widths and other elements are said as before.
+        assert_eq!(
+            read("[[1, 2], [3]]"),
+            Err("row 1 has 1 elements; the shape's rows have 2".to_owned())
+        );
+        assert_eq!(
+            read("[[1, 2], [3, {}]]"),
+            Err("row 1 element 1 is not a number: found {}".to_owned())
+        );
     }
 }

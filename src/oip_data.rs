@@ -57,6 +57,8 @@ enum Problem {
     RowNotAList(usize),
     /// A row of another width.
     RowWidth { row: usize, len: usize },
+    /// A row holding a list: data nested deeper than rows of numbers.
+    Nested { row: usize, element: usize },
     /// An element that is not a number: the element, as JSON.
     NotANumber(String),
     /// A number beyond float32.
@@ -91,6 +93,9 @@ impl TensorData {
                 Problem::RowWidth { row, len } => {
                     format!("row {row} has {len} elements; the shape's rows have {width}")
                 }
+                Problem::Nested { row, element } => format!(
+                    "row {row} element {element} is a list: data is a list of numbers, or of rows of numbers, and nests no deeper"
+                ),
                 // Every element before it is a number, and every row before its row has the
                 // shape's width: `before` is its row-major index.
                 Problem::NotANumber(v) => match self.row_width {
@@ -306,7 +311,19 @@ impl<'de> Visitor<'de> for Item<'_> {
             }
             len += 1;
         }
-        if len != self.shape.width {
+        // A list in a row is the first thing to say of it: counted as one element, it would make the
+        // row's width look wrong.
+        if let Some((at, Problem::NotANumber(v))) = &first
+            && v.starts_with('[')
+        {
+            data.problem = Some((
+                before,
+                Problem::Nested {
+                    row: self.index,
+                    element: at - before,
+                },
+            ));
+        } else if len != self.shape.width {
             data.problem = Some((
                 before,
                 Problem::RowWidth {
