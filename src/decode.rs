@@ -280,7 +280,10 @@ fn parse_body_tracked<T: DeserializeOwned + Positional>(
 ) -> Result<T, ApiError> {
     let malformed = |code, message: String, path: String| ApiError::Malformed {
         code,
-        field: named_field(&path, &message).or((!path.is_empty() && path != ".").then_some(path)),
+        field: named_field(&path, &message)
+            .or_else(|| (!path.is_empty() && path != ".").then_some(path))
+            // A top-level field named `""`: its path is empty, as the body's own is.
+            .or_else(|| message.starts_with("unknown field ``").then(String::new)),
         message,
     };
     match format {
@@ -2106,6 +2109,18 @@ mod tests {
             b'1',
         ];
         assert_eq!(scan(&by_index), found("", "an integer"));
+        // A top-level field with an empty name is named too, as `""`, in both formats.
+        let empty = serde_json::json!({"entities": {"user_id": "u_1"}, "": 1});
+        for (format, body) in [
+            (Format::Json, serde_json::to_vec(&empty).expect("json")),
+            (
+                Format::Msgpack,
+                rmp_serde::to_vec_named(&empty).expect("msgpack"),
+            ),
+        ] {
+            let e = parse_body::<PredictRequest>(format, &body).expect_err("unknown field");
+            assert_eq!(field(&e).as_deref(), Some(""), "{format:?}: {e}");
+        }
         let e = parse_body::<PredictRequest>(Format::Msgpack, &by_index).expect_err("integer key");
         assert_eq!(e.code(), "invalid_msgpack");
         assert_eq!(field(&e), None);
