@@ -1144,21 +1144,25 @@ async fn a_password_required_after_a_restart_is_named_in_the_errors_meanwhile() 
     );
 }
 
-/// A Redis that closes idle connections (`timeout`) does not close a quiet gateway's: the pool's
-/// heartbeat pings each connection within a third of that time, so none has to be opened again (with a
-/// warning from fred each, and a request in that moment served degraded).
+/// Connections Redis has accepted since it started, one more for this question's own.
+fn connections_opened(redis: &RedisServer) -> u64 {
+    let info = redis.cmd(&["INFO", "stats"]).text();
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_connections_received:"))
+        .and_then(|n| n.trim().parse::<u64>().ok())
+        .expect("total_connections_received")
+}
+
+/// A Redis that closes idle connections (`timeout`) does not close a quiet gateway's: the heartbeat
+/// pings each connection every second, so none has to be opened again (with a warning from fred each, a
+/// request in that moment served degraded, and the subscriber's reconnection flushing the cache).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quiet_gateway_keeps_its_connections_through_the_servers_idle_timeout() {
     let redis = RedisServer::start();
-    redis.cmd(&["CONFIG", "SET", "timeout", "2"]);
     let app = gateway(&redis, |_| {}).await;
-    let opened = || {
-        let info = redis.cmd(&["INFO", "stats"]).text();
-        info.lines()
-            .find_map(|l| l.strip_prefix("total_connections_received:"))
-            .and_then(|n| n.trim().parse::<u64>().ok())
-            .expect("total_connections_received")
-    };
+    // Set after the gateway started: the heartbeat does not depend on reading it.
+    redis.cmd(&["CONFIG", "SET", "timeout", "2"]);
+    let opened = || connections_opened(&redis);
     let before = opened();
     let pings = redis.calls("ping");
     // Idle for twice the server's timeout (which it checks in whole seconds).
@@ -1167,6 +1171,58 @@ async fn a_quiet_gateway_keeps_its_connections_through_the_servers_idle_timeout(
     assert!(redis.calls("ping") > pings, "no heartbeat was sent");
     // Only this test's own two connections (`calls`, then `INFO`) are new.
     assert_eq!(after, before + 2, "connections were opened again");
+    let flushes = app.gateway.telemetry.invalidation.flushes.load(Relaxed);
+    assert_eq!(flushes, 0, "the subscription reconnected");
+    let r = app
+        .post_json(
+            "/v1/models/ctr/predict",
+            &json!({"entities": {"user_id": "u_1"}, "candidates": [{"item_id": "i_1"}]}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["degraded"], false);
+}
+
+/// The same on a cluster: the pool's and the subscriber's connections to every node are kept, so the
+/// subscription is not reconnected and the cache not flushed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_quiet_gateway_keeps_its_connections_to_every_node() {
+    let (a, b) = RedisServer::start_cluster_pair();
+    let app = gateway(&a, |_| {}).await;
+    for node in [&a, &b] {
+        node.cmd(&["CONFIG", "SET", "timeout", "2"]);
+    }
+    let before = [connections_opened(&a), connections_opened(&b)];
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let after = [connections_opened(&a), connections_opened(&b)];
+    // This test's own question, on each node.
+    assert_eq!(
+        after,
+        [before[0] + 1, before[1] + 1],
+        "connections were opened again"
+    );
+    let flushes = app.gateway.telemetry.invalidation.flushes.load(Relaxed);
+    assert_eq!(flushes, 0, "the subscription reconnected");
+}
+
+/// A server busy for a few seconds (a fork, a slow command) is waited for, not taken for dead: no
+/// connection is closed, so the subscription keeps its messages and the cache is not flushed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_of_a_few_seconds_neither_reconnects_nor_flushes_the_cache() {
+    let redis = RedisServer::start();
+    let app = gateway(&redis, |_| {}).await;
+    let before = connections_opened(&redis);
+    // Pings are in flight on every connection while it sleeps.
+    redis.sleep(Duration::from_secs(3));
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    // This test's own: the sleep's, and this question's.
+    assert_eq!(
+        connections_opened(&redis),
+        before + 2,
+        "connections were opened again"
+    );
+    let flushes = app.gateway.telemetry.invalidation.flushes.load(Relaxed);
+    assert_eq!(flushes, 0, "the subscription was taken for dead");
     let r = app
         .post_json(
             "/v1/models/ctr/predict",

@@ -58,8 +58,16 @@ const ONCE: Options = Options {
     fail_fast: true,
 };
 
-/// Longest time between two pings of each pooled connection (see [`heartbeat`]).
-const HEARTBEAT: Duration = Duration::from_secs(10);
+/// How often every connection (the pool's, the subscriber's; each node's on a cluster) is pinged. Redis
+/// counts its idle `timeout` in whole seconds, so a ping a second keeps any timeout from closing a quiet
+/// replica's connections, whatever the server's setting and whether or not the gateway may read it.
+const HEARTBEAT: Duration = Duration::from_secs(1);
+
+/// How long a command may wait for its answer before fred takes the connection for dead (a frozen
+/// server, a half-open socket) and reconnects, at the least. A pause of the server (a fork, a slow
+/// command, a fail-over) shorter than this closes nothing: a reconnected subscription must flush the
+/// whole cache, on every replica at once, since messages may have been lost.
+const UNRESPONSIVE: Duration = Duration::from_secs(5);
 
 /// Longest wait for a lost connection to come back before a write batch is refused unsent (at most
 /// `write_timeout`): a restart or fail-over of a second or so is ridden out, an outage is not queued for.
@@ -205,7 +213,7 @@ impl RedisStore {
                 cluster::configure(c);
                 // A connection that stops answering (a frozen server, a half-open socket) is closed and
                 // reconnected; for the subscriber this is how a dead subscription is noticed.
-                let stuck = cfg.connect_timeout.max(Duration::from_secs(1));
+                let stuck = cfg.connect_timeout.max(UNRESPONSIVE);
                 c.unresponsive = UnresponsiveConfig {
                     max_timeout: Some(stuck),
                     interval: stuck / 4,
@@ -259,9 +267,12 @@ impl RedisStore {
         for client in pool.clients() {
             failures.watch(client);
         }
-        let every = heartbeat_every(&pool, cfg.connect_timeout).await;
         let (heartbeat_stop, stop) = tokio::sync::watch::channel(false);
-        tokio::spawn(heartbeat(pool.clone(), every, cfg.connect_timeout, stop));
+        tokio::spawn(heartbeat(
+            pool.clients().to_vec(),
+            cfg.connect_timeout,
+            stop,
+        ));
         Ok(Self {
             pool,
             clustered,
@@ -432,23 +443,14 @@ impl RedisStore {
             .map_err(store_error)?;
         self.check_subscribed(&sub).await?;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        // Heartbeat: an idle subscription has no command in flight, so a dead socket would go unnoticed. An
-        // unanswered PING trips the unresponsive check, which reconnects, which flushes (below).
-        {
-            let sub = sub.clone();
-            let mut stop = stop_rx.clone();
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(Duration::from_secs(1));
-                loop {
-                    tokio::select! {
-                        _ = stop.changed() => break,
-                        _ = tick.tick() => {
-                            let _ = sub.ping::<Value>(None).await;
-                        }
-                    }
-                }
-            });
-        }
+        // Heartbeat: an idle subscription has no command in flight, so a dead socket would go unnoticed
+        // (an unanswered PING trips the unresponsive check, which reconnects, which flushes: below), and
+        // a server's idle `timeout` would close its connections, each node's on a cluster.
+        tokio::spawn(heartbeat(
+            vec![sub.clone()],
+            self.write_timeout,
+            stop_rx.clone(),
+        ));
         let mut messages = sub.message_rx();
         // Taken after `init`, so the first connection's event has passed: every event is a reconnection.
         let mut reconnects = sub.reconnect_rx();
@@ -712,40 +714,17 @@ impl RedisStore {
     }
 }
 
-/// How often [`heartbeat`] pings: every [`HEARTBEAT`], or within a third of the server's idle `timeout`
-/// when that is shorter (a server that does not say, an ACL without `CONFIG`, keeps [`HEARTBEAT`]).
-async fn heartbeat_every(pool: &Pool, limit: Duration) -> Duration {
-    let config =
-        fred::types::CustomCommand::new_static("CONFIG", fred::types::ClusterHash::Random, false);
-    let reply = tokio::time::timeout(
-        limit,
-        pool.next()
-            .custom::<Value, &str>(config, vec!["GET", "timeout"]),
-    )
-    .await;
-    let idle = match reply {
-        Ok(Ok(Value::Array(pair))) => pair.get(1).and_then(|v| v.as_u64()),
-        Ok(Ok(Value::Map(map))) => map.inner().values().next().and_then(Value::as_u64),
-        _ => None,
-    };
-    match idle {
-        Some(secs) if secs > 0 => HEARTBEAT.min(Duration::from_secs(secs) / 3),
-        _ => HEARTBEAT,
-    }
-}
-
-/// Pings every connection of the pool (each node's, on a cluster) every `every` until `stop`: a server
-/// whose idle `timeout` is set would otherwise close the connections of a quiet replica (fred reconnects,
-/// logging a warning for each, and a request in that moment is served degraded), and a connection that
-/// died silently (a half-open socket) would be found by a request's read timing out rather than by a
-/// ping, whose missing answer trips the unresponsive check, which reconnects.
-async fn heartbeat(
-    pool: Pool,
-    every: Duration,
+/// Pings every connection of `clients` (each node's, on a cluster) every [`HEARTBEAT`] until `stop`: a
+/// server whose idle `timeout` is set would otherwise close the connections of a quiet replica (fred
+/// reconnects, logging a warning for each; a request in that moment is served degraded; the subscriber
+/// flushes the cache), and a connection that died silently would be found by a request's read timing
+/// out rather than by a ping, whose missing answer trips the unresponsive check, which reconnects.
+async fn heartbeat<C: ClientLike>(
+    clients: Vec<C>,
     limit: Duration,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let mut tick = tokio::time::interval(every);
+    let mut tick = tokio::time::interval(HEARTBEAT);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The first tick is at once: the connections are fresh.
     tick.tick().await;
@@ -754,42 +733,35 @@ async fn heartbeat(
             _ = stop.changed() => return,
             _ = tick.tick() => {}
         }
-        let pings = pool
-            .clients()
-            .iter()
-            .filter(|c| c.is_connected())
-            .flat_map(|c| {
-                let nodes = if c.is_clustered() {
-                    c.active_connections()
-                } else {
-                    Vec::new()
-                };
-                let one = nodes.is_empty().then(|| ping(c.clone(), None, limit));
-                one.into_iter().chain(
-                    nodes
-                        .into_iter()
-                        .map(move |n| ping(c.clone(), Some(n), limit)),
-                )
-            })
-            .collect::<Vec<_>>();
-        futures::future::join_all(pings).await;
+        futures::future::join_all(clients.iter().map(|c| ping_every_node(c, limit))).await;
     }
 }
 
-/// One heartbeat `PING`, to `node` of a cluster or to the server; its failure is the reconnection's to
-/// report.
-async fn ping(
-    client: fred::clients::Client,
-    node: Option<fred::types::config::Server>,
-    limit: Duration,
-) {
-    let sent = async {
-        match node {
-            Some(n) => client.with_cluster_node(n).ping::<Value>(None).await,
-            None => client.ping::<Value>(None).await,
-        }
+/// One heartbeat `PING` on each of `client`'s connections: each node's on a cluster, else the server's.
+/// A failure is the reconnection's to report.
+async fn ping_every_node<C: ClientLike>(client: &C, limit: Duration) {
+    if !client.is_connected() {
+        return;
+    }
+    let nodes = if client.is_clustered() {
+        client.active_connections()
+    } else {
+        Vec::new()
     };
-    let _ = tokio::time::timeout(limit, sent).await;
+    if nodes.is_empty() {
+        let _ = tokio::time::timeout(limit, client.ping::<Value>(None)).await;
+        return;
+    }
+    let pings = nodes.into_iter().map(|n| {
+        let to = client.with_options(&Options {
+            cluster_node: Some(n),
+            ..Options::default()
+        });
+        async move {
+            let _ = tokio::time::timeout(limit, to.ping::<Value>(None)).await;
+        }
+    });
+    futures::future::join_all(pings).await;
 }
 
 impl Drop for RedisStore {
