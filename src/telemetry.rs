@@ -770,49 +770,62 @@ impl Telemetry {
 /// restarted and now refuses the password says so), up to [`Throttle::REASONS`] lines per period.
 pub struct Throttle {
     every: std::time::Duration,
+    state: parking_lot::Mutex<Reasons>,
+}
+
+struct Reasons {
     /// Per recent reason: when a line last went through for it, and how many were held back since.
-    state: parking_lot::Mutex<Vec<(String, Instant, u64)>>,
+    recent: Vec<(String, Instant, u64)>,
+    /// Lines held back and not yet reported that no remembered reason counts: of reasons past the bound,
+    /// and of reasons forgotten to make room.
+    untracked: u64,
 }
 
 impl Throttle {
-    /// Reasons remembered at once; a further reason takes the place of the oldest once its period is
-    /// over, and is held back (counted with it) before.
+    /// Reasons remembered at once. A further reason takes the place of one whose period is over, and is
+    /// held back while there is none.
     pub const REASONS: usize = 8;
 
     pub const fn new(every: std::time::Duration) -> Self {
         Self {
             every,
-            state: parking_lot::Mutex::new(Vec::new()),
+            state: parking_lot::Mutex::new(Reasons {
+                recent: Vec::new(),
+                untracked: 0,
+            }),
         }
     }
 
-    /// `Some(n)` when a line for `reason` may go out now, `n` lines having been held back since the
-    /// last one for it; `None` when this one is held back (and counted).
+    /// `Some(n)` when a line for `reason` may go out now, `n` being the lines held back and not yet
+    /// reported: this reason's since its last line, and those no remembered reason counts (see
+    /// [`Reasons::untracked`]); `None` when this one is held back (and counted).
     pub fn admit_reason(&self, reason: &str) -> Option<u64> {
         let now = Instant::now();
         let mut state = self.state.lock();
-        if let Some(seen) = state.iter_mut().find(|(r, _, _)| r == reason) {
+        let Reasons { recent, untracked } = &mut *state;
+        if let Some(seen) = recent.iter_mut().find(|(r, _, _)| r == reason) {
             if now.duration_since(seen.1) < self.every {
                 seen.2 += 1;
                 return None;
             }
             seen.1 = now;
-            return Some(std::mem::take(&mut seen.2));
+            return Some(std::mem::take(&mut seen.2) + std::mem::take(untracked));
         }
-        if state.len() < Self::REASONS {
-            state.push((reason.to_owned(), now, 0));
-            return Some(0);
+        if recent.len() < Self::REASONS {
+            recent.push((reason.to_owned(), now, 0));
+            return Some(std::mem::take(untracked));
         }
-        let Some(oldest) = state.iter_mut().min_by_key(|(_, at, _)| *at) else {
-            return Some(0);
-        };
-        if now.duration_since(oldest.1) < self.every {
-            oldest.2 += 1;
+        let over = recent
+            .iter_mut()
+            .filter(|(_, at, _)| now.duration_since(*at) >= self.every)
+            .min_by_key(|(_, at, _)| *at);
+        let Some(over) = over else {
+            *untracked += 1;
             return None;
-        }
-        let held = oldest.2;
-        *oldest = (reason.to_owned(), now, 0);
-        Some(held)
+        };
+        *untracked += over.2;
+        *over = (reason.to_owned(), now, 0);
+        Some(std::mem::take(untracked))
     }
 }
 
@@ -858,10 +871,15 @@ mod tests {
             assert_eq!(t.admit_reason(&format!("reason {i}")), Some(0));
         }
         assert_eq!(t.admit_reason("one too many"), None);
+        assert_eq!(t.admit_reason("connection refused"), None);
         std::thread::sleep(std::time::Duration::from_millis(350));
-        // It takes the oldest reason's place, with that reason's two held-back lines and its own.
+        // A remembered reason's line reports its own held-back lines and the untracked one.
+        assert_eq!(t.admit_reason("NOAUTH"), Some(2));
+        // A new one takes the place of a reason whose period is over (the oldest such), whose three
+        // held-back lines it reports, as they would go unreported otherwise.
         assert_eq!(t.admit_reason("one too many"), Some(3));
-        assert_eq!(t.admit_reason("NOAUTH"), Some(1));
+        assert_eq!(t.admit_reason("connection refused"), Some(0));
+        assert_eq!(t.admit_reason("one too many"), None);
     }
 
     use super::*;

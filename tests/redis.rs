@@ -1154,14 +1154,14 @@ fn connections_opened(redis: &RedisServer) -> u64 {
 }
 
 /// A Redis that closes idle connections (`timeout`) does not close a quiet gateway's: the heartbeat
-/// pings each connection every second, so none has to be opened again (with a warning from fred each, a
-/// request in that moment served degraded, and the subscriber's reconnection flushing the cache).
+/// pings each pooled connection within a third of that time (read at start-up) and the subscriber's every
+/// second, so none has to be opened again (with a warning from fred each, a request in that moment served
+/// degraded, and the subscriber's reconnection flushing the cache).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quiet_gateway_keeps_its_connections_through_the_servers_idle_timeout() {
     let redis = RedisServer::start();
-    let app = gateway(&redis, |_| {}).await;
-    // Set after the gateway started: the heartbeat does not depend on reading it.
     redis.cmd(&["CONFIG", "SET", "timeout", "2"]);
+    let app = gateway(&redis, |_| {}).await;
     let opened = || connections_opened(&redis);
     let before = opened();
     let pings = redis.calls("ping");
@@ -1188,10 +1188,10 @@ async fn a_quiet_gateway_keeps_its_connections_through_the_servers_idle_timeout(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_a_quiet_gateway_keeps_its_connections_to_every_node() {
     let (a, b) = RedisServer::start_cluster_pair();
-    let app = gateway(&a, |_| {}).await;
     for node in [&a, &b] {
         node.cmd(&["CONFIG", "SET", "timeout", "2"]);
     }
+    let app = gateway(&a, |_| {}).await;
     let before = [connections_opened(&a), connections_opened(&b)];
     tokio::time::sleep(Duration::from_secs(5)).await;
     let after = [connections_opened(&a), connections_opened(&b)];
@@ -1231,6 +1231,25 @@ async fn a_pause_of_a_few_seconds_neither_reconnects_nor_flushes_the_cache() {
         .await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     assert_eq!(r.json()["degraded"], false);
+}
+
+/// A server that stops answering for longer (frozen here) is found by the subscriber's unanswered ping,
+/// though the heartbeat goes on: its subscription is reconnected once the server answers again, and the
+/// cache flushed, since messages may have been lost meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_redis_is_found_by_the_heartbeat_and_the_cache_flushed_after() {
+    let redis = RedisServer::start();
+    let app = gateway(&redis, |_| {}).await;
+    redis.pause();
+    // Past the 5 s without an answer (and fred's check, every 1.25 s), with pings due every second.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    redis.resume();
+    eventually(
+        Duration::from_secs(10),
+        "a flush after the subscription was taken for dead",
+        || async { app.gateway.telemetry.invalidation.flushes.load(Relaxed) >= 1 },
+    )
+    .await;
 }
 
 /// A write the store does not confirm before the request's limit: the 503 says the rows may have been

@@ -58,10 +58,15 @@ const ONCE: Options = Options {
     fail_fast: true,
 };
 
-/// How often every connection (the pool's, the subscriber's; each node's on a cluster) is pinged. Redis
-/// counts its idle `timeout` in whole seconds, so a ping a second keeps any timeout from closing a quiet
-/// replica's connections, whatever the server's setting and whether or not the gateway may read it.
-const HEARTBEAT: Duration = Duration::from_secs(1);
+/// How often the subscriber's connections are pinged: a ping is how a dead subscription is found, and
+/// while Redis exempts a subscribed connection from its idle `timeout`, it does not exempt the
+/// subscriber's connections to the other nodes of a cluster, whose closing reconnects the subscription
+/// and so flushes the cache. Redis counts the timeout in whole seconds.
+const SUBSCRIBER_HEARTBEAT: Duration = Duration::from_secs(1);
+
+/// How often each pooled connection is pinged when the server's idle `timeout` is off or cannot be
+/// read; a third of it when it is shorter (see [`pool_heartbeat`]).
+const POOL_HEARTBEAT: Duration = Duration::from_secs(10);
 
 /// How long a command may wait for its answer before fred takes the connection for dead (a frozen
 /// server, a half-open socket) and reconnects, at the least. A pause of the server (a fork, a slow
@@ -101,6 +106,8 @@ pub struct RedisStore {
     failures: Arc<ConnectFailures>,
     /// Stops the pool's heartbeat (also when dropped).
     heartbeat: tokio::sync::watch::Sender<bool>,
+    /// How long a command may wait for its answer before its connection is taken for dead.
+    unresponsive: Duration,
 }
 
 /// Why the pool's last (re)connection attempt failed, kept for a while. Without it, a server that
@@ -267,10 +274,13 @@ impl RedisStore {
         for client in pool.clients() {
             failures.watch(client);
         }
+        let unresponsive = cfg.connect_timeout.max(UNRESPONSIVE);
+        let every = pool_heartbeat(&pool, cfg.connect_timeout).await;
         let (heartbeat_stop, stop) = tokio::sync::watch::channel(false);
         tokio::spawn(heartbeat(
             pool.clients().to_vec(),
-            cfg.connect_timeout,
+            every,
+            unresponsive,
             stop,
         ));
         Ok(Self {
@@ -299,6 +309,7 @@ impl RedisStore {
             closed: std::sync::atomic::AtomicBool::new(false),
             failures,
             heartbeat: heartbeat_stop,
+            unresponsive,
         })
     }
 
@@ -448,7 +459,8 @@ impl RedisStore {
         // a server's idle `timeout` would close its connections, each node's on a cluster.
         tokio::spawn(heartbeat(
             vec![sub.clone()],
-            self.write_timeout,
+            SUBSCRIBER_HEARTBEAT,
+            self.unresponsive,
             stop_rx.clone(),
         ));
         let mut messages = sub.message_rx();
@@ -714,48 +726,104 @@ impl RedisStore {
     }
 }
 
-/// Pings every connection of `clients` (each node's, on a cluster) every [`HEARTBEAT`] until `stop`: a
-/// server whose idle `timeout` is set would otherwise close the connections of a quiet replica (fred
-/// reconnects, logging a warning for each; a request in that moment is served degraded; the subscriber
-/// flushes the cache), and a connection that died silently would be found by a request's read timing
-/// out rather than by a ping, whose missing answer trips the unresponsive check, which reconnects.
-async fn heartbeat<C: ClientLike>(
-    clients: Vec<C>,
-    limit: Duration,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) {
-    let mut tick = tokio::time::interval(HEARTBEAT);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // The first tick is at once: the connections are fresh.
-    tick.tick().await;
-    loop {
-        tokio::select! {
-            _ = stop.changed() => return,
-            _ = tick.tick() => {}
+/// How often [`heartbeat`] pings the pool: every [`POOL_HEARTBEAT`], or within a third of the server's
+/// idle `timeout` when that is shorter. A server that does not say (an ACL without `CONFIG`) is pinged
+/// every [`POOL_HEARTBEAT`], and the log says so.
+async fn pool_heartbeat(pool: &Pool, limit: Duration) -> Duration {
+    let config =
+        fred::types::CustomCommand::new_static("CONFIG", fred::types::ClusterHash::Random, false);
+    let reply = tokio::time::timeout(
+        limit,
+        pool.next()
+            .custom::<Value, &str>(config, vec!["GET", "timeout"]),
+    )
+    .await;
+    let idle = match &reply {
+        Ok(Ok(Value::Array(pair))) => pair.get(1).and_then(Value::as_u64),
+        Ok(Ok(Value::Map(map))) => map.clone().inner().values().next().and_then(Value::as_u64),
+        _ => None,
+    };
+    match (idle, reply) {
+        (Some(secs), _) if secs > 0 => POOL_HEARTBEAT.min(Duration::from_secs(secs) / 3),
+        (Some(_), _) => POOL_HEARTBEAT,
+        (None, reply) => {
+            let why = match reply {
+                Ok(Ok(other)) => format!("an answer of {other:?}"),
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => format!("no answer within {limit:?}"),
+            };
+            tracing::info!(
+                "Redis did not say its idle timeout (CONFIG GET timeout: {why}); pooled connections are pinged every {}s, so a server `timeout` under {}s closes the idle ones (fred reconnects them, with a warning)",
+                POOL_HEARTBEAT.as_secs(),
+                POOL_HEARTBEAT.as_secs() * 3
+            );
+            POOL_HEARTBEAT
         }
-        futures::future::join_all(clients.iter().map(|c| ping_every_node(c, limit))).await;
     }
 }
 
-/// One heartbeat `PING` on each of `client`'s connections: each node's on a cluster, else the server's.
-/// A failure is the reconnection's to report.
+/// Pings every connection of `clients` (each node's, on a cluster) every `every` until `stop`, the
+/// clients spread over the period: a server whose idle `timeout` is set would otherwise close a quiet
+/// replica's connections (fred reconnects, logging a warning for each; a request in that moment is
+/// served degraded; the subscriber flushes the cache), and a connection that died silently would be
+/// found by a request's read timing out rather than by a ping, whose missing answer trips fred's
+/// unresponsive check after `unresponsive`, which reconnects.
+async fn heartbeat<C: ClientLike>(
+    clients: Vec<C>,
+    every: Duration,
+    unresponsive: Duration,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let n = u32::try_from(clients.len()).unwrap_or(u32::MAX).max(1);
+    let beats = clients.iter().zip(0u32..).map(|(client, i)| {
+        let mut stop = stop.clone();
+        async move {
+            let first = tokio::time::Instant::now() + every + every * i / n;
+            let mut tick = tokio::time::interval_at(first, every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = stop.changed() => return,
+                    _ = tick.tick() => {}
+                }
+                // Awaited to its answer or its connection's end: fred times a connection out from its
+                // latest write, so a second ping sent while the first is unanswered would keep a dead
+                // connection from ever being found.
+                tokio::select! {
+                    _ = stop.changed() => return,
+                    () = ping_every_node(client, unresponsive * 2) => {}
+                }
+            }
+        }
+    });
+    futures::future::join_all(beats).await;
+}
+
+/// One heartbeat `PING` on each of `client`'s connections (each node's on a cluster, else the
+/// server's), each waited for up to `limit`. A failure is the reconnection's to report.
 async fn ping_every_node<C: ClientLike>(client: &C, limit: Duration) {
     if !client.is_connected() {
         return;
     }
+    let once = Options {
+        max_attempts: Some(1),
+        fail_fast: true,
+        ..Options::default()
+    };
     let nodes = if client.is_clustered() {
         client.active_connections()
     } else {
         Vec::new()
     };
     if nodes.is_empty() {
-        let _ = tokio::time::timeout(limit, client.ping::<Value>(None)).await;
+        let to = client.with_options(&once);
+        let _ = tokio::time::timeout(limit, to.ping::<Value>(None)).await;
         return;
     }
     let pings = nodes.into_iter().map(|n| {
         let to = client.with_options(&Options {
             cluster_node: Some(n),
-            ..Options::default()
+            ..once.clone()
         });
         async move {
             let _ = tokio::time::timeout(limit, to.ping::<Value>(None)).await;
