@@ -1252,6 +1252,76 @@ async fn a_frozen_redis_is_found_by_the_heartbeat_and_the_cache_flushed_after() 
     .await;
 }
 
+/// Drops every packet to a local port while it lives (iptables), as a partition or a crashed host does:
+/// nothing is acknowledged, nothing refused.
+struct Partition(u16);
+
+impl Partition {
+    /// `None` where iptables is missing or may not be used (not root, no NET_ADMIN).
+    fn start(port: u16) -> Option<Self> {
+        let rule = ["-p", "tcp", "--dport", &port.to_string(), "-j", "DROP"].map(str::to_owned);
+        let ok = std::process::Command::new("iptables")
+            .args(["-w", "-I", "INPUT"])
+            .args(&rule)
+            .output()
+            .is_ok_and(|o| o.status.success());
+        ok.then_some(Self(port))
+    }
+}
+
+impl Drop for Partition {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("iptables")
+            .args(["-w", "-D", "INPUT", "-p", "tcp", "--dport"])
+            .arg(self.0.to_string())
+            .args(["-j", "DROP"])
+            .output();
+    }
+}
+
+/// Whether a miss (a key never read before) was answered from Redis rather than degraded.
+async fn read_from_redis(app: &TestApp, n: u64) -> bool {
+    let key = format!("u_part_{n}");
+    let j = features(app, "user_id", &[&key], &["user_profile:age"], None).await;
+    j["degraded"] == false
+}
+
+/// Redis partitioned away while misses keep coming: the kernel gives each connection up after 5 s of
+/// unacknowledged data (TCP_USER_TIMEOUT), fred reconnects, and misses are read from Redis again within
+/// a few seconds of the path coming back. fred's own check, timed from the latest write, never fires
+/// while requests keep writing, and TCP's retries back off: a 15 s partition left the pool stuck for
+/// some 11 s after it healed. Runs where iptables may be used (root with NET_ADMIN; `make test`
+/// installs iptables); elsewhere it says so and passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_redis_is_given_up_and_read_again_soon_after_it_heals() {
+    let redis = RedisServer::start();
+    let app = gateway(&redis, |_| {}).await;
+    let Some(partition) = Partition::start(redis.port()) else {
+        eprintln!("skipped: iptables is missing or may not be used here");
+        return;
+    };
+    let mut n = 0u64;
+    let started = Instant::now();
+    // 14 s: TCP's retries of the first unanswered read come about 0.2, 0.6, 1.4, 3, 6.2 and 12.6 s after
+    // it, then at 25.4 s, which is when the old connection would answer again.
+    while started.elapsed() < Duration::from_secs(14) {
+        n += 1;
+        let _ = read_from_redis(&app, n).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(partition);
+    let took = eventually(
+        Duration::from_secs(5),
+        "a miss read from Redis after the partition",
+        || {
+            n += 1;
+            read_from_redis(&app, n)
+        },
+    )
+    .await;
+    eprintln!("misses read from Redis again {took:?} after the partition ended");
+}
+
 /// A write the store does not confirm before the request's limit: the 503 says the rows may have been
 /// written and that sending them again is safe, and once Redis answers they are there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -225,6 +225,13 @@ impl RedisStore {
                     max_timeout: Some(stuck),
                     interval: stuck / 4,
                 };
+                // fred times a connection out from its latest write, so under steady traffic a
+                // connection to a host that is gone (crashed, partitioned away: nothing acknowledges)
+                // is never found by that check, and TCP would retry for some 15 minutes, backing off to
+                // tens of seconds between tries, so it stays stuck well after the path heals. The
+                // kernel's own bound on data left unacknowledged ends it after `stuck`; a busy or paused
+                // server still acknowledges, so it is not cut off by this.
+                c.tcp.user_timeout = Some(stuck);
             })
             .with_performance_config(|p| {
                 // Longer than `write_timeout`, which `write` enforces itself: a timed-out batch then always
