@@ -12,8 +12,8 @@
 //! `store.redis.command_timeout`, because a read that misses its deadline is worth nothing to the request
 //! waiting for it (the hydrator serves stale values or defaults instead). A write is sent only on a live
 //! connection (waiting up to a second for one, else refused unsent, so it cannot land after its caller was
-//! told it failed), then waits up to `store.redis.write_timeout` and is retried on a new connection, since a
-//! `SET` is idempotent. The pool
+//! told it failed), then waits up to `store.redis.write_timeout`; one whose connection closes while it is in
+//! flight is not sent again, since it could then land after a newer write of its keys. The pool
 //! reconnects forever with exponential backoff, and at most `store.redis.max_command_buffer` commands queue
 //! in a client, so a slow Redis turns into fast errors rather than memory growth.
 //!
@@ -31,8 +31,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use fred::prelude::{
     Builder, ClientLike, Config as FredConfig, Error as FredError, ErrorKind, EventInterface,
-    Expiration, KeysInterface, Options, Pool, PubsubInterface, ReconnectPolicy,
-    TransactionInterface, Value,
+    Expiration, KeysInterface, Options, Pool, PubsubInterface, ReconnectPolicy, Value,
 };
 use fred::types::config::{TlsConnector, UnresponsiveConfig};
 use parking_lot::Mutex;
@@ -217,6 +216,12 @@ impl RedisStore {
                 c.connection_timeout = cfg.connect_timeout;
                 c.internal_command_timeout = cfg.connect_timeout;
                 c.max_command_buffer_len = cfg.max_command_buffer;
+                // A command whose connection closes while it is in flight is not sent again after the
+                // reconnection. A write batch sent again could land after its caller was told it timed
+                // out and had written the keys anew (answered 200 meanwhile), undoing that write: a
+                // partition of 15 s did this to 2 keys of 8. Reads and hot-set increments ask for one
+                // attempt themselves.
+                c.max_command_attempts = 1;
                 cluster::configure(c);
                 // A connection that stops answering (a frozen server, a half-open socket) is closed and
                 // reconnected; for the subscriber this is how a dead subscription is noticed.
@@ -369,9 +374,10 @@ impl RedisStore {
 
     /// Writes a batch, or answers [`StoreError::Timeout`] after `write_timeout`. A batch that failed once
     /// sent may have landed in part, so its keys are announced all the same. A timed-out batch may
-    /// still be applied later (fred keeps it queued for the reconnection), so the write goes on in its own
-    /// task and its keys are announced twice: at once, and again when the write ends, so a replica that
-    /// re-read a key in between drops the old value then.
+    /// still be applied later (a server that was busy reads it when it is free again; a batch whose
+    /// connection closes is not sent again), so the write goes on in its own task and its keys are
+    /// announced twice: at once, and again when the write ends, so a replica that re-read a key in
+    /// between drops the old value then.
     async fn write(&self, writes: Writes, ttl: Option<Duration>) -> Result<(), StoreError> {
         // A batch handed to fred while its connection is down would queue behind the reconnection and could
         // land long after its caller was told it failed. So wait a little for the connection, and when none
@@ -1032,10 +1038,31 @@ async fn write_batch(
             results.len()
         )));
     }
-    let tx = client.multi();
-    queue_sets(&tx, writes, expire).await?;
-    let _: Value = tx.exec(true).await.map_err(store_error)?;
-    Ok(())
+    // MULTI, the SETs and EXEC as one pipeline of plain commands, each sent once (the connection's
+    // `max_command_attempts`): fred sends its own transactions (`multi`, `exec`) again after a
+    // reconnection whatever the attempts, and a batch sent again could land after its caller, told it
+    // timed out, had written the keys anew. Redis applies the batch whole or, when the connection ends
+    // before EXEC, not at all.
+    let p = client.pipeline();
+    let multi =
+        fred::types::CustomCommand::new_static("MULTI", fred::types::ClusterHash::Random, false);
+    let exec =
+        fred::types::CustomCommand::new_static("EXEC", fred::types::ClusterHash::Random, false);
+    let _: () = p
+        .custom(multi, Vec::<Value>::new())
+        .await
+        .map_err(store_error)?;
+    queue_sets(&p, writes, expire).await?;
+    let _: () = p
+        .custom(exec, Vec::<Value>::new())
+        .await
+        .map_err(store_error)?;
+    // A SET refused while queued (out of memory) is answered with its error, and EXEC with EXECABORT:
+    // the first error says why.
+    match p.try_all::<Value>().await.into_iter().find_map(Result::err) {
+        Some(e) => Err(store_error(e)),
+        None => Ok(()),
+    }
 }
 
 /// Queues one `SET key value [PX ttl]` per write on a pipeline or a transaction (both queue, not send).
