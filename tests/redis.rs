@@ -1362,6 +1362,51 @@ async fn a_write_lost_in_a_partition_is_not_replayed_after_it_heals() {
     );
 }
 
+/// A server that stops answering while its host still acknowledges (frozen here; a master deposed by a
+/// Sentinel fail-over looks the same) under steady reads: fred's own check never fires, since each read
+/// restarts it, so the gateway makes each pooled connection whose reads went unanswered for 5 s
+/// reconnect (which through Sentinel finds the new master). After the freeze every connection is new.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_whose_reads_go_unanswered_under_traffic_are_reconnected() {
+    let redis = RedisServer::start();
+    let app = gateway(&redis, |_| {}).await;
+    let mut n = 0u64;
+    redis.pause();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(8) {
+        n += 1;
+        let _ = read_from_redis(&app, n).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    redis.resume();
+    eventually(
+        Duration::from_secs(10),
+        "a miss read from Redis after the freeze",
+        || {
+            n += 1;
+            read_from_redis(&app, n)
+        },
+    )
+    .await;
+    // Every connection open now (this question's own aside) is younger than the freeze.
+    let list = redis.cmd(&["CLIENT", "LIST"]).text();
+    let old: Vec<&str> = list
+        .lines()
+        .filter(|l| !l.contains("cmd=client|list"))
+        .filter(|l| {
+            l.split(' ')
+                .find_map(|f| f.strip_prefix("age="))
+                .and_then(|a| a.parse::<u64>().ok())
+                .is_some_and(|age| age >= 6)
+        })
+        .collect();
+    assert!(
+        old.is_empty(),
+        "connections kept through the freeze:\n{}",
+        old.join("\n")
+    );
+}
+
 /// A write the store does not confirm before the request's limit: the 503 says the rows may have been
 /// written and that sending them again is safe, and once Redis answers they are there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -107,6 +107,8 @@ pub struct RedisStore {
     heartbeat: tokio::sync::watch::Sender<bool>,
     /// How long a command may wait for its answer before its connection is taken for dead.
     unresponsive: Duration,
+    /// Per pooled client, since when its reads have gone unanswered (see [`Stalls`]).
+    stalls: Stalls,
 }
 
 /// Why the pool's last (re)connection attempt failed, kept for a while. Without it, a server that
@@ -288,6 +290,7 @@ impl RedisStore {
         }
         let unresponsive = cfg.connect_timeout.max(UNRESPONSIVE);
         let every = pool_heartbeat(&pool, cfg.connect_timeout).await;
+        let stalls = Stalls::new(pool.clients().len());
         let (heartbeat_stop, stop) = tokio::sync::watch::channel(false);
         tokio::spawn(heartbeat(
             pool.clients().to_vec(),
@@ -322,6 +325,7 @@ impl RedisStore {
             failures,
             heartbeat: heartbeat_stop,
             unresponsive,
+            stalls,
         })
     }
 
@@ -333,11 +337,14 @@ impl RedisStore {
     async fn read(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
         let client = self.pool.next_connected();
         if !self.clustered {
-            let reply: Value = client
+            let mut watch = self.stalls.watch(&self.pool, client, self.unresponsive);
+            let reply = client
                 .with_options(&self.read)
                 .mget(keys.iter().map(String::as_str).collect::<Vec<_>>())
-                .await
-                .map_err(|e| self.failures.explain(store_error(e)))?;
+                .await;
+            // Any answer, an error of Redis's included, says the connection works.
+            watch.answered = !matches!(&reply, Err(e) if *e.kind() == ErrorKind::Timeout);
+            let reply: Value = reply.map_err(|e| self.failures.explain(store_error(e)))?;
             return match reply {
                 Value::Array(items) => items.into_iter().map(record_bytes).collect(),
                 other => Err(StoreError::Io(format!(
@@ -736,6 +743,98 @@ impl RedisStore {
             );
         }
         Ok(keys)
+    }
+}
+
+/// Since when each pooled client's reads have gone unanswered, in ms since `epoch` (0 while it answers).
+/// fred takes a connection for dead when a command has waited its bound, timed from the connection's
+/// latest write; while requests keep reading, that never comes for a server that stopped answering but
+/// whose host still acknowledges (frozen, or deposed by a Sentinel fail-over and not yet told), and
+/// `TCP_USER_TIMEOUT` does not fire either. A client whose reads have gone unanswered this long is made
+/// to reconnect, which through Sentinel finds the new master. (Cluster reads are left to fred: a node's
+/// stall is not the client's.)
+struct Stalls {
+    epoch: Instant,
+    since: Box<[AtomicU64]>,
+    logged: crate::telemetry::Throttle,
+}
+
+impl Stalls {
+    fn new(clients: usize) -> Self {
+        Self {
+            epoch: Instant::now(),
+            since: (0..clients).map(|_| AtomicU64::new(0)).collect(),
+            logged: crate::telemetry::Throttle::new(Duration::from_secs(10)),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+
+    /// A read about to be sent on `client` of `pool`.
+    fn watch<'a>(
+        &'a self,
+        pool: &Pool,
+        client: &'a fred::clients::Client,
+        bound: Duration,
+    ) -> ReadWatch<'a> {
+        ReadWatch {
+            stalls: self,
+            place: pool.clients().iter().position(|c| std::ptr::eq(c, client)),
+            client,
+            sent_ms: self.now_ms(),
+            bound_ms: u64::try_from(bound.as_millis()).unwrap_or(u64::MAX),
+            answered: false,
+        }
+    }
+}
+
+/// A read in flight: when it ends, answered or not (given up on, or its request gone), it updates its
+/// client's stall record, and makes the client reconnect when the record is older than the bound.
+struct ReadWatch<'a> {
+    stalls: &'a Stalls,
+    place: Option<usize>,
+    client: &'a fred::clients::Client,
+    sent_ms: u64,
+    bound_ms: u64,
+    answered: bool,
+}
+
+impl Drop for ReadWatch<'_> {
+    fn drop(&mut self) {
+        let Some(since) = self.place.and_then(|i| self.stalls.since.get(i)) else {
+            return;
+        };
+        if self.answered {
+            since.store(0, Relaxed);
+            return;
+        }
+        let first = match since.compare_exchange(0, self.sent_ms, Relaxed, Relaxed) {
+            Ok(_) => return,
+            Err(first) => first,
+        };
+        let stalled = self.stalls.now_ms().saturating_sub(first);
+        // One reconnection per stall: whoever clears the record makes it.
+        if stalled <= self.bound_ms || since.compare_exchange(first, 0, Relaxed, Relaxed).is_err() {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if let Some(more) = self.stalls.logged.admit_reason("stalled") {
+            tracing::warn!(
+                client = %self.client.id(),
+                more_since_last_line = more,
+                "Redis (store.redis.url) answered no read on this connection for {stalled} ms: reconnecting (a frozen server, or a master a fail-over deposed)"
+            );
+        }
+        let client = self.client.clone();
+        rt.spawn(async move {
+            let _ = client.force_reconnection().await;
+        });
     }
 }
 
