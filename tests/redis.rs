@@ -921,6 +921,61 @@ async fn a_sentinel_failover_moves_the_gateway_to_the_promoted_replica() {
     eprintln!("failover: promoted after {moved:?}, served {served:?} later");
 }
 
+/// The same with the master frozen rather than killed (its host still acknowledges, so nothing tells
+/// fred the connections are dead while reads keep coming): the gateway's connections, whose reads go
+/// unanswered, reconnect through the sentinel and read and write on the promoted replica while the old
+/// master is still frozen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_failover_from_a_frozen_master_moves_the_gateway_too() {
+    let master = RedisServer::start();
+    let replica = RedisServer::start();
+    let port = master.port().to_string();
+    replica.cmd(&["REPLICAOF", "127.0.0.1", &port]);
+    let sentinel = Sentinel::start_quick_to_fail_over(&master);
+    let (c, store) = open_through_sentinel(&master, sentinel.url()).await;
+    load_demo_rows(&store).await;
+    let synced = master.cmd(&["WAIT", "1", "5000"]);
+    assert_eq!(synced, Reply::Int(1), "the replica did not catch up");
+    eventually(
+        Duration::from_secs(15),
+        "the sentinel sees the replica",
+        || async {
+            matches!(
+                sentinel.cmd(&["SENTINEL", "replicas", "mymaster"]),
+                Ok(Reply::Array(ref r)) if r.len() == 1
+            )
+        },
+    )
+    .await;
+    let app = gateway_over(c, store).await;
+    let want = demo_rows("user_profile", "user_id")["u_6"]["age"]
+        .as_i64()
+        .expect("age");
+    master.pause();
+    // Reads all along (a key never read before, so each comes from the store): the traffic that keeps
+    // fred's own check from firing.
+    let served = eventually(
+        Duration::from_secs(30),
+        "the gateway reads the promoted replica",
+        || async {
+            let (values, statuses, _) = ages(&app, &["u_6"]).await;
+            statuses == ["PRESENT"] && values == [want]
+        },
+    )
+    .await;
+    let body =
+        json!({"rows": [{"user_id": "u_frozen", "age": 42, "country": "fr", "is_premium": false}]});
+    let r = app.post_json("/v1/views/user_profile/rows", &body).await;
+    master.resume();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(
+        replica.cmd(&["EXISTS", "hy:user_profile:u_frozen"]),
+        Reply::Int(1),
+        "the row went to the promoted replica"
+    );
+    eprintln!("frozen master: served from the promoted replica {served:?} after the freeze");
+}
+
 #[tokio::test]
 async fn start_up_fails_clearly_when_redis_is_unreachable_or_refuses_the_password() {
     let mut redis = RedisServer::start();
