@@ -866,7 +866,8 @@ mod tests {
         assert_eq!(t.admit_reason("NOAUTH"), Some(0));
         assert_eq!(t.admit_reason("NOAUTH"), None);
         assert_eq!(t.admit_reason("connection refused"), None);
-        // Reasons past the bound wait for the oldest's period, and are counted with it.
+        // A reason past the bound is held back while no remembered reason's period is over, and
+        // counted apart (untracked).
         for i in 2..super::Throttle::REASONS {
             assert_eq!(t.admit_reason(&format!("reason {i}")), Some(0));
         }

@@ -850,11 +850,10 @@ async fn a_sentinel_url_with_its_first_sentinel_down_asks_the_next() {
     loads_and_serves_through_the_master(&master, c, store, "u_7").await;
 }
 
-/// A sentinel failover: the master is killed, the sentinel promotes its replica, and the gateway,
-/// which knows only the sentinel, reads and writes on the new master without a restart.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sentinel_failover_moves_the_gateway_to_the_promoted_replica() {
-    let mut master = RedisServer::start();
+/// A master with a replica, a sentinel quick to fail over between them, the demo rows loaded through
+/// it and on the replica, and a ready gateway that knows only the sentinel.
+async fn ready_to_fail_over() -> (RedisServer, RedisServer, Sentinel, TestApp) {
+    let master = RedisServer::start();
     let replica = RedisServer::start();
     let port = master.port().to_string();
     replica.cmd(&["REPLICAOF", "127.0.0.1", &port]);
@@ -876,6 +875,14 @@ async fn a_sentinel_failover_moves_the_gateway_to_the_promoted_replica() {
     )
     .await;
     let app = gateway_over(c, store).await;
+    (master, replica, sentinel, app)
+}
+
+/// A sentinel failover: the master is killed, the sentinel promotes its replica, and the gateway,
+/// which knows only the sentinel, reads and writes on the new master without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_failover_moves_the_gateway_to_the_promoted_replica() {
+    let (mut master, replica, sentinel, app) = ready_to_fail_over().await;
     let expected = |user: &str| {
         demo_rows("user_profile", "user_id")[user]["age"]
             .as_i64()
@@ -927,27 +934,7 @@ async fn a_sentinel_failover_moves_the_gateway_to_the_promoted_replica() {
 /// master is still frozen.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sentinel_failover_from_a_frozen_master_moves_the_gateway_too() {
-    let master = RedisServer::start();
-    let replica = RedisServer::start();
-    let port = master.port().to_string();
-    replica.cmd(&["REPLICAOF", "127.0.0.1", &port]);
-    let sentinel = Sentinel::start_quick_to_fail_over(&master);
-    let (c, store) = open_through_sentinel(&master, sentinel.url()).await;
-    load_demo_rows(&store).await;
-    let synced = master.cmd(&["WAIT", "1", "5000"]);
-    assert_eq!(synced, Reply::Int(1), "the replica did not catch up");
-    eventually(
-        Duration::from_secs(15),
-        "the sentinel sees the replica",
-        || async {
-            matches!(
-                sentinel.cmd(&["SENTINEL", "replicas", "mymaster"]),
-                Ok(Reply::Array(ref r)) if r.len() == 1
-            )
-        },
-    )
-    .await;
-    let app = gateway_over(c, store).await;
+    let (master, replica, _sentinel, app) = ready_to_fail_over().await;
     let want = demo_rows("user_profile", "user_id")["u_6"]["age"]
         .as_i64()
         .expect("age");

@@ -959,8 +959,6 @@ fn threads(pid: u32) -> usize {
 /// watch and the cache's upkeep had kept five to fifteen of them alive for good.)
 #[test]
 fn threads_started_by_a_burst_retire_after_it() {
-    use std::io::{Read as _, Write as _};
-
     let dir = tempfile::tempdir().expect("tempdir");
     let (child, port) = serve_embedded(dir.path(), "warn");
     // Settled: the watch's first reads are done.
@@ -975,14 +973,7 @@ fn threads_started_by_a_burst_retire_after_it() {
                         r#"{{"entities": {{"user_id": [{}]}}, "features": ["user_profile:age"]}}"#,
                         keys.join(",")
                     );
-                    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
-                    let request = format!(
-                        "POST /v1/features HTTP/1.1\r\nhost: h\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                        body.len()
-                    );
-                    s.write_all(request.as_bytes()).expect("send");
-                    let mut answer = String::new();
-                    s.read_to_string(&mut answer).expect("read");
+                    let answer = post(port, "/v1/features", &body).expect("connect");
                     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
                 }
             })

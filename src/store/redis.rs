@@ -46,8 +46,9 @@ use crate::config::RedisConfig;
 const DECAY_EVERY_FLUSHES: u64 = 60;
 const DECAY_LOCK: Duration = Duration::from_secs(60);
 
-/// Options of the hot sets' increments and halving: one attempt, since fred would send a command again
-/// after a reconnection when its answer was lost, and an increment sent twice counts twice.
+/// Options of the hot sets' increments and halving (one attempt, since fred would send a command again
+/// after a reconnection when its answer was lost, and an increment sent twice counts twice) and of the
+/// heartbeat's pings.
 const ONCE: Options = Options {
     max_attempts: Some(1),
     max_redirections: None,
@@ -206,6 +207,8 @@ impl RedisStore {
             config.tls = Some(tls_trusting(&cfg.tls_ca_file)?.into());
         }
         let mut builder = Builder::from_config(config);
+        // How long a command may wait for its answer before its connection is taken for dead.
+        let unresponsive = cfg.connect_timeout.max(UNRESPONSIVE);
         let ms = |d: Duration| u32::try_from(d.as_millis()).unwrap_or(u32::MAX);
         builder
             .set_policy(ReconnectPolicy::new_exponential(
@@ -227,18 +230,17 @@ impl RedisStore {
                 cluster::configure(c);
                 // A connection that stops answering (a frozen server, a half-open socket) is closed and
                 // reconnected; for the subscriber this is how a dead subscription is noticed.
-                let stuck = cfg.connect_timeout.max(UNRESPONSIVE);
                 c.unresponsive = UnresponsiveConfig {
-                    max_timeout: Some(stuck),
-                    interval: stuck / 4,
+                    max_timeout: Some(unresponsive),
+                    interval: unresponsive / 4,
                 };
                 // fred times a connection out from its latest write, so under steady traffic a
                 // connection to a host that is gone (crashed, partitioned away: nothing acknowledges)
                 // is never found by that check, and TCP would retry for some 15 minutes, backing off to
                 // tens of seconds between tries, so it stays stuck well after the path heals. The
-                // kernel's own bound on data left unacknowledged ends it after `stuck`; a busy or paused
-                // server still acknowledges, so it is not cut off by this.
-                c.tcp.user_timeout = Some(stuck);
+                // kernel's own bound on data left unacknowledged ends it after `unresponsive`; a busy or
+                // paused server still acknowledges, so it is not cut off by this.
+                c.tcp.user_timeout = Some(unresponsive);
             })
             .with_performance_config(|p| {
                 // Longer than `write_timeout`, which `write` enforces itself: a timed-out batch then always
@@ -288,9 +290,8 @@ impl RedisStore {
         for client in pool.clients() {
             failures.watch(client);
         }
-        let unresponsive = cfg.connect_timeout.max(UNRESPONSIVE);
         let every = pool_heartbeat(&pool, cfg.connect_timeout).await;
-        let stalls = Stalls::new(pool.clients().len());
+        let stalls = Stalls::new(pool.clients().len(), unresponsive);
         let (heartbeat_stop, stop) = tokio::sync::watch::channel(false);
         tokio::spawn(heartbeat(
             pool.clients().to_vec(),
@@ -337,7 +338,7 @@ impl RedisStore {
     async fn read(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
         let client = self.pool.next_connected();
         if !self.clustered {
-            let mut watch = self.stalls.watch(&self.pool, client, self.unresponsive);
+            let mut watch = self.stalls.watch(&self.pool, client);
             let reply = client
                 .with_options(&self.read)
                 .mget(keys.iter().map(String::as_str).collect::<Vec<_>>())
@@ -756,14 +757,17 @@ impl RedisStore {
 struct Stalls {
     epoch: Instant,
     since: Box<[AtomicU64]>,
+    /// How long a client's reads may go unanswered before it is made to reconnect, in ms.
+    bound_ms: u64,
     logged: crate::telemetry::Throttle,
 }
 
 impl Stalls {
-    fn new(clients: usize) -> Self {
+    fn new(clients: usize, bound: Duration) -> Self {
         Self {
             epoch: Instant::now(),
             since: (0..clients).map(|_| AtomicU64::new(0)).collect(),
+            bound_ms: u64::try_from(bound.as_millis()).unwrap_or(u64::MAX),
             logged: crate::telemetry::Throttle::new(Duration::from_secs(10)),
         }
     }
@@ -775,18 +779,12 @@ impl Stalls {
     }
 
     /// A read about to be sent on `client` of `pool`.
-    fn watch<'a>(
-        &'a self,
-        pool: &Pool,
-        client: &'a fred::clients::Client,
-        bound: Duration,
-    ) -> ReadWatch<'a> {
+    fn watch<'a>(&'a self, pool: &Pool, client: &'a fred::clients::Client) -> ReadWatch<'a> {
         ReadWatch {
             stalls: self,
             place: pool.clients().iter().position(|c| std::ptr::eq(c, client)),
             client,
             sent_ms: self.now_ms(),
-            bound_ms: u64::try_from(bound.as_millis()).unwrap_or(u64::MAX),
             answered: false,
         }
     }
@@ -799,7 +797,6 @@ struct ReadWatch<'a> {
     place: Option<usize>,
     client: &'a fred::clients::Client,
     sent_ms: u64,
-    bound_ms: u64,
     answered: bool,
 }
 
@@ -818,7 +815,9 @@ impl Drop for ReadWatch<'_> {
         };
         let stalled = self.stalls.now_ms().saturating_sub(first);
         // One reconnection per stall: whoever clears the record makes it.
-        if stalled <= self.bound_ms || since.compare_exchange(first, 0, Relaxed, Relaxed).is_err() {
+        if stalled <= self.stalls.bound_ms
+            || since.compare_exchange(first, 0, Relaxed, Relaxed).is_err()
+        {
             return;
         }
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
@@ -917,25 +916,20 @@ async fn ping_every_node<C: ClientLike>(client: &C, limit: Duration) {
     if !client.is_connected() {
         return;
     }
-    let once = Options {
-        max_attempts: Some(1),
-        fail_fast: true,
-        ..Options::default()
-    };
     let nodes = if client.is_clustered() {
         client.active_connections()
     } else {
         Vec::new()
     };
     if nodes.is_empty() {
-        let to = client.with_options(&once);
+        let to = client.with_options(&ONCE);
         let _ = tokio::time::timeout(limit, to.ping::<Value>(None)).await;
         return;
     }
     let pings = nodes.into_iter().map(|n| {
         let to = client.with_options(&Options {
             cluster_node: Some(n),
-            ..once.clone()
+            ..ONCE
         });
         async move {
             let _ = tokio::time::timeout(limit, to.ping::<Value>(None)).await;
@@ -1164,7 +1158,7 @@ async fn write_batch(
     }
 }
 
-/// Queues one `SET key value [PX ttl]` per write on a pipeline or a transaction (both queue, not send).
+/// Queues one `SET key value [PX ttl]` per write on a pipeline (which queues, not sends).
 async fn queue_sets<C: KeysInterface + Sync>(
     c: &C,
     writes: Writes,
