@@ -477,11 +477,11 @@ impl Hydrator {
     fn spawn_fetch(self: &Arc<Self>, items: Vec<FetchItem>, purpose: Purpose) {
         let this = self.clone();
         // In the span of the request that started it, so that what the fetch logs (a store that failed,
-        // an unreadable record) carries that request's id; no span where logging it is off.
+        // an unreadable record) carries that request's id; where the span is off (`log_level = "warn"`),
+        // tagged with the id instead.
         let span = tracing::Span::current();
-        tokio::spawn(tracing::Instrument::instrument(
-            async move { this.fetch(items, purpose).await },
-            span,
+        tokio::spawn(crate::telemetry::carry_request_tag(
+            tracing::Instrument::instrument(async move { this.fetch(items, purpose).await }, span),
         ));
     }
 

@@ -203,13 +203,14 @@ impl Shared {
         let id = request_id(req.headers());
         // At the info level: at `log_level = "warn"` it is off, and so are its costs (about 6,600
         // instructions per request, measured at the error level with `bench-instructions.sh`: 11% of a
-        // hot-path request), at the price of warnings logged without the request id.
+        // hot-path request); its lines are then tagged with the id instead (`tag` below).
         let span = tracing::info_span!(
             "request",
             id = id.as_ref().and_then(|v| v.to_str().ok()).unwrap_or(""),
             method = %req.method(),
             route
         );
+        let tag = span.is_disabled();
         let deadline = tokio::time::Instant::from_std(started + self.backstop);
         let shape = Shape::of_path(req.uri().path());
         // A request whose Host header is missing (in HTTP/1.1), given twice or not a host is malformed
@@ -233,6 +234,7 @@ impl Shared {
             route,
             model,
             id,
+            tag,
             body_read,
             shape,
             shared: self.clone(),
@@ -354,6 +356,9 @@ pin_project_lite::pin_project! {
         route: &'static str,
         model: Option<Arc<str>>,
         id: Option<HeaderValue>,
+        // Whether the request span is off (`log_level = "warn"`), so that lines logged while the request
+        // is polled carry its id by `telemetry::tag_request` instead.
+        tag: bool,
         body_read: Option<BodyRead>,
         // The error body's shape: on `/v2` the backstop and a panic answer as the Open Inference
         // Protocol does.
@@ -370,6 +375,11 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
+        let _tag = this
+            .id
+            .as_ref()
+            .filter(|_| *this.tag)
+            .map(|id| crate::telemetry::tag_request(id.as_bytes()));
         // Answers the handler gave have been counted in the model's stats by the handler; those made here
         // (a refusal for credentials, the backstop, a panic) and the router's 405 are counted below.
         let refusal = this.refused.take();
@@ -515,7 +525,7 @@ static REQUEST_SEQ: AtomicU64 = AtomicU64::new(0);
 fn request_id(headers: &HeaderMap) -> Option<HeaderValue> {
     if let Some(id) = headers.get(REQUEST_ID)
         && !id.is_empty()
-        && id.len() <= 128
+        && id.len() <= crate::telemetry::MAX_REQUEST_ID
         && id.as_bytes().iter().all(u8::is_ascii_graphic)
     {
         return Some(id.clone());

@@ -843,6 +843,58 @@ fn sigterm_while_the_loader_connects_stops_it_at_once() {
 /// task runs in the span of the request that started it.
 #[test]
 fn a_fetch_logs_in_the_span_of_its_request() {
+    let log = request_log("info", "text");
+    let line = line_with(&log, "unreadable record served as defaults");
+    assert!(line.contains(r#"request{id="trace-me-7""#), "{line}");
+}
+
+/// At `warn`, where the request span is off, a request's lines still name it, in either log format:
+/// one logged by the request's own future (a score the model could not give) and one by the fetch it
+/// started (an unreadable record).
+#[test]
+fn at_warn_a_requests_lines_still_carry_its_id() {
+    let log = request_log("warn", "text");
+    let line = line_with(&log, "unreadable record served as defaults");
+    assert!(line.ends_with(" request_id=trace-me-7"), "{line}");
+    let line = line_with(&log, "gave a non-finite `score`");
+    assert!(line.ends_with(" request_id=trace-me-8"), "{line}");
+    // Lines no request logged carry no id.
+    assert!(
+        log.lines()
+            .filter(|l| l.contains("request_id="))
+            .all(|l| l.contains("trace-me-")),
+        "{log}"
+    );
+
+    let log = request_log("warn", "json");
+    for (says, id) in [
+        ("unreadable record served as defaults", "trace-me-7"),
+        ("gave a non-finite `score`", "trace-me-8"),
+    ] {
+        let line = line_with(&log, says);
+        let parsed: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+        assert_eq!(parsed["request_id"], id, "{line}");
+        assert_eq!(parsed["level"], "WARN", "{line}");
+        assert!(
+            parsed["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(says)),
+            "{line}"
+        );
+    }
+}
+
+/// The first line of `log` that holds `says`.
+fn line_with<'a>(log: &'a str, says: &str) -> &'a str {
+    log.lines()
+        .find(|l| l.contains(says))
+        .unwrap_or_else(|| panic!("no line says {says:?}: {log}"))
+}
+
+/// What a gateway logging at `level` in `format` logs for two predicts: one (`X-Request-Id: trace-me-7`)
+/// for a user whose stored record is garbled, one (`trace-me-8`) for a user whose features drive the
+/// model to infinity.
+fn request_log(level: &str, format: &str) -> String {
     use std::io::{Read as _, Write as _};
 
     let redis = common::redis::RedisServer::start();
@@ -856,44 +908,53 @@ fn a_fetch_logs_in_the_span_of_its_request() {
         .env("HYDRANT_STORE__REDIS__URL", redis.url())
         .env("HYDRANT_STORE__REDIS__COMMAND_TIMEOUT", "5s")
         .env("HYDRANT_REGISTRY__SCHEMAS", schemas.path())
-        .env("HYDRANT_TELEMETRY__LOG_LEVEL", "info")
+        .env("HYDRANT_TELEMETRY__LOG_LEVEL", level)
+        .env("HYDRANT_TELEMETRY__LOG_FORMAT", format)
         .env("HYDRANT_PREFETCH__WARM_TOP_K", "0")
         .arg("serve")
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("starts");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let body = r#"{"entities": {"user_id": "u_garbled"}, "candidates": [{"item_id": "i_1"}]}"#;
-    let answer = loop {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the server did not start"
-        );
-        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-            std::thread::sleep(std::time::Duration::from_millis(50));
-            continue;
-        };
+    let send = |path: &str, id: &str, body: &str| -> Option<String> {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
         let request = format!(
-            "POST /v1/models/ctr/predict HTTP/1.1\r\nhost: h\r\nx-request-id: trace-me-7\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            "POST {path} HTTP/1.1\r\nhost: h\r\nx-request-id: {id}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
             body.len()
         );
         s.write_all(request.as_bytes()).expect("send");
         let mut answer = String::new();
         s.read_to_string(&mut answer).expect("read");
-        if answer.starts_with("HTTP/1.1 503") {
-            // Not ready yet.
-            std::thread::sleep(std::time::Duration::from_millis(50));
-            continue;
+        Some(answer)
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let garbled = r#"{"entities": {"user_id": "u_garbled"}, "candidates": [{"item_id": "i_1"}]}"#;
+    let answer = loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server did not start"
+        );
+        match send("/v1/models/ctr/predict", "trace-me-7", garbled) {
+            // Not listening, or not ready yet.
+            None => std::thread::sleep(std::time::Duration::from_millis(50)),
+            Some(a) if a.starts_with("HTTP/1.1 503") => {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Some(a) => break a,
         }
-        break answer;
     };
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    let err = terminate(child);
-    let line = err
-        .lines()
-        .find(|l| l.contains("unreadable record served as defaults"))
-        .unwrap_or_else(|| panic!("no such line: {err}"));
-    assert!(line.contains("trace-me-7"), "{line}");
+    let huge =
+        r#"{"rows": [{"user_id": "u_huge", "embedding": [3.4e38, -3.4e38, 3.4e38, -3.4e38]}]}"#;
+    let answer = send("/v1/views/user_profile/rows", "write-1", huge).expect("connects");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let item =
+        r#"{"rows": [{"item_id": "i_huge", "embedding": [3.4e38, 3.4e38, 3.4e38, 3.4e38]}]}"#;
+    let answer = send("/v1/views/item_stats/rows", "write-2", item).expect("connects");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let body = r#"{"entities": {"user_id": "u_huge"}, "candidates": [{"item_id": "i_huge"}]}"#;
+    let answer = send("/v1/models/ctr/predict", "trace-me-8", body).expect("connects");
+    assert!(answer.starts_with("HTTP/1.1 422"), "{answer}");
+    terminate(child)
 }
 
 /// A free loopback port.
