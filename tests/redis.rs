@@ -2434,3 +2434,24 @@ async fn a_tls_url_connects_when_the_server_certificate_is_trusted() {
     assert_eq!(r.json()["announced"], true, "pub/sub over TLS too");
     assert_eq!(ages(&app, &["u_8"]).await.0, vec![19]);
 }
+
+/// On a cluster, one reconnection of the subscriber (each node's connection, dropped at once) flushes
+/// the cache once, not once per node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_subscriber_reconnection_flushes_the_cache_once() {
+    let (a, b) = RedisServer::start_cluster_pair();
+    let app = gateway(&a, |_| {}).await;
+    for node in [&a, &b] {
+        node.cmd(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+        node.cmd(&["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"]);
+    }
+    eventually(
+        Duration::from_secs(10),
+        "a flush after the subscription was lost",
+        || async { app.gateway.telemetry.invalidation.flushes.load(Relaxed) >= 1 },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let flushes = app.gateway.telemetry.invalidation.flushes.load(Relaxed);
+    assert_eq!(flushes, 1, "flushes");
+}

@@ -35,7 +35,7 @@ use fred::prelude::{
 };
 use fred::types::config::{TlsConnector, UnresponsiveConfig};
 use parking_lot::Mutex;
-use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 
 use super::cluster::{self, Op};
 use super::{BoxFuture, HotCounts, Invalidation, InvalidationSink, Store, StoreError, Writes};
@@ -73,6 +73,10 @@ const POOL_HEARTBEAT: Duration = Duration::from_secs(10);
 /// command, a fail-over) shorter than this closes nothing: a reconnected subscription must flush the
 /// whole cache, on every replica at once, since messages may have been lost.
 const UNRESPONSIVE: Duration = Duration::from_secs(5);
+
+/// How long the subscriber waits after a reconnection for the other connections of the same one (each
+/// node's, on a cluster) before it resubscribes and flushes the cache once for them all.
+const RECONNECT_SETTLE: Duration = Duration::from_millis(100);
 
 /// Longest wait for a lost connection to come back before a write batch is refused unsent (at most
 /// `write_timeout`): a restart or fail-over of a second or so is ridden out, an outage is not queued for.
@@ -510,11 +514,28 @@ impl RedisStore {
                     },
                     r = reconnects.recv() => match r {
                         Ok(_) | Err(RecvError::Lagged(_)) => {
+                            // On a cluster each node's connection announces itself, within a few ms of
+                            // the others: one flush for them all. The announcements queued by then are
+                            // taken here; one that comes after the resubscription makes another round.
+                            tokio::time::sleep(RECONNECT_SETTLE).await;
+                            let mut connections = 1usize;
+                            loop {
+                                match reconnects.try_recv() {
+                                    Ok(_) => connections += 1,
+                                    Err(TryRecvError::Lagged(n)) => {
+                                        connections += usize::try_from(n).unwrap_or(usize::MAX);
+                                    }
+                                    Err(TryRecvError::Empty | TryRecvError::Closed) => break,
+                                }
+                            }
                             // Resubscribe first, so nothing written after the flush can be missed.
                             if let Err(e) = task_sub.resubscribe_all().await {
                                 tracing::warn!("invalidation channel: resubscribing failed: {e}");
                             }
-                            tracing::info!("invalidation channel reconnected: flushing the feature cache");
+                            tracing::info!(
+                                connections,
+                                "invalidation channel reconnected: flushing the feature cache"
+                            );
                             sink(Invalidation::All);
                         }
                         Err(RecvError::Closed) => break,
