@@ -241,14 +241,11 @@ impl Segment {
         self.errors.values().sum()
     }
 
-    /// Successful answers per second of load (see `ok_in_window`).
-    pub fn achieved_rps(&self) -> f64 {
+    /// Successful answers per second of load (see `ok_in_window`); `None` when no load was measured
+    /// (a run interrupted before the phase's measurement began).
+    pub fn achieved_rps(&self) -> Option<f64> {
         let s = self.span.as_secs_f64();
-        if s > 0.0 {
-            self.ok_in_window as f64 / s
-        } else {
-            0.0
-        }
+        (s > 0.0).then(|| self.ok_in_window as f64 / s)
     }
 
     /// Latency at `q` (0..=1) in microseconds, of the successful answers and the timeouts; `None` when
@@ -487,25 +484,25 @@ mod tests {
         // Keeping up, slowly: 400 ms each, so the last 40 answers arrive after the schedule.
         let slow = run(&|_| 400);
         assert!(
-            (slow.achieved_rps() - 100.0).abs() < 1.0,
+            (slow.achieved_rps().unwrap_or(f64::NAN) - 100.0).abs() < 1.0,
             "{}",
-            slow.achieved_rps()
+            slow.achieved_rps().unwrap_or(f64::NAN)
         );
         assert!(slow.open_loop);
         // Falling behind: one answer per 20 ms (50/s), so send i waits 10 ms * i more.
         let behind = run(&|i| 20 + 10 * i);
         assert!(
-            (behind.achieved_rps() - 50.0).abs() < 3.0,
+            (behind.achieved_rps().unwrap_or(f64::NAN) - 50.0).abs() < 3.0,
             "{}",
-            behind.achieved_rps()
+            behind.achieved_rps().unwrap_or(f64::NAN)
         );
         // Halves merged around a floor segment add their counts and spans.
         let mut merged = slow.clone();
         merged.merge(&behind);
         assert!(
-            (merged.achieved_rps() - 75.0).abs() < 2.0,
+            (merged.achieved_rps().unwrap_or(f64::NAN) - 75.0).abs() < 2.0,
             "{}",
-            merged.achieved_rps()
+            merged.achieved_rps().unwrap_or(f64::NAN)
         );
         // Nothing answered: 0, not NaN.
         let mut c = Collector::new(origin);
@@ -513,7 +510,11 @@ mod tests {
         c.start_schedule(origin);
         c.record(overload_sample(origin));
         c.set_span(ms(1000));
-        assert_eq!(c.end(ms(1000)).expect("segment").achieved_rps(), 0.0);
+        assert_eq!(c.end(ms(1000)).expect("segment").achieved_rps(), Some(0.0));
+        // Nothing measured (cut short before the measurement began): no rate at all, not 0.
+        let mut c = Collector::new(origin);
+        c.begin(Segment::new(Which::Hydrant, "cut", true));
+        assert_eq!(c.end(ms(0)).expect("segment").achieved_rps(), None);
     }
 
     #[test]
@@ -532,7 +533,7 @@ mod tests {
         assert_eq!(seg.errors.get("overload"), Some(&1));
         assert_eq!(seg.late, 1, "a refused send never went out on time");
         assert_eq!(seg.cache, [100, 0, 100]);
-        assert!((seg.achieved_rps() - 50.0).abs() < 1e-9);
+        assert!((seg.achieved_rps().unwrap_or(f64::NAN) - 50.0).abs() < 1e-9);
         let p50 = seg.quantile_us(0.5).expect("answers were measured");
         assert!((9_900..=10_100).contains(&p50), "{p50}");
         let empty = Segment::new(Which::Floor, "b", true);

@@ -22,7 +22,9 @@ pub struct LatencySummary {
     pub errors: u64,
     pub error_rate: f64,
     pub measured_s: f64,
-    pub achieved_rps: f64,
+    /// `None` (JSON `null`) when no load was measured: a run interrupted before the phase's measurement
+    /// began.
+    pub achieved_rps: Option<f64>,
     /// Latencies: `None` (JSON `null`) when no answer succeeded or timed out, so nothing was measured.
     pub p50_us: Option<u64>,
     pub p90_us: Option<u64>,
@@ -244,6 +246,17 @@ pub fn fmt_us(us: f64) -> String {
 
 /// How the warning, and the failure, of a max-then-fraction run whose open-loop phase did not run begin.
 pub const NO_OPEN_LOOP: &str = "the open-loop phase did not run";
+
+/// An achieved rate with one decimal, as the tables show it; `-` when nothing was measured.
+pub fn fmt_rps(rps: Option<f64>) -> String {
+    rps.map_or_else(|| "-".to_string(), |r| format!("{r:.1}"))
+}
+
+/// The ratio of two achieved rates; `None` when either was not measured or the second is 0.
+pub fn rps_ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    let (a, b) = (a?, b?);
+    (b > 0.0).then(|| a / b)
+}
 
 /// `200 rps`, `1234 rps`, `12.5 rps`.
 pub fn fmt_rate(rps: f64) -> String {

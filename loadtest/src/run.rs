@@ -611,7 +611,7 @@ fn best_index(phases: &[Phase], which: Which) -> Option<(usize, f64)> {
                 Which::Floor => p.floor.as_ref(),
             }
             .filter(|seg| ran(seg))?;
-            Some((i, seg.achieved_rps()))
+            Some((i, seg.achieved_rps()?))
         })
         .max_by(|a, b| a.1.total_cmp(&b.1))
 }
@@ -1133,8 +1133,11 @@ fn assemble(
         ),
         (None, false) => (None, None),
         (Some(f), false) => (
-            Some(f.achieved_rps),
-            ratio(hydrant.achieved_rps, f.achieved_rps),
+            f.achieved_rps,
+            hydrant
+                .achieved_rps
+                .zip(f.achieved_rps)
+                .and_then(|(h, f)| ratio(h, f)),
         ),
     };
     let latency_ratio_to_floor = floor.as_ref().map(|f| LatencyRatio {

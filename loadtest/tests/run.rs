@@ -304,6 +304,34 @@ async fn cancel_writes_a_partial_report() {
     assert!(out.html_path.exists());
 }
 
+/// Interrupted in the warm-up, before anything was measured: the report says there is no rate
+/// (`null`, `-`), not a rate of 0 that reads as a server that answered nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_in_the_warm_up_reports_no_rate_rather_than_zero() {
+    let gw = FakeGateway::start(FakeConfig::default()).await;
+    let s = scenario(
+        &gw.url(),
+        "mode = \"open-loop\"\nrate = 50\nduration_s = 30\nwarm_up_s = 20",
+        "",
+    );
+    let out = run(
+        s,
+        &quiet(temp_dir("cancel-warm")),
+        cancel_after(Duration::from_millis(800)),
+    )
+    .await
+    .expect("partial run");
+    let v = result_json(&out);
+    assert_eq!(v["interrupted"], true);
+    assert_eq!(v["achieved_rps"], serde_json::Value::Null, "{v}");
+    assert_eq!(v["p50_us"], serde_json::Value::Null, "{v}");
+    let html = std::fs::read_to_string(&out.html_path).expect("html report");
+    assert!(
+        html.contains(r#"<div class="card"><b>-</b><span>achieved rps</span></div>"#),
+        "the report's rate card does not say `-`"
+    );
+}
+
 /// An output directory that cannot be created: its parent is a regular file.
 fn uncreatable_dir(name: &str) -> std::path::PathBuf {
     let file = temp_dir(name).join("a-file");
@@ -610,9 +638,12 @@ async fn a_sweep_keeps_its_floor_ratio_when_the_open_loop_phase_is_cut_short() {
     assert!(r.interrupted);
     assert!(r.floor.is_none(), "the open-loop phase's floor never ran");
     let step_floor = r.steps[0].floor.as_ref().expect("the sweep's floor ran");
-    assert_eq!(r.floor_rps, Some(step_floor.achieved_rps));
+    assert_eq!(r.floor_rps, step_floor.achieved_rps);
     let max = r.max_rps.expect("the sweep's max");
-    assert_eq!(r.ratio_to_floor, Some(max / step_floor.achieved_rps));
+    let step_floor_rps = step_floor
+        .achieved_rps
+        .expect("the sweep's floor was measured");
+    assert_eq!(r.ratio_to_floor, Some(max / step_floor_rps));
     let v = result_json(&out);
     assert!(v["ratio_to_floor"].is_number(), "{}", v["ratio_to_floor"]);
     let table = loadtest::report::table::render(r);

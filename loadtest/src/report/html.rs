@@ -5,8 +5,8 @@ use std::fmt::Write as _;
 
 use super::svg::{Axis, Band, Series, bar_chart, esc, hbar_chart, line_chart};
 use super::{
-    LatencySummary, RunResult, SegmentSpan, fmt_latency, fmt_pct, fmt_rate, fmt_ratio, fmt_us,
-    us_or_nan,
+    LatencySummary, RunResult, SegmentSpan, fmt_latency, fmt_pct, fmt_rate, fmt_ratio, fmt_rps,
+    fmt_us, rps_ratio, us_or_nan,
 };
 use crate::record::{STAGES, TimelinePoint, Which};
 
@@ -65,9 +65,9 @@ fn latency_table(
     let r = |a: f64, b: f64| fmt_ratio((b > 0.0).then(|| a / b));
     row(
         "achieved rps",
-        format!("{:.1}", h.achieved_rps),
-        f.map(|f| format!("{:.1}", f.achieved_rps)),
-        f.map(|f| r(h.achieved_rps, f.achieved_rps)),
+        fmt_rps(h.achieved_rps),
+        f.map(|f| fmt_rps(f.achieved_rps)),
+        f.map(|f| fmt_ratio(rps_ratio(h.achieved_rps, f.achieved_rps))),
     );
     for (name, get) in super::LATENCY_ROWS {
         row(
@@ -229,7 +229,7 @@ pub fn render(r: &RunResult) -> String {
     // Headline cards.
     let h = &r.hydrant;
     out.push_str(r#"<div class="cards">"#);
-    card(&mut out, "achieved rps", &format!("{:.1}", h.achieved_rps));
+    card(&mut out, "achieved rps", &fmt_rps(h.achieved_rps));
     card(&mut out, "p50", &fmt_latency(h.p50_us));
     card(&mut out, "p99", &fmt_latency(h.p99_us));
     card(&mut out, "p99.9", &fmt_latency(h.p999_us));
@@ -278,7 +278,7 @@ pub fn render(r: &RunResult) -> String {
             "<p class=\"note\">Floor: the cheapest server on hydrant's own HTTP stack, answering a fixed body, driven with the same mix and load shape (hydrant half / floor / hydrant half). Throughput ratio {} (hydrant {} / floor {}).</p>",
             fmt_ratio(r.ratio_to_floor),
             r.max_rps
-                .or(Some(h.achieved_rps))
+                .or(h.achieved_rps)
                 .map_or_else(|| "-".into(), fmt_rate),
             r.floor_rps.map_or_else(|| "-".into(), fmt_rate)
         );
@@ -563,7 +563,7 @@ pub fn render(r: &RunResult) -> String {
         let mut rps = vec![Series {
             name: "hydrant rps".into(),
             color: HYDRANT,
-            points: pts(|s| Some(s.achieved_rps), false),
+            points: pts(|s| s.achieved_rps, false),
             dashed: false,
         }];
         let mut p99 = vec![Series {
@@ -576,7 +576,7 @@ pub fn render(r: &RunResult) -> String {
             rps.push(Series {
                 name: "floor rps".into(),
                 color: FLOOR,
-                points: pts(|s| Some(s.achieved_rps), true),
+                points: pts(|s| s.achieved_rps, true),
                 dashed: true,
             });
             p99.push(Series {
@@ -616,15 +616,15 @@ pub fn render(r: &RunResult) -> String {
         for s in &r.steps {
             let _ = write!(
                 out,
-                "<tr><td>{}</td><td>{:.1}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                 s.concurrency.map_or_else(|| "-".into(), |c| c.to_string()),
-                s.hydrant.achieved_rps,
+                fmt_rps(s.hydrant.achieved_rps),
                 fmt_latency(s.hydrant.p50_us),
                 fmt_latency(s.hydrant.p99_us),
                 s.hydrant.errors,
                 s.floor
                     .as_ref()
-                    .map_or_else(|| "-".into(), |f| format!("{:.1}", f.achieved_rps)),
+                    .map_or_else(|| "-".into(), |f| fmt_rps(f.achieved_rps)),
                 s.floor
                     .as_ref()
                     .map_or_else(|| "-".into(), |f| fmt_latency(f.p99_us)),

@@ -3,7 +3,8 @@
 use std::fmt::Write as _;
 
 use super::{
-    LatencySummary, RunResult, fmt_latency, fmt_pct, fmt_rate, fmt_ratio, fmt_us, us_or_nan,
+    LatencySummary, RunResult, fmt_latency, fmt_pct, fmt_rate, fmt_ratio, fmt_rps, fmt_us,
+    rps_ratio, us_or_nan,
 };
 
 fn row(out: &mut String, name: &str, h: String, f: Option<String>, r: Option<String>) {
@@ -64,16 +65,16 @@ pub fn render(r: &RunResult) -> String {
         for s in &r.steps {
             let _ = writeln!(
                 out,
-                "  {:<12}{:>12.1}{:>12}{:>12}{:>10}{:>12}{:>12}",
+                "  {:<12}{:>12}{:>12}{:>12}{:>10}{:>12}{:>12}",
                 s.concurrency
                     .map_or_else(|| "-".to_string(), |c| c.to_string()),
-                s.hydrant.achieved_rps,
+                fmt_rps(s.hydrant.achieved_rps),
                 fmt_latency(s.hydrant.p50_us),
                 fmt_latency(s.hydrant.p99_us),
                 s.hydrant.errors,
                 s.floor
                     .as_ref()
-                    .map_or_else(|| "-".to_string(), |f| format!("{:.1}", f.achieved_rps)),
+                    .map_or_else(|| "-".to_string(), |f| fmt_rps(f.achieved_rps)),
                 s.floor
                     .as_ref()
                     .map_or_else(|| "-".to_string(), |f| fmt_latency(f.p99_us)),
@@ -118,11 +119,9 @@ pub fn render(r: &RunResult) -> String {
     row(
         &mut out,
         "achieved rps",
-        format!("{:.1}", r.hydrant.achieved_rps),
-        f.map(|f| format!("{:.1}", f.achieved_rps)),
-        f.map(|f| {
-            fmt_ratio((f.achieved_rps > 0.0).then(|| r.hydrant.achieved_rps / f.achieved_rps))
-        }),
+        fmt_rps(r.hydrant.achieved_rps),
+        f.map(|f| fmt_rps(f.achieved_rps)),
+        f.map(|f| fmt_ratio(rps_ratio(r.hydrant.achieved_rps, f.achieved_rps))),
     );
     lat_rows(&mut out, &r.hydrant, f);
     row(
