@@ -507,8 +507,13 @@ impl Gateway {
         // times out or whose client goes away must not stop them halfway (written but not announced).
         let hydrator = self.hydrator.clone();
         let ttl = v.policy.key_ttl;
-        let task =
-            tokio::spawn(async move { crate::loader::write_through(&hydrator, writes, ttl).await });
+        // In the request's span (or tagged with its id), so that what the write logs names the request.
+        let task = tokio::spawn(crate::telemetry::carry_request_tag(
+            tracing::Instrument::instrument(
+                async move { crate::loader::write_through(&hydrator, writes, ttl).await },
+                tracing::Span::current(),
+            ),
+        ));
         // The answer is due within the request's limit; the write goes on either way.
         let limit = self.config.limits.request_timeout;
         const MAY_HAVE_LANDED: &str =

@@ -848,9 +848,11 @@ pub fn init_logging(cfg: &TelemetryConfig) {
                 json: true,
             })
             .try_init(),
+        // The line format's own colour setting: a tagged line is formatted into a buffer (see
+        // `Tagged`), whose writer would otherwise say "no colours".
         LogFormat::Text => builder
             .event_format(Tagged {
-                inner: tracing_subscriber::fmt::format(),
+                inner: tracing_subscriber::fmt::format().with_ansi(terminal),
                 json: false,
             })
             .try_init(),
@@ -876,7 +878,7 @@ thread_local! {
 /// Names the request whose future this thread polls until the guard is dropped, so that a line logged
 /// meanwhile carries `request_id`. For `log_level = "warn"` and quieter, where the request's span (which
 /// shows the id at `info`) is off: a span costs about 6,600 instructions per request, this a copy of the
-/// id per poll.
+/// id per poll. Tags do not nest: the guard clears the tag (a request's future never polls another's).
 pub fn tag_request(id: &[u8]) -> RequestTag {
     let _ = REQUEST_ID.try_with(|slot| {
         if let Ok(mut slot) = slot.try_borrow_mut() {
@@ -974,8 +976,8 @@ where
         let Some(id) = tagged_request() else {
             return self.inner.format_event(ctx, writer, event);
         };
-        // Formatted aside, then written with the id: a buffer's writer has no colours, so on a terminal
-        // these few lines come out plain.
+        // Formatted aside (colours, on a terminal, come from the format's own setting), then written
+        // with the id.
         let mut line = String::new();
         self.inner.format_event(
             ctx,

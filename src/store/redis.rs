@@ -492,6 +492,7 @@ impl RedisStore {
         // Taken after `init`, so the first connection's event has passed: every event is a reconnection.
         let mut reconnects = sub.reconnect_rx();
         let task_sub = sub.clone();
+        let clustered = self.clustered;
         let mut stop = stop_rx;
         tokio::spawn(async move {
             loop {
@@ -517,7 +518,12 @@ impl RedisStore {
                             // On a cluster each node's connection announces itself, within a few ms of
                             // the others: one flush for them all. The announcements queued by then are
                             // taken here; one that comes after the resubscription makes another round.
-                            tokio::time::sleep(RECONNECT_SETTLE).await;
+                            if clustered {
+                                tokio::select! {
+                                    _ = stop.changed() => break,
+                                    () = tokio::time::sleep(RECONNECT_SETTLE) => {}
+                                }
+                            }
                             let mut connections = 1usize;
                             loop {
                                 match reconnects.try_recv() {
