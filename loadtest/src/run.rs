@@ -692,12 +692,12 @@ impl Runner {
                 let max = ex.max_rps.unwrap_or(0.0);
                 let rate = max * fraction;
                 let sends = rate * s.load.duration.as_secs_f64();
-                if max <= 0.0 {
+                if self.cancel.is_cancelled() {
+                    // Ctrl-C during the sweep: no open-loop phase, and the sweep is the report.
+                } else if max <= 0.0 {
                     crate::errln!(
                         "note: no request succeeded during the sweep; skipping the open-loop phase"
                     );
-                } else if self.cancel.is_cancelled() {
-                    // Ctrl-C during the sweep: no open-loop phase, and the sweep is the report.
                 } else if sends < 1.0 {
                     // The scenario check cannot know the maximum; a phase that would send nothing
                     // measures nothing, and the run says so (and fails) rather than reporting it.
