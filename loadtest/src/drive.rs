@@ -112,18 +112,21 @@ impl Driver {
         })
     }
 
-    async fn predict(&self, body: Bytes) -> Outcome {
-        classify(
-            self.pool
-                .send(
-                    Method::POST,
-                    self.predict_uri.clone(),
-                    Some(self.scenario.format),
-                    body,
-                    self.scenario.timeout,
-                )
-                .await,
-        )
+    /// Sends one predict; with its outcome, the instant its answer was in (or it failed), taken before
+    /// the answer is read for the report, so that reading it is not counted in the latency.
+    async fn predict(&self, body: Bytes) -> (Outcome, Instant) {
+        let answer = self
+            .pool
+            .send(
+                Method::POST,
+                self.predict_uri.clone(),
+                Some(self.scenario.format),
+                body,
+                self.scenario.timeout,
+            )
+            .await;
+        let done = Instant::now();
+        (classify(answer), done)
     }
 
     fn record(&self, s: Sample) {
@@ -154,8 +157,8 @@ pub async fn open_loop(d: &Arc<Driver>, rate: f64, duration: Duration, stream: u
                     tokio::spawn(async move {
                         let late = Instant::now().saturating_duration_since(intended)
                             > d.scenario.load.late_threshold;
-                        let outcome = d.predict(body).await;
-                        let latency = Instant::now().saturating_duration_since(intended);
+                        let (outcome, done) = d.predict(body).await;
+                        let latency = done.saturating_duration_since(intended);
                         d.record(Sample {
                             at: intended,
                             latency,
@@ -282,7 +285,7 @@ pub async fn closed_loop(
             while n < per_worker && Instant::now() < end && !d.cancel.is_cancelled() {
                 let body = wl.next_body();
                 let at = Instant::now();
-                let outcome = d.predict(body).await;
+                let (outcome, done) = d.predict(body).await;
                 let refused = matches!(
                     outcome,
                     Outcome::Failed {
@@ -292,7 +295,7 @@ pub async fn closed_loop(
                 );
                 d.record(Sample {
                     at,
-                    latency: at.elapsed(),
+                    latency: done.saturating_duration_since(at),
                     late: false,
                     outcome,
                 });
