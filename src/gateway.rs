@@ -508,12 +508,9 @@ impl Gateway {
         let hydrator = self.hydrator.clone();
         let ttl = v.policy.key_ttl;
         // In the request's span (or tagged with its id), so that what the write logs names the request.
-        let task = tokio::spawn(crate::telemetry::carry_request_tag(
-            tracing::Instrument::instrument(
-                async move { crate::loader::write_through(&hydrator, writes, ttl).await },
-                tracing::Span::current(),
-            ),
-        ));
+        let task = tokio::spawn(crate::telemetry::in_request(async move {
+            crate::loader::write_through(&hydrator, writes, ttl).await
+        }));
         // The answer is due within the request's limit; the write goes on either way.
         let limit = self.config.limits.request_timeout;
         const MAY_HAVE_LANDED: &str =

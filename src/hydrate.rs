@@ -479,10 +479,9 @@ impl Hydrator {
         // In the span of the request that started it, so that what the fetch logs (a store that failed,
         // an unreadable record) carries that request's id; where the span is off (`log_level = "warn"`),
         // tagged with the id instead.
-        let span = tracing::Span::current();
-        tokio::spawn(crate::telemetry::carry_request_tag(
-            tracing::Instrument::instrument(async move { this.fetch(items, purpose).await }, span),
-        ));
+        tokio::spawn(crate::telemetry::in_request(async move {
+            this.fetch(items, purpose).await
+        }));
     }
 
     /// Reads `items` in one round trip, caches what came back and publishes each key's outcome.

@@ -903,25 +903,38 @@ impl Drop for RequestTag {
     }
 }
 
-/// Runs `future` tagged with the request this thread is tagged with now, if any: for a task a request
-/// spawns (a store fetch), so that what it logs names the request as the request's own lines do.
-pub fn carry_request_tag<F: std::future::Future>(future: F) -> CarriedTag<F> {
-    let id = REQUEST_ID
+/// A request id as the thread-local holds it: the bytes and how many of them are the id.
+type Tag = ([u8; MAX_REQUEST_ID], usize);
+
+/// The tag [`tag_request`] set on this thread, if any.
+fn current_tag() -> Option<Tag> {
+    REQUEST_ID
         .try_with(|slot| {
             let slot = slot.try_borrow().ok()?;
             (slot.len > 0).then(|| (slot.bytes, slot.len))
         })
         .ok()
-        .flatten();
-    CarriedTag { future, id }
+        .flatten()
+}
+
+/// `future`, for a task a request spawns (a store fetch, a row write), in the request's span and tagged
+/// with its id as the request is now ([`tag_request`]), so that what the task logs names the request
+/// as the request's own lines do, at any log level.
+pub fn in_request<F: std::future::Future>(
+    future: F,
+) -> CarriedTag<tracing::instrument::Instrumented<F>> {
+    CarriedTag {
+        future: tracing::Instrument::instrument(future, tracing::Span::current()),
+        id: current_tag(),
+    }
 }
 
 pin_project_lite::pin_project! {
-    /// A future that is tagged with a request id while it is polled ([`carry_request_tag`]).
+    /// A future that is tagged with a request id while it is polled ([`in_request`]).
     pub struct CarriedTag<F> {
         #[pin]
         future: F,
-        id: Option<([u8; MAX_REQUEST_ID], usize)>,
+        id: Option<Tag>,
     }
 }
 
@@ -940,18 +953,6 @@ impl<F: std::future::Future> std::future::Future for CarriedTag<F> {
             .map(tag_request);
         this.future.poll(cx)
     }
-}
-
-/// The id [`tag_request`] set on this thread, if any, as text.
-fn tagged_request() -> Option<String> {
-    REQUEST_ID
-        .try_with(|slot| {
-            let slot = slot.try_borrow().ok()?;
-            let id = slot.bytes.get(..slot.len).filter(|id| !id.is_empty())?;
-            std::str::from_utf8(id).ok().map(str::to_owned)
-        })
-        .ok()
-        .flatten()
 }
 
 /// A line format that adds `request_id` to a line logged while a request is tagged ([`tag_request`]):
@@ -973,7 +974,11 @@ where
         mut writer: tracing_subscriber::fmt::format::Writer<'_>,
         event: &tracing::Event<'_>,
     ) -> std::fmt::Result {
-        let Some(id) = tagged_request() else {
+        let tag = current_tag();
+        let Some(id) = tag
+            .as_ref()
+            .and_then(|(bytes, len)| std::str::from_utf8(bytes.get(..*len)?).ok())
+        else {
             return self.inner.format_event(ctx, writer, event);
         };
         // Formatted aside (colours, on a terminal, come from the format's own setting), then written

@@ -595,7 +595,7 @@ async fn requests_keep_succeeding_within_their_deadline_while_redis_is_stopped_a
     eventually(
         Duration::from_secs(5),
         "a flush after the subscriber reconnected",
-        || async { app.gateway.telemetry.invalidation.flushes.load(Relaxed) >= 1 },
+        || async { flushes(&app) >= 1 },
     )
     .await;
 }
@@ -1186,6 +1186,25 @@ async fn a_password_required_after_a_restart_is_named_in_the_errors_meanwhile() 
     );
 }
 
+/// Whole-cache flushes the gateway has made (each after its subscription reconnected).
+fn flushes(app: &TestApp) -> u64 {
+    app.gateway.telemetry.invalidation.flushes.load(Relaxed)
+}
+
+/// Asserts that the subscription was never taken for dead (`why` otherwise) and that a predict is then
+/// served from Redis in time, not degraded.
+async fn kept_its_subscription_and_serves_fresh(app: &TestApp, why: &str) {
+    assert_eq!(flushes(app), 0, "{why}");
+    let r = app
+        .post_json(
+            "/v1/models/ctr/predict",
+            &json!({"entities": {"user_id": "u_1"}, "candidates": [{"item_id": "i_1"}]}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["degraded"], false);
+}
+
 /// Connections Redis has accepted since it started, one more for this question's own.
 fn connections_opened(redis: &RedisServer) -> u64 {
     let info = redis.cmd(&["INFO", "stats"]).text();
@@ -1213,16 +1232,7 @@ async fn a_quiet_gateway_keeps_its_connections_through_the_servers_idle_timeout(
     assert!(redis.calls("ping") > pings, "no heartbeat was sent");
     // Only this test's own two connections (`calls`, then `INFO`) are new.
     assert_eq!(after, before + 2, "connections were opened again");
-    let flushes = app.gateway.telemetry.invalidation.flushes.load(Relaxed);
-    assert_eq!(flushes, 0, "the subscription reconnected");
-    let r = app
-        .post_json(
-            "/v1/models/ctr/predict",
-            &json!({"entities": {"user_id": "u_1"}, "candidates": [{"item_id": "i_1"}]}),
-        )
-        .await;
-    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-    assert_eq!(r.json()["degraded"], false);
+    kept_its_subscription_and_serves_fresh(&app, "the subscription reconnected").await;
 }
 
 /// The same on a cluster: the pool's and the subscriber's connections to every node are kept, so the
@@ -1243,8 +1253,7 @@ async fn on_a_cluster_a_quiet_gateway_keeps_its_connections_to_every_node() {
         [before[0] + 1, before[1] + 1],
         "connections were opened again"
     );
-    let flushes = app.gateway.telemetry.invalidation.flushes.load(Relaxed);
-    assert_eq!(flushes, 0, "the subscription reconnected");
+    assert_eq!(flushes(&app), 0, "the subscription reconnected");
 }
 
 /// A server busy for a few seconds (a fork, a slow command) is waited for, not taken for dead: no
@@ -1263,16 +1272,7 @@ async fn a_pause_of_a_few_seconds_neither_reconnects_nor_flushes_the_cache() {
         before + 2,
         "connections were opened again"
     );
-    let flushes = app.gateway.telemetry.invalidation.flushes.load(Relaxed);
-    assert_eq!(flushes, 0, "the subscription was taken for dead");
-    let r = app
-        .post_json(
-            "/v1/models/ctr/predict",
-            &json!({"entities": {"user_id": "u_1"}, "candidates": [{"item_id": "i_1"}]}),
-        )
-        .await;
-    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-    assert_eq!(r.json()["degraded"], false);
+    kept_its_subscription_and_serves_fresh(&app, "the subscription was taken for dead").await;
 }
 
 /// A server that stops answering for longer (frozen here) is found by the subscriber's unanswered ping,
@@ -1289,7 +1289,7 @@ async fn a_frozen_redis_is_found_by_the_heartbeat_and_the_cache_flushed_after() 
     eventually(
         Duration::from_secs(10),
         "a flush after the subscription was taken for dead",
-        || async { app.gateway.telemetry.invalidation.flushes.load(Relaxed) >= 1 },
+        || async { flushes(&app) >= 1 },
     )
     .await;
 }
@@ -2448,10 +2448,9 @@ async fn on_a_cluster_a_subscriber_reconnection_flushes_the_cache_once() {
     eventually(
         Duration::from_secs(10),
         "a flush after the subscription was lost",
-        || async { app.gateway.telemetry.invalidation.flushes.load(Relaxed) >= 1 },
+        || async { flushes(&app) >= 1 },
     )
     .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let flushes = app.gateway.telemetry.invalidation.flushes.load(Relaxed);
-    assert_eq!(flushes, 1, "flushes");
+    assert_eq!(flushes(&app), 1, "flushes");
 }

@@ -252,10 +252,14 @@ pub fn fmt_rps(rps: Option<f64>) -> String {
     rps.map_or_else(|| "-".to_string(), |r| format!("{r:.1}"))
 }
 
+/// `a / b`; `None` when `b` is not positive or `a` is not a number.
+pub fn ratio(a: f64, b: f64) -> Option<f64> {
+    (b > 0.0 && a.is_finite()).then(|| a / b)
+}
+
 /// The ratio of two achieved rates; `None` when either was not measured or the second is 0.
 pub fn rps_ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
-    let (a, b) = (a?, b?);
-    (b > 0.0).then(|| a / b)
+    ratio(a?, b?)
 }
 
 /// `200 rps`, `1234 rps`, `12.5 rps`.

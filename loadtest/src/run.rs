@@ -21,7 +21,7 @@ use crate::floor::FloorHandle;
 use crate::record::{Collector, Progress, STAGES, Segment, SharedCollector, Which, lock};
 use crate::report::{
     self, HistBin, LatencyRatio, LatencySummary, RunResult, SegmentSpan, StageSummary, StepResult,
-    us_or_nan,
+    ratio, rps_ratio, us_or_nan,
 };
 use crate::sample::stream_seed;
 use crate::scenario::{Mode, Scenario, TargetUrl};
@@ -915,10 +915,6 @@ fn failure_warning(who: &str, sum: &LatencySummary, note: &str) -> Option<String
     ))
 }
 
-fn ratio(a: f64, b: f64) -> Option<f64> {
-    (b > 0.0 && a.is_finite()).then(|| a / b)
-}
-
 /// Log-spaced bins, ten per decade, over the latencies (answers and timeouts) of hydrant and floor.
 fn histogram_bins(h: &Segment, f: Option<&Segment>) -> Vec<HistBin> {
     let bin_of = |v: u64| ((v.max(1) as f64).log10() * 10.0).floor() as i64;
@@ -1134,10 +1130,7 @@ fn assemble(
         (None, false) => (None, None),
         (Some(f), false) => (
             f.achieved_rps,
-            hydrant
-                .achieved_rps
-                .zip(f.achieved_rps)
-                .and_then(|(h, f)| ratio(h, f)),
+            rps_ratio(hydrant.achieved_rps, f.achieved_rps),
         ),
     };
     let latency_ratio_to_floor = floor.as_ref().map(|f| LatencyRatio {
