@@ -77,12 +77,19 @@ done
 python3 - "$out" "$models" $rates <<'PY'
 import json, sys
 out, models, rates = sys.argv[1], sys.argv[2].split(), sys.argv[3:]
+
+def cell(v, width, digits=None):
+    # A run that measured nothing (interrupted, or no answer succeeded) has nulls: shown as "-".
+    if v is None:
+        return f"{'-':>{width}}"
+    return f"{v:>{width}.{digits}f}" if digits is not None else f"{v:>{width}}"
+
 print(f"{'model':<10}{'device':<7}{'rate':>6}{'achieved':>10}{'p50 µs':>9}{'p99 µs':>9}{'infer p99':>11}{'queue p99':>11}{'errors':>8}")
 for model in models:
     for device in ("cpu", "cuda"):
         for rate in rates:
             r = json.load(open(f"{out}/{model}-{device}/ranking-{rate}.json"))
-            s = r["stages_p99_us"]
-            print(f"{model:<10}{device:<7}{rate:>6}{r['achieved_rps']:>10.0f}{r['p50_us']:>9}{r['p99_us']:>9}"
-                  f"{s.get('infer', 0):>11}{s.get('queue', 0):>11}{r['errors']:>8}")
+            s = r.get("stages_p99_us") or {}
+            print(f"{model:<10}{device:<7}{rate:>6}{cell(r['achieved_rps'], 10, 0)}{cell(r['p50_us'], 9)}"
+                  f"{cell(r['p99_us'], 9)}{cell(s.get('infer'), 11)}{cell(s.get('queue'), 11)}{r['errors']:>8}")
 PY
