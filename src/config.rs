@@ -171,12 +171,12 @@ pub struct LimitsConfig {
     pub max_body_bytes: usize,
     /// Most candidates one predict request may carry; more get 413.
     pub max_candidates: usize,
-    /// Most entity keys one `/v1/features` request may carry.
+    /// Most entity keys one `/v1/features`, `/get-online-features` or `/v1/prefetch` request may carry.
     pub max_entities: usize,
     /// Longest entity key, in bytes.
     pub max_key_bytes: usize,
-    /// Each request's deadline (`options.deadline_ms` can only shorten it); a backstop answers 503 to a
-    /// request still running 250 ms past it.
+    /// Each request's deadline (`options.deadline_ms` can only shorten it); a backstop answers a request
+    /// still running 250 ms past it: 408 while its body is still arriving, 503 after.
     #[serde(with = "duration")]
     pub request_timeout: Duration,
 }
@@ -215,7 +215,7 @@ pub struct InferenceConfig {
     pub onnxruntime_library: PathBuf,
     /// ONNX Runtime intra-op threads per session. Sessions × threads should not exceed the cores.
     pub intra_threads: usize,
-    /// Default session pool size for models that do not set `sessions`; 0 means one per core.
+    /// Default session pool size for models that do not set `sessions`; 0 means cores / `intra_threads`.
     pub default_sessions: usize,
     /// Most queued requests per model before new ones are shed with 503.
     pub max_queue: usize,

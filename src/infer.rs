@@ -462,7 +462,7 @@ fn open_session(
     match model.device {
         DeviceKind::Cpu => cpu().map(|s| (s, "cpu")).map_err(|m| format!("not a loadable ONNX model: {m}")),
         DeviceKind::Cuda => cuda().map(|s| (s, "cuda")).map_err(|m| {
-            format!("device = \"cuda\" but the CUDA execution provider cannot be used: {m}. Install the onnxruntime-gpu libraries (`make ort-gpu`) on a machine with CUDA, or set `device: cpu` or `device: auto`")
+            format!("device = \"cuda\" but the CUDA execution provider cannot be used: {}. Install the onnxruntime-gpu libraries (`make ort-gpu`) on a machine with CUDA, or set `device: cpu` or `device: auto`", m.trim_end_matches('.'))
         }),
         DeviceKind::Auto => match cuda() {
             Ok(s) => Ok((s, "cuda")),

@@ -360,6 +360,8 @@ async fn cuda_on_a_machine_without_it_is_a_clear_start_up_error() {
         e.contains("CUDA execution provider cannot be used") && e.contains("device: auto"),
         "{e}"
     );
+    // ONNX Runtime's own reason ends a sentence of ours, without doubling its full stop.
+    assert!(!e.contains(".."), "{e}");
     // `auto` falls back to the CPU and serves.
     let dir = workspace(|s, _| replace(&s.join("ctr.yaml"), "device: cpu", "device: auto"));
     let mut c = test_config();
