@@ -108,12 +108,20 @@ pub struct Segment {
     /// Open loop: the time the schedule's sends stand for, one interval each (the duration, or less when
     /// cancelled; a little more when rate × duration is not whole). Closed loop: `elapsed`.
     pub span: Duration,
-    /// The successful answers counted towards achieved rps. Open loop: those that completed within
-    /// `span`, starting from the fastest answer's latency after the schedule started. A server that
-    /// keeps up then shows the offered rate however slowly it answers; one that falls behind shows the
-    /// rate at which it answered, as its backlog completes after that window. (A window shifted by the
-    /// median would drop the first sends that happened to be faster than it.) Closed loop: all of them.
+    /// Achieved rps is `ok_in_window` answers per `window`. Closed loop: all the successful answers,
+    /// over `elapsed`. Open loop: the rate at which answers completed while the server's load was
+    /// steady, from once the first sends' answers are in (the 99th percentile latency after the
+    /// schedule started, at most half its span) until the last sends' answers start to come in (the
+    /// span plus the fastest latency); there, answers complete at the rate the server answers. So a
+    /// server that keeps up shows the offered rate however slowly and unevenly it answers, and one that
+    /// falls behind shows the rate at which it answered, as its backlog completes after the window.
+    /// Counted as the completions less one over the time from the first to the last of them (see
+    /// [`steady_rate`]). (A window of the span's length shifted by the fastest latency is exact only
+    /// when every answer takes the same time: with latencies spread over 0-400 ms it lost the late
+    /// answers to the last sends, some 10% of a 2 s run.)
     pub ok_in_window: u64,
+    /// The time `ok_in_window` was counted over.
+    pub window: Duration,
     /// Driven on a schedule (open loop), so late sends mean something.
     pub open_loop: bool,
 }
@@ -138,6 +146,7 @@ impl Segment {
             schedule: None,
             span: Duration::ZERO,
             ok_in_window: 0,
+            window: Duration::ZERO,
             open_loop: false,
         }
     }
@@ -173,8 +182,8 @@ impl Segment {
             }
             Outcome::Failed { kind, code } => {
                 // A request given up at the timeout took at least that long: left out, it would let a
-                // p99 read below the timeout while many requests exceeded it.
-                if *kind == ErrorKind::Timeout {
+                // p99 read below the timeout while many requests exceeded it. So did one abandoned.
+                if kind.has_latency() {
                     self.hist.saturating_record(us(s.latency).max(1));
                 }
                 *self.errors.entry(kind.label()).or_insert(0) += 1;
@@ -209,6 +218,7 @@ impl Segment {
         self.elapsed += other.elapsed;
         self.span += other.span;
         self.ok_in_window += other.ok_in_window;
+        self.window += other.window;
         self.open_loop |= other.open_loop;
     }
 
@@ -218,20 +228,21 @@ impl Segment {
         match self.schedule.take() {
             Some((_, done)) => {
                 self.open_loop = true;
-                let fastest = if self.hist.is_empty() {
-                    0
+                let end = us(self.span).min(done.high());
+                let (fastest, p99) = if self.hist.is_empty() {
+                    (0, 0)
                 } else {
-                    self.hist.min()
+                    (self.hist.min(), self.hist.value_at_quantile(0.99))
                 };
-                let end = fastest.saturating_add(us(self.span));
-                self.ok_in_window = if done.is_empty() {
-                    0
+                (self.ok_in_window, self.window) = if end == 0 {
+                    (0, Duration::ZERO)
                 } else {
-                    done.count_between(fastest, end)
+                    steady_rate(&done, p99.min(end / 2), end.saturating_add(fastest))
                 };
             }
             None => {
                 self.span = elapsed;
+                self.window = elapsed;
                 self.ok_in_window = self.ok;
             }
         }
@@ -244,7 +255,7 @@ impl Segment {
     /// Successful answers per second of load (see `ok_in_window`); `None` when no load was measured
     /// (a run interrupted before the phase's measurement began).
     pub fn achieved_rps(&self) -> Option<f64> {
-        let s = self.span.as_secs_f64();
+        let s = self.window.as_secs_f64();
         (s > 0.0).then(|| self.ok_in_window as f64 / s)
     }
 
@@ -252,6 +263,37 @@ impl Segment {
     /// there are none.
     pub fn quantile_us(&self, q: f64) -> Option<u64> {
         (!self.hist.is_empty()).then(|| self.hist.value_at_quantile(q))
+    }
+}
+
+/// The rate at which answers completed between `from` and `to` (µs after the schedule started), as
+/// (intervals, time): the count of completions less one over the time from the first to the last, so
+/// that the bounds of the window, which cut between completions, do not bias it: two answers 400 ms
+/// apart are 2.5 per second whether the window around them is 0.8 or 1.2 s long. With fewer than
+/// two, the count over the whole window.
+fn steady_rate(done: &Histogram<u64>, from: u64, to: u64) -> (u64, Duration) {
+    // Completion times are recorded from 1 µs, to the histogram's resolution (0.1%).
+    let low = done.lowest_equivalent(from.max(1));
+    let high = done.highest_equivalent(to.min(done.high()));
+    if high < low {
+        return (0, Duration::ZERO);
+    }
+    let mut first = None;
+    let mut last = 0;
+    let mut count = 0u64;
+    for v in done.iter_recorded() {
+        let at = done.median_equivalent(v.value_iterated_to());
+        if (low..=high).contains(&at) {
+            first.get_or_insert(at);
+            last = at;
+            count += v.count_at_value();
+        }
+    }
+    match first {
+        Some(first) if count >= 2 && last > first => {
+            (count - 1, Duration::from_micros(last - first))
+        }
+        _ => (count, Duration::from_micros(high + 1 - low)),
     }
 }
 
@@ -302,7 +344,7 @@ impl Timeline {
             }
             Outcome::Failed { kind, .. } => {
                 b.errors += 1;
-                if kind == ErrorKind::Timeout {
+                if kind.has_latency() {
                     b.hist.saturating_record(us(s.latency).max(1));
                 }
             }
@@ -436,6 +478,20 @@ pub fn lock(c: &SharedCollector) -> std::sync::MutexGuard<'_, Collector> {
 
 /// A send refused at `load.max_in_flight`. It counts as late: it never went out on schedule, and a
 /// generator that refuses most of its sends is as far behind as one that sends them late.
+/// A request still open when the run was stopped and its grace ran out: an error, with the time it had
+/// been open (since `at`) as a lower bound of its latency, as for a timeout.
+pub fn abandoned_sample(at: Instant, now: Instant) -> Sample {
+    Sample {
+        at,
+        latency: now.saturating_duration_since(at),
+        late: false,
+        outcome: Outcome::Failed {
+            kind: ErrorKind::Abandoned,
+            code: None,
+        },
+    }
+}
+
 pub fn overload_sample(at: Instant) -> Sample {
     Sample {
         at,
@@ -474,9 +530,10 @@ mod tests {
             let mut c = Collector::new(origin);
             c.begin(Segment::new(Which::Hydrant, "open", true));
             c.start_schedule(origin);
-            // 100 sends at 100/s: one every 10 ms.
+            // 100 sends at 100/s: one every 10 ms, each half an interval in, so that no answer lands
+            // on a bound of the window (to the millisecond, as real answers do not).
             for i in 0..100 {
-                c.record(ok(origin + ms(10 * i), latency(i)));
+                c.record(ok(origin + ms(10 * i + 5), latency(i)));
             }
             c.set_span(ms(1000));
             c.end(ms(1000)).expect("segment")
@@ -489,6 +546,23 @@ mod tests {
             slow.achieved_rps().unwrap_or(f64::NAN)
         );
         assert!(slow.open_loop);
+        // Keeping up with latencies spread over 0-400 ms: the answers to the last sends arrive after
+        // the schedule, some of them long after its fastest answer's latency.
+        let mut c = Collector::new(origin);
+        c.begin(Segment::new(Which::Hydrant, "spread", true));
+        c.start_schedule(origin);
+        // 1,000 sends at 1,000/s, latencies scattered over 0-400 ms by a multiplicative hash.
+        for i in 0..1000u64 {
+            c.record(ok(
+                origin + ms(i),
+                (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) % 400,
+            ));
+        }
+        c.set_span(ms(1000));
+        let spread = c.end(ms(1000)).expect("segment");
+        let rps = spread.achieved_rps().unwrap_or(f64::NAN);
+        // (The window of the span's length from the fastest answer on counted 801 of them: 801/s.)
+        assert!((rps - 1000.0).abs() < 15.0, "{rps}");
         // Falling behind: one answer per 20 ms (50/s), so send i waits 10 ms * i more.
         let behind = run(&|i| 20 + 10 * i);
         assert!(
@@ -496,13 +570,15 @@ mod tests {
             "{}",
             behind.achieved_rps().unwrap_or(f64::NAN)
         );
-        // Halves merged around a floor segment add their counts and spans.
+        // Halves merged around a floor segment add their counts and windows.
         let mut merged = slow.clone();
         merged.merge(&behind);
+        let both = (slow.ok_in_window + behind.ok_in_window) as f64
+            / (slow.window + behind.window).as_secs_f64();
+        let rps = merged.achieved_rps().unwrap_or(f64::NAN);
         assert!(
-            (merged.achieved_rps().unwrap_or(f64::NAN) - 75.0).abs() < 2.0,
-            "{}",
-            merged.achieved_rps().unwrap_or(f64::NAN)
+            (rps - both).abs() < 1e-9 && (50.0..100.0).contains(&rps),
+            "{rps}"
         );
         // Nothing answered: 0, not NaN.
         let mut c = Collector::new(origin);
