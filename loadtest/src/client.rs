@@ -243,6 +243,8 @@ pub enum ErrorKind {
     BadBody,
     /// Open loop only: the send would have exceeded `max_in_flight`, so it was not sent.
     Overload,
+    /// Still open when the run was stopped (Ctrl-C) and the grace for open requests ran out.
+    Abandoned,
 }
 
 impl ErrorKind {
@@ -254,7 +256,15 @@ impl ErrorKind {
             ErrorKind::Io => "io".to_string(),
             ErrorKind::BadBody => "bad_body".to_string(),
             ErrorKind::Overload => "overload".to_string(),
+            ErrorKind::Abandoned => "abandoned".to_string(),
         }
+    }
+
+    /// Whether a request that failed this way still has a latency: one given up at the timeout, or
+    /// abandoned at Ctrl-C, took at least the time it was open. Left out, a stall's requests would
+    /// vanish from the percentiles, which could then read below what many requests took.
+    pub fn has_latency(self) -> bool {
+        matches!(self, ErrorKind::Timeout | ErrorKind::Abandoned)
     }
 }
 

@@ -19,7 +19,7 @@ use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 
 use crate::client::{ErrorKind, ExchangeError, Outcome, Pool, classify};
-use crate::record::{Sample, SharedCollector, lock, overload_sample};
+use crate::record::{Sample, SharedCollector, abandoned_sample, lock, overload_sample};
 use crate::sample::stream_seed;
 use crate::scenario::Scenario;
 use crate::workload::Workload;
@@ -35,8 +35,9 @@ const MAX_SLEEP: Duration = Duration::from_millis(50);
 const MIN_SLEEP: Duration = Duration::from_micros(100);
 /// Pause after a refused connection in closed loop, so a dead target is not hammered in a spin.
 const CONNECT_BACKOFF: Duration = Duration::from_millis(10);
-/// After Ctrl-C, how long requests still in flight get to finish before they are abandoned (and
-/// not counted), so the report is written promptly even against a server that hangs.
+/// After Ctrl-C, how long requests still in flight get to finish before they are abandoned (counted
+/// as `abandoned`, with the time they were open), so the report is written promptly even against a
+/// server that hangs.
 const CANCEL_GRACE: Duration = Duration::from_millis(500);
 
 /// Cooperative cancellation (Ctrl-C), visible to async tasks and to the scheduler thread.
@@ -134,10 +135,55 @@ impl Driver {
     }
 }
 
+/// One bit per send of an open-loop schedule, set by whoever accounts for the send first: its own task
+/// when the answer is in, or the driver when it abandons the sends still open after Ctrl-C. So a send
+/// is counted once, whichever comes first, with no lock on the request's path.
+struct Claims(Vec<std::sync::atomic::AtomicU64>);
+
+impl Claims {
+    fn new(sends: u64) -> Claims {
+        let words = usize::try_from(sends.div_ceil(64)).unwrap_or(0);
+        Claims((0..words).map(|_| Default::default()).collect())
+    }
+
+    /// Claims send `i`: true for the first caller only.
+    fn claim(&self, i: u64) -> bool {
+        let bit = 1u64 << (i % 64);
+        usize::try_from(i / 64)
+            .ok()
+            .and_then(|w| self.0.get(w))
+            .is_none_or(|w| w.fetch_or(bit, std::sync::atomic::Ordering::AcqRel) & bit == 0)
+    }
+
+    /// Claims every send below `sent` not yet claimed, and answers which they were.
+    fn claim_rest(&self, sent: u64) -> Vec<u64> {
+        let mut rest = Vec::new();
+        for (w, word) in self.0.iter().enumerate() {
+            let base = w as u64 * 64;
+            if base >= sent {
+                break;
+            }
+            let mask = if sent - base >= 64 {
+                u64::MAX
+            } else {
+                (1u64 << (sent - base)) - 1
+            };
+            let was = word.fetch_or(mask, std::sync::atomic::Ordering::AcqRel);
+            let mut open = !was & mask;
+            while open != 0 {
+                rest.push(base + u64::from(open.trailing_zeros()));
+                open &= open - 1;
+            }
+        }
+        rest
+    }
+}
+
 /// Open loop at `rate` for `duration`; `stream` seeds the request mix. In-flight requests are
-/// awaited before returning (after Ctrl-C, for [`CANCEL_GRACE`] at most). Returns the time the
-/// schedule covered (shorter when cancelled). The segment learns when the schedule started and the
-/// time its sends stand for, for achieved rps (`Segment::ok_in_window`).
+/// awaited before returning; after Ctrl-C, for [`CANCEL_GRACE`] at most, and those still open then
+/// are counted as abandoned, with the time since their intended send as their latency. Returns the
+/// time the schedule covered (shorter when cancelled). The segment learns when the schedule started
+/// and the time its sends stand for, for achieved rps (`Segment::ok_in_window`).
 ///
 /// The schedule thread builds the bodies and hands the due sends over in batches; this task
 /// (on a runtime worker) spawns them, so a spawn goes to the worker's local queue instead of
@@ -145,31 +191,49 @@ impl Driver {
 pub async fn open_loop(d: &Arc<Driver>, rate: f64, duration: Duration, stream: u64) -> Duration {
     let cap = d.scenario.load.max_in_flight.max(1);
     let sem = Arc::new(Semaphore::new(cap));
+    let planned = (rate * duration.as_secs_f64()).ceil();
+    let claims = Arc::new(Claims::new((planned as u64).min(MAX_REQUESTS_PER_SEGMENT)));
     let (tx, mut rx) = mpsc::unbounded_channel::<Vec<(Instant, Bytes)>>();
     let d2 = d.clone();
     let scheduler = tokio::task::spawn_blocking(move || schedule(&d2, &tx, rate, duration, stream));
+    // The schedule's sends arrive in order, so each one's place in it is a count.
+    let mut sent = 0u64;
+    let mut intended_of = Vec::new();
     // Ends when the scheduler finishes and drops its sender: bounded like the schedule.
     while let Some(batch) = rx.recv().await {
         for (intended, body) in batch {
+            let i = sent;
+            sent += 1;
+            if intended_of.is_empty() {
+                // The first send is due when the schedule starts; send i is due i intervals later.
+                intended_of.push(intended);
+            }
             match sem.clone().try_acquire_owned() {
                 Ok(permit) => {
                     let d = d.clone();
+                    let claims = claims.clone();
                     tokio::spawn(async move {
                         let late = Instant::now().saturating_duration_since(intended)
                             > d.scenario.load.late_threshold;
                         let (outcome, done) = d.predict(body).await;
-                        let latency = done.saturating_duration_since(intended);
-                        d.record(Sample {
-                            at: intended,
-                            latency,
-                            late,
-                            outcome,
-                        });
+                        // Abandoned at Ctrl-C meanwhile: counted then.
+                        if claims.claim(i) {
+                            let latency = done.saturating_duration_since(intended);
+                            d.record(Sample {
+                                at: intended,
+                                latency,
+                                late,
+                                outcome,
+                            });
+                        }
                         drop(permit);
                     });
                 }
                 // Over the in-flight cap: counted as an error, never silently skipped.
-                Err(_) => d.record(overload_sample(intended)),
+                Err(_) => {
+                    claims.claim(i);
+                    d.record(overload_sample(intended));
+                }
             }
         }
     }
@@ -183,11 +247,23 @@ pub async fn open_loop(d: &Arc<Driver>, rate: f64, duration: Duration, stream: u
     // Every request is bounded by the request timeout, so the drain is too.
     let drain = d.scenario.timeout + Duration::from_secs(2);
     let permits = u32::try_from(cap).unwrap_or(u32::MAX);
-    d.cancel
+    let drained = d
+        .cancel
         .or_grace(async {
             let _ = tokio::time::timeout(drain, sem.acquire_many(permits)).await;
         })
         .await;
+    if !drained && let Some(&t0) = intended_of.first() {
+        let now = Instant::now();
+        let interval = 1.0 / rate;
+        for i in claims.claim_rest(sent) {
+            let due = Duration::try_from_secs_f64(i as f64 * interval)
+                .ok()
+                .and_then(|d| t0.checked_add(d))
+                .unwrap_or(now);
+            d.record(abandoned_sample(due, now));
+        }
+    }
     covered
 }
 
@@ -285,7 +361,10 @@ pub async fn closed_loop(
             while n < per_worker && Instant::now() < end && !d.cancel.is_cancelled() {
                 let body = wl.next_body();
                 let at = Instant::now();
+                // Dropped with the task when it is abandoned after Ctrl-C: counts the request then.
+                let open = Open { d: &d, at };
                 let (outcome, done) = d.predict(body).await;
+                std::mem::forget(open);
                 let refused = matches!(
                     outcome,
                     Outcome::Failed {
@@ -311,7 +390,46 @@ pub async fn closed_loop(
         .or_grace(async { while set.join_next().await.is_some() {} })
         .await;
     if !finished {
+        // Each aborted worker's request is counted as it is dropped; the segment ends after that.
         set.abort_all();
+        while set.join_next().await.is_some() {}
     }
     start.elapsed()
+}
+
+/// A closed-loop request on its way: if its task is dropped before the answer (abandoned after
+/// Ctrl-C), it is counted as abandoned, with the time it was open.
+struct Open<'a> {
+    d: &'a Driver,
+    at: Instant,
+}
+
+impl Drop for Open<'_> {
+    fn drop(&mut self) {
+        self.d.record(abandoned_sample(self.at, Instant::now()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_send_is_claimed_once_by_its_answer_or_by_the_abandoning() {
+        let claims = Claims::new(130);
+        // Answered: 0, 63, 64 and 100; 129 was scheduled but not sent when the run stopped.
+        for i in [0, 63, 64, 100] {
+            assert!(claims.claim(i));
+        }
+        assert!(!claims.claim(64), "a send is counted once");
+        let rest = claims.claim_rest(129);
+        let expected: Vec<u64> = (0..129).filter(|i| ![0, 63, 64, 100].contains(i)).collect();
+        assert_eq!(rest, expected);
+        // An answer that comes after the abandoning is not counted again; nor is a second sweep.
+        assert!(!claims.claim(5));
+        assert!(claims.claim_rest(129).is_empty());
+        assert!(claims.claim(129), "the send never made is nobody's yet");
+        // Past the sends planned (a schedule of rate x duration rounded): answers count as themselves.
+        assert!(claims.claim(10_000) && claims.claim(10_000));
+    }
 }

@@ -148,6 +148,8 @@ struct Phase {
     shape: Shape,
     hydrant: Segment,
     floor: Option<Segment>,
+    /// Cut short by Ctrl-C: its numbers cover part of its duration, and its floor may not have run.
+    cut: bool,
     stats_before: Option<Stats>,
     stats_after: Option<Stats>,
 }
@@ -203,10 +205,19 @@ pub async fn wait_ready(pool: &Pool, wait: Duration, cancel: &Cancel) -> Result<
                 });
             }
             Err(ExchangeError::Timeout(_)) => {}
-            Err(e) => {
+            Err(e @ (ExchangeError::Connect { .. } | ExchangeError::Build(_))) => {
                 return Err(RunError::Unreachable {
                     target,
                     reason: e.to_string(),
+                });
+            }
+            // Something listens there, but not an HTTP server (a Redis port, say).
+            Err(e) => {
+                return Err(RunError::Unreachable {
+                    target,
+                    reason: format!(
+                        "it takes connections, but did not answer GET /v2/health/ready in HTTP ({e}): is it the gateway's HTTP port?"
+                    ),
                 });
             }
         }
@@ -294,8 +305,9 @@ const MAX_QUOTED_BODY: usize = 500;
 /// ahead: the run itself counts and reports those. The floor serves every model, so a floor
 /// target passes.
 pub async fn probe_model(pool: &Pool, s: &Scenario, cancel: &Cancel) -> Result<(), RunError> {
-    let path = format!("/v1/models/{}/predict", s.model);
-    let uri = pool.uri(&path)?;
+    let uri = pool.uri(&format!("/v1/models/{}/predict", s.model))?;
+    // The path as sent: under the target's own path, when it has one.
+    let path = uri.path().to_string();
     // A stream number no sender uses: the probe must not warm the keys the first measured request reads.
     let body = Workload::new(s, stream_seed(s.seed, u64::MAX)).next_body();
     let send = pool.send(Method::POST, uri, Some(s.format), body, s.timeout);
@@ -600,11 +612,15 @@ fn ran(seg: &Segment) -> bool {
     seg.sent > 0 || !seg.elapsed.is_zero()
 }
 
-/// The phase with the highest achieved rps of `which`, among those where it ran.
+/// The phase with the highest achieved rps of `which`, among those where it ran, leaving out a step
+/// cut short by Ctrl-C when a whole one ran: a fraction of a second of a step is not its maximum, and
+/// its floor half may never have run, so the ratio would compare two concurrencies.
 fn best_index(phases: &[Phase], which: Which) -> Option<(usize, f64)> {
+    let whole = phases.iter().any(|p| !p.cut);
     phases
         .iter()
         .enumerate()
+        .filter(|(_, p)| !(whole && p.cut))
         .filter_map(|(i, p)| {
             let seg = match which {
                 Which::Hydrant => Some(&p.hydrant),
@@ -695,10 +711,14 @@ impl Runner {
                 if self.cancel.is_cancelled() {
                     // Ctrl-C during the sweep: no open-loop phase, and the sweep is the report.
                 } else if max <= 0.0 {
-                    crate::errln!(
-                        "note: no request succeeded during the sweep; skipping the open-loop phase"
-                    );
+                    // No step is the measured phase: the report's top-level numbers stay empty.
+                    ex.headline = None;
+                    ex.warnings.push(format!(
+                        "{}: no request succeeded in the sweep, so it gave no maximum throughput to take load.fraction of",
+                        report::NO_OPEN_LOOP,
+                    ));
                 } else if sends < 1.0 {
+                    ex.headline = None;
                     // The scenario check cannot know the maximum; a phase that would send nothing
                     // measures nothing, and the run says so (and fails) rather than reporting it.
                     let fraction = if *fraction >= 1e-3 {
@@ -763,6 +783,7 @@ impl Runner {
             shape,
             hydrant,
             floor,
+            cut: self.cancel.is_cancelled(),
             stats_before,
             stats_after,
         }
@@ -811,10 +832,12 @@ impl Runner {
 fn spawn_progress(collector: SharedCollector, stop: Cancel, bound: Duration) -> JoinHandle<()> {
     tokio::spawn(async move {
         let tty = std::io::stderr().is_terminal();
-        let mut ticker = tokio::time::interval(Duration::from_secs(1));
+        // Segments start on whole and half seconds of the run (warm-ups, halves of a phase), so the
+        // line ticks a quarter second off them: a tick on a boundary would show a segment just begun
+        // (0.0 s, no rate yet) or, between two segments, nothing.
+        let first = tokio::time::Instant::now() + Duration::from_millis(1250);
+        let mut ticker = tokio::time::interval_at(first, Duration::from_secs(1));
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // The first tick is immediate and would show an empty segment.
-        ticker.tick().await;
         for _ in 0..bound.as_secs().max(1) {
             tokio::select! {
                 _ = ticker.tick() => {}
@@ -1199,5 +1222,55 @@ fn assemble(
         stats_timeline: series.points(&s.model),
         latency_histogram: histogram_bins(h_seg, f_seg),
         scenario_toml: s.source.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seg(which: Which, rps: u64) -> Segment {
+        let mut s = Segment::new(which, "step", true);
+        s.sent = rps;
+        s.ok = rps;
+        s.ok_in_window = rps;
+        s.elapsed = Duration::from_secs(1);
+        s.window = Duration::from_secs(1);
+        s
+    }
+
+    fn step(c: usize, hydrant: u64, floor: Option<u64>, cut: bool) -> Phase {
+        Phase {
+            label: format!("concurrency {c}"),
+            shape: Shape::Closed(c),
+            hydrant: seg(Which::Hydrant, hydrant),
+            floor: floor.map(|f| seg(Which::Floor, f)),
+            cut,
+            stats_before: None,
+            stats_after: None,
+        }
+    }
+
+    #[test]
+    fn a_sweep_cut_short_compares_the_steps_that_ran_whole() {
+        // Ctrl-C a moment into the second step: its hydrant half ran for a fraction of a second, at a
+        // higher rate than the first step's, and its floor half never ran.
+        let phases = [
+            step(1, 3_000, Some(10_000), false),
+            step(4, 6_700, None, true),
+        ];
+        assert_eq!(best_index(&phases, Which::Hydrant), Some((0, 3_000.0)));
+        assert_eq!(best_index(&phases, Which::Floor), Some((0, 10_000.0)));
+        // Cut in the first step: that part of a step is all there is, and it is reported.
+        let phases = [step(1, 2_000, None, true)];
+        assert_eq!(best_index(&phases, Which::Hydrant), Some((0, 2_000.0)));
+        assert_eq!(best_index(&phases, Which::Floor), None);
+        // A whole sweep: the fastest step of each.
+        let phases = [
+            step(1, 3_000, Some(10_000), false),
+            step(4, 6_700, Some(12_000), false),
+        ];
+        assert_eq!(best_index(&phases, Which::Hydrant), Some((1, 6_700.0)));
+        assert_eq!(best_index(&phases, Which::Floor), Some((1, 12_000.0)));
     }
 }

@@ -131,6 +131,39 @@ async fn a_fraction_that_schedules_nothing_fails_the_run_and_says_why() {
     assert!(r.warnings.contains(&why), "{:?}", r.warnings);
 }
 
+/// A sweep in which nothing succeeded gives no rate for the open-loop phase: the run fails saying so,
+/// and no failed step is reported as the measured phase.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_where_nothing_succeeded_says_the_open_loop_phase_did_not_run() {
+    let gw = FakeGateway::start(FakeConfig {
+        overloaded_above: Some(0),
+        ..FakeConfig::default()
+    })
+    .await;
+    let s = scenario(
+        &gw.url(),
+        "mode = \"max-then-fraction\"\nconcurrency = [1, 2]\nfraction = 0.5\nstep_s = 0.5\nduration_s = 1\nwarm_up_s = 0",
+        "",
+    );
+    let out = run(s, &quiet(temp_dir("nothing-succeeded")), Cancel::new())
+        .await
+        .expect("the sweep ran");
+    let r = &out.result;
+    assert!(
+        r.steps
+            .iter()
+            .all(|s| s.hydrant.ok == 0 && s.hydrant.errors > 0)
+    );
+    assert_eq!((r.offered_rps, r.headline.as_str()), (None, "none"));
+    assert_eq!(r.hydrant.requests, 0, "{:?}", r.hydrant);
+    let why = r.failure(None).expect("a failed run");
+    assert!(
+        why.starts_with("the open-loop phase did not run: no request succeeded in the sweep"),
+        "{why}"
+    );
+    assert!(r.warnings.contains(&why), "{:?}", r.warnings);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_target_is_an_error() {
     let url = closed_port();
@@ -270,6 +303,51 @@ async fn cancel_does_not_wait_for_requests_a_hung_server_holds() {
         );
         assert!(out.result.interrupted, "{load}");
         assert!(out.json_path.exists(), "{load}");
+    }
+}
+
+/// Ctrl-C during a stall: the requests the stall holds are not dropped from the report, which would
+/// hide the stall, but counted as `abandoned`, each with the time it had been open (from its intended
+/// send in open loop) as its latency.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_a_stall_holds_at_ctrl_c_are_counted_as_abandoned() {
+    for (load, abandoned) in [
+        (
+            "mode = \"open-loop\"\nrate = 20\nduration_s = 30\nwarm_up_s = 0",
+            15..=25,
+        ),
+        (
+            "mode = \"closed-loop\"\nconcurrency = [4]\nduration_s = 30\nwarm_up_s = 0",
+            4..=4,
+        ),
+    ] {
+        // Answers at once, then holds every request from 0.5 s after it started.
+        let gw = FakeGateway::start(FakeConfig {
+            delay: Duration::from_millis(1),
+            stall: Some((Duration::from_millis(500), Duration::from_secs(120))),
+            ..FakeConfig::default()
+        })
+        .await;
+        let mut s = scenario(&gw.url(), load, "");
+        s.timeout = Duration::from_secs(30);
+        let out = run(
+            s,
+            &quiet(temp_dir("cancel-stall")),
+            cancel_after(Duration::from_millis(1500)),
+        )
+        .await
+        .expect("partial run");
+        let v = result_json(&out);
+        let n = v["errors_by_kind"]["abandoned"].as_u64().unwrap_or(0);
+        assert!(abandoned.contains(&n), "{load}: {}", v["errors_by_kind"]);
+        assert_eq!(v["errors"].as_u64(), Some(n), "{load}: nothing else failed");
+        assert!(
+            v["ok"].as_u64().unwrap_or(0) > 0,
+            "{load}: answered before the stall"
+        );
+        // Held from the stall (0.5 s) to the end of the grace (about 2 s): the tail shows it.
+        let max = v["max_us"].as_u64().unwrap_or(0);
+        assert!(max >= 900_000, "{load}: max {max} µs");
     }
 }
 

@@ -260,7 +260,7 @@ pub fn render(r: &RunResult) -> String {
     let open_loop = h.late_share.is_some() || (h.requests == 0 && r.mode != "closed-loop");
     let _ = write!(
         out,
-        "<h2>Measured phase: {}</h2><p class=\"note\">{:.1} s measured{}. Latencies are of successful answers and of timeouts (at the time given up){}.</p>",
+        "<h2>Measured phase: {}</h2><p class=\"note\">{:.1} s measured{}. Latencies are of successful answers, of timeouts (at the time given up) and of requests abandoned at Ctrl-C (at the time abandoned){}.</p>",
         esc(&r.headline),
         h.measured_s,
         r.offered_rps
