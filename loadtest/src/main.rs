@@ -32,18 +32,22 @@ enum Command {
         /// Address to listen on (loopback only), e.g. 127.0.0.1:9100.
         #[arg(long)]
         bind: String,
+        // A negative number is taken as the value (and refused with the reason), not as an unknown flag.
         /// Scores in the fixed answer (its size should match the real answers).
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
         scores: usize,
         /// Runtime worker threads.
-        #[arg(long, default_value_t = 2)]
+        #[arg(long, default_value_t = 2, allow_negative_numbers = true)]
         threads: usize,
         /// Stop by itself after this many seconds.
-        #[arg(long, default_value_t = 3600)]
+        #[arg(long, default_value_t = 3600, allow_negative_numbers = true)]
         for_s: u64,
     },
     /// Validate a scenario and print its plan, without sending anything.
-    Check { scenario: PathBuf },
+    Check {
+        /// Scenario file (TOML).
+        scenario: PathBuf,
+    },
 }
 
 /// `loadtest run`'s arguments.
@@ -303,7 +307,9 @@ fn run(args: RunArgs) -> ExitCode {
         }
         Err(e @ (RunError::Unreachable { .. } | RunError::NotReady { .. })) => {
             loadtest::errln!("error: {e}");
-            loadtest::errln!("hint: start the gateway first, or point --target at a running one");
+            loadtest::errln!(
+                "hint: start the gateway first, or point --target at the HTTP address of a running one"
+            );
             ExitCode::from(1)
         }
         Err(e) => {

@@ -358,6 +358,16 @@ impl fmt::Display for TargetUrl {
     }
 }
 
+/// A number from a scenario file as a message quotes it: as written for the usual sizes, in exponent
+/// form past them (`1e300`, not three hundred digits).
+fn num(v: f64) -> String {
+    if v.is_finite() && v != 0.0 && !(1e-6..1e15).contains(&v.abs()) {
+        format!("{v:e}")
+    } else {
+        v.to_string()
+    }
+}
+
 /// Parses `text` as an `http://` URL whose host is a loopback address; the error is the reason.
 pub fn parse_loopback_url(text: &str) -> Result<TargetUrl, String> {
     let uri: hyper::Uri = text
@@ -384,6 +394,10 @@ pub fn parse_loopback_url(text: &str) -> Result<TargetUrl, String> {
     }
     if uri.query().is_some() {
         return Err("must not carry a query string".to_string());
+    }
+    // The URL parser drops a fragment without a word; a target that names one means something else.
+    if text.contains('#') {
+        return Err("must not carry a fragment (#...)".to_string());
     }
     let host = authority.host();
     let bare = host.trim_start_matches('[').trim_end_matches(']');
@@ -527,13 +541,13 @@ impl Check<'_> {
 
     fn positive_f64(&self, key: &str, v: f64, max: f64) -> Result<f64, ScenarioError> {
         if !v.is_finite() {
-            return self.fail(key, format!("must be a finite number (got {v})"));
+            return self.fail(key, format!("must be a finite number (got {})", num(v)));
         }
         if v <= 0.0 {
-            return self.fail(key, format!("must be greater than 0 (got {v})"));
+            return self.fail(key, format!("must be greater than 0 (got {})", num(v)));
         }
         if v > max {
-            return self.fail(key, format!("must be at most {max} (got {v})"));
+            return self.fail(key, format!("must be at most {max} (got {})", num(v)));
         }
         Ok(v)
     }
@@ -553,7 +567,10 @@ impl Check<'_> {
             return self.fail(
                 key,
                 format!(
-                    "x {with} must schedule at most {MAX_REQUESTS_PER_SEGMENT} requests in one phase (got {rate} rps x {seconds} s = {sends:.0}): lower one of them"
+                    "x {with} must schedule at most {MAX_REQUESTS_PER_SEGMENT} requests in one phase (got {} rps x {} s = {}): lower one of them",
+                    num(rate),
+                    num(seconds),
+                    num(sends.round())
                 ),
             );
         }
@@ -562,13 +579,13 @@ impl Check<'_> {
 
     fn non_negative_f64(&self, key: &str, v: f64, max: f64) -> Result<f64, ScenarioError> {
         if !v.is_finite() {
-            return self.fail(key, format!("must be a finite number (got {v})"));
+            return self.fail(key, format!("must be a finite number (got {})", num(v)));
         }
         if v < 0.0 {
-            return self.fail(key, format!("must be 0 or more (got {v})"));
+            return self.fail(key, format!("must be 0 or more (got {})", num(v)));
         }
         if v > max {
-            return self.fail(key, format!("must be at most {max} (got {v})"));
+            return self.fail(key, format!("must be at most {max} (got {})", num(v)));
         }
         Ok(v)
     }
@@ -669,16 +686,22 @@ impl Check<'_> {
         let zipf = raw.zipf.unwrap_or(0.0);
         let zkey = format!("{table}.zipf");
         if !zipf.is_finite() {
-            return self.fail(&zkey, format!("must be a finite number (got {zipf})"));
+            return self.fail(
+                &zkey,
+                format!("must be a finite number (got {})", num(zipf)),
+            );
         }
         if zipf < 0.0 {
             return self.fail(
                 &zkey,
-                format!("is a Zipf exponent and must be 0 (uniform) or more (got {zipf})"),
+                format!(
+                    "is a Zipf exponent and must be 0 (uniform) or more (got {})",
+                    num(zipf)
+                ),
             );
         }
         if zipf > 20.0 {
-            return self.fail(&zkey, format!("must be at most 20 (got {zipf})"));
+            return self.fail(&zkey, format!("must be at most 20 (got {})", num(zipf)));
         }
         Ok(KeySpace {
             entity,
@@ -938,7 +961,7 @@ fn validate(
         Some(r) if !(0.0..=1.0).contains(&r) => {
             return c.fail(
                 "max_error_rate",
-                format!("must be between 0 and 1 (got {r})"),
+                format!("must be between 0 and 1 (got {})", num(r)),
             );
         }
         other => other,
@@ -1196,6 +1219,13 @@ keys = 2000
         assert_eq!(key, "users.zipf");
         assert!(msg.contains("0 (uniform) or more"), "{msg}");
 
+        // A huge number is quoted as a number, not three hundred digits.
+        let (key, msg) = invalid(&BASE.replace("zipf = 1.1", "zipf = 1e300"));
+        assert_eq!(key, "users.zipf");
+        assert!(msg.ends_with("(got 1e300)"), "{msg}");
+        let (_, msg) = invalid(&BASE.replace("rate = 100", "rate = 1e300"));
+        assert!(msg.ends_with("(got 1e300)"), "{msg}");
+
         let (key, msg) = invalid(&BASE.replace("duration_s = 5", "duration_s = 0"));
         assert_eq!(key, "load.duration_s");
         assert!(msg.contains("greater than 0"), "{msg}");
@@ -1403,6 +1433,14 @@ keys = 2000
         assert!(parse_loopback_url("http://0.0.0.0:80").is_err());
         assert!(parse_loopback_url("http://192.168.1.1:80").is_err());
         assert!(parse_loopback_url("127.0.0.1:80").is_err());
+        for (url, why) in [
+            ("http://127.0.0.1:80/?a=1", "query string"),
+            ("http://127.0.0.1:80/#x", "fragment"),
+            ("http://127.0.0.1:80#x", "fragment"),
+        ] {
+            let e = parse_loopback_url(url).expect_err(url);
+            assert!(e.contains(why), "{url}: {e}");
+        }
         for port in ["99999", "65536", "0"] {
             let e = parse_loopback_url(&format!("http://127.0.0.1:{port}")).expect_err(port);
             assert!(e.contains("port must be 1-65535"), "{e}");
