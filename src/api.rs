@@ -153,7 +153,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
             "/v1/schemas/{kind}/{name}",
             get(schema_document)
                 .merge(routed_as(MethodFilter::PUT, put_schema))
-                .delete(delete_schema),
+                .merge(routed_as(MethodFilter::DELETE, delete_schema)),
         )
         .route("/v1/schemas/{kind}/{name}/versions", get(schema_versions))
         .route(
@@ -324,8 +324,9 @@ async fn post_schemas(
     req: Request,
     body_read: Option<BodyRead>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
+    let commit = body_read.clone();
     let body = schema_body(req, body_read, &gw).await?;
-    registered(&gw, Action::Post { body }).await
+    registered(&gw, Action::Post { body }, commit).await
 }
 
 /// `PUT /v1/schemas/{kind}/{name}`: one document registered, in place of the running one.
@@ -335,25 +336,31 @@ async fn put_schema(
     body_read: Option<BodyRead>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let (kind, name) = schema_path(req.uri())?;
+    let commit = body_read.clone();
     let body = schema_body(req, body_read, &gw).await?;
-    registered(&gw, Action::Put { kind, name, body }).await
+    registered(&gw, Action::Put { kind, name, body }, commit).await
 }
 
 /// `DELETE /v1/schemas/{kind}/{name}`: refused while anything registered still names it.
 async fn delete_schema(
-    State(gw): State<Arc<Gateway>>,
-    uri: Uri,
+    gw: Arc<Gateway>,
+    req: Request,
+    body_read: Option<BodyRead>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let (kind, name) = schema_path(&uri)?;
-    registered(&gw, Action::Delete { kind, name }).await
+    let (kind, name) = schema_path(req.uri())?;
+    registered(&gw, Action::Delete { kind, name }, body_read).await
 }
 
-/// `action` registered (see [`crate::registrar`]), answered as JSON.
+/// `action` registered (see [`crate::registrar`]), answered as JSON. `commit` is the request layer's
+/// flag that keeps the backstop from answering 503 once the change has begun (see [`BodyRead::commit`]).
 async fn registered(
     gw: &Arc<Gateway>,
     action: Action,
+    commit: Option<BodyRead>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    crate::registrar::register(gw, action).await.map(Json)
+    crate::registrar::register(gw, action, commit)
+        .await
+        .map(Json)
 }
 
 /// The body of `POST /v1/schemas/{kind}/{name}/rollback`.
@@ -413,6 +420,7 @@ async fn rollback_schema(
     body_read: Option<BodyRead>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let (kind, name) = schema_path(req.uri())?;
+    let commit = body_read.clone();
     let r = split(req, body_read, &gw).await?;
     let RollbackBody { version } = crate::decode::parse_body(r.format, &r.body)?;
     registered(
@@ -422,6 +430,7 @@ async fn rollback_schema(
             name,
             version,
         },
+        commit,
     )
     .await
 }

@@ -16,7 +16,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
 use std::sync::atomic::{AtomicU8, AtomicU64};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
@@ -47,28 +47,69 @@ pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// slow gateway. Not read when the answer goes out (a refusal the headers settled), the rest of the body
 /// would follow on the connection, so hyper closes it and the answer says `Connection: close`. One flag
 /// shared with the request costs far less than a second timer per request (about 1.5 µs of CPU, measured).
+///
+/// It also settles a race between the backstop and a handler that makes a change it must answer for (a
+/// schema registration, on the blocking pool): the handler [`commit`](BodyRead::commit)s before its
+/// first write, and the backstop answers only a request that has not; one that has is let finish, so a
+/// caller answered 503 finds nothing changed, and one whose change was made is told so.
 #[derive(Clone, Default)]
 pub struct BodyRead(Arc<AtomicU8>);
 
 const BODY_UNREAD: u8 = 0;
 const BODY_READING: u8 = 1;
 const BODY_READ: u8 = 2;
+const BODY_STATE: u8 = 3;
+/// The handler has begun its change: the backstop lets it finish.
+const COMMITTED: u8 = 4;
+/// The backstop has answered: the handler must not begin its change.
+const EXPIRED: u8 = 8;
 
 impl BodyRead {
+    /// For a request with no body to read (a `DELETE` that registers a change).
+    fn bodiless() -> BodyRead {
+        BodyRead(Arc::new(AtomicU8::new(BODY_READ)))
+    }
+
     /// Marks the body as being read.
     pub fn start(&self) {
-        self.0.store(BODY_READING, Relaxed);
+        self.set_body(BODY_READING);
     }
 
     /// Marks the read as over: the body read when `complete`, else unread (what was not taken, the
     /// rest of a body over the limit, is still on the connection).
     pub fn end(&self, complete: bool) {
-        let state = if complete { BODY_READ } else { BODY_UNREAD };
-        self.0.store(state, Relaxed);
+        self.set_body(if complete { BODY_READ } else { BODY_UNREAD });
+    }
+
+    fn set_body(&self, state: u8) {
+        let _ = self
+            .0
+            .fetch_update(AcqRel, Acquire, |s| Some(s & !BODY_STATE | state));
     }
 
     fn is(&self, state: u8) -> bool {
-        self.0.load(Relaxed) == state
+        self.0.load(Acquire) & BODY_STATE == state
+    }
+
+    /// The handler is about to make its change: true when the backstop has not answered the request
+    /// (and now will not), false when it has (the change must not be made: its caller was told it
+    /// timed out).
+    pub fn commit(&self) -> bool {
+        self.0
+            .fetch_update(AcqRel, Acquire, |s| {
+                (s & EXPIRED == 0).then_some(s | COMMITTED)
+            })
+            .is_ok()
+    }
+
+    /// The backstop is about to answer: true when the handler has not begun a change (and now will
+    /// not), false when it has (the handler's own answer is waited for).
+    fn expire(&self) -> bool {
+        self.0
+            .fetch_update(AcqRel, Acquire, |s| {
+                (s & COMMITTED == 0).then_some(s | EXPIRED)
+            })
+            .is_ok()
     }
 }
 
@@ -141,7 +182,11 @@ where
     fn call(&mut self, mut req: Request) -> Self::Future {
         let started = Instant::now();
         let route = route_label(&req);
-        let body_read = body_read_for(&req);
+        let body_read = body_read_for(&req).or_else(|| {
+            // The one route that registers a change without a body.
+            (route == "/v1/schemas/{kind}/{name}" && req.method() == axum::http::Method::DELETE)
+                .then(BodyRead::bodiless)
+        });
         if let Some(b) = &body_read {
             req.extensions_mut().insert(b.clone());
         }
@@ -401,6 +446,11 @@ where
             Ok(Poll::Ready(Err(never))) => match never {},
             Ok(Poll::Pending) => match this.backstop.poll(cx) {
                 Poll::Pending => return Poll::Pending,
+                // The handler has begun a change it answers for: its answer is waited for (it wakes
+                // this future when it is ready).
+                Poll::Ready(()) if this.body_read.as_ref().is_some_and(|b| !b.expire()) => {
+                    return Poll::Pending;
+                }
                 Poll::Ready(()) if this.body_read.as_ref().is_some_and(|b| b.is(BODY_READING)) => {
                     let err = ApiError::BodyTimeout(format!(
                         "the request body did not arrive within the gateway's limit of {:?} (limits.request_timeout)",
@@ -748,6 +798,97 @@ mod tests {
         // The limit plus the grace.
         assert!(started.elapsed() >= Duration::from_millis(300));
         assert_eq!(count(&t, "/v1/stats", "", 503), 1);
+    }
+
+    /// A handler that makes a change it answers for (a schema registration) and the backstop: whichever
+    /// comes first wins. Committed before the backstop, the handler's answer is waited for; after it,
+    /// the commit is refused, so the caller answered 503 finds nothing changed.
+    #[tokio::test]
+    async fn the_backstop_waits_for_a_committed_change_and_refuses_a_late_one() {
+        let late_commit = Arc::new(std::sync::Mutex::new(None::<bool>));
+        let seen = late_commit.clone();
+        let app = Router::new()
+            .route(
+                "/v1/schemas",
+                axum::routing::post(|req: Request| async move {
+                    let commit = req.extensions().get::<BodyRead>().cloned();
+                    let ok = commit.as_ref().is_some_and(BodyRead::commit);
+                    tokio::time::sleep(Duration::from_millis(600)).await;
+                    if ok { "changed" } else { "no flag" }
+                }),
+            )
+            .route(
+                "/v1/schemas/{kind}/{name}",
+                axum::routing::delete(move |req: Request| {
+                    let seen = seen.clone();
+                    async move {
+                        let commit = req.extensions().get::<BodyRead>().cloned();
+                        // The change runs on past the request, as a registration on the blocking pool
+                        // does, and reaches its commit after the backstop answered.
+                        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+                        tokio::spawn(async move {
+                            tokio::time::sleep(Duration::from_millis(600)).await;
+                            let ok = commit.as_ref().map(BodyRead::commit);
+                            *seen
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner) = ok;
+                            let _ = tx.send(());
+                        });
+                        let _ = rx.await;
+                        "changed"
+                    }
+                }),
+            )
+            .route_layer(RequestLayer::new(
+                Arc::new(Telemetry::default()),
+                Arc::new(arc_swap::ArcSwap::from_pointee(crate::gateway::Catalog {
+                    registry: Arc::default(),
+                    engines: Default::default(),
+                    names: Vec::new(),
+                })),
+                Duration::from_millis(50),
+                None,
+            ));
+        let call = |method: &str, path: &str| {
+            let req = Request::builder()
+                .method(method)
+                .uri(path)
+                .header(HOST, "h");
+            let req = if method == "POST" {
+                req.header(CONTENT_LENGTH, "2").body(Body::from("{}"))
+            } else {
+                req.body(Body::empty())
+            }
+            .unwrap_or_default();
+            let app = app.clone();
+            async move {
+                let resp = app
+                    .oneshot(req)
+                    .await
+                    .unwrap_or_else(|never| match never {});
+                let status = resp.status();
+                let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+                    .await
+                    .unwrap_or_default();
+                (status, String::from_utf8_lossy(&body).into_owned())
+            }
+        };
+        // Committed at once, done at 600 ms: past the backstop (300 ms), and answered with its result.
+        assert_eq!(
+            call("POST", "/v1/schemas").await,
+            (StatusCode::OK, "changed".to_owned())
+        );
+        // A DELETE has no body, and still gets the flag. Its commit comes at 600 ms: refused.
+        let (status, body) = call("DELETE", "/v1/schemas/views/v").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        assert_eq!(
+            *late_commit
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+            Some(false),
+            "the change must not be made after its caller was told it timed out"
+        );
     }
 
     #[tokio::test]

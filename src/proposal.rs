@@ -197,14 +197,16 @@ pub fn propose_folder(
 }
 
 /// Checks `body` (one or more YAML documents) against `running`: compiled with the registered documents,
-/// compared with them, and each model it touches loaded once on its device. Blocking (it opens ONNX
-/// Runtime sessions): call it off the async executor.
+/// compared with them, its version numbers against those kept in `schemas_dir` (as a registration checks
+/// them: 409 `version_kept`), and each model it touches loaded once on its device. Blocking (it opens
+/// ONNX Runtime sessions): call it off the async executor.
 pub fn check(
     running: &Registry,
     body: &str,
-    models_dir: &Path,
+    dirs: (&Path, &Path),
     load: Load<'_>,
-) -> Result<Vec<Change>, SchemaErrors> {
+) -> Result<Vec<Change>, ApiError> {
+    let (schemas_dir, models_dir) = dirs;
     let edit = Edit {
         body: Some(body),
         ..Edit::default()
@@ -214,7 +216,8 @@ pub fn check(
         changes,
         touched,
         ..
-    } = propose(running, &edit, models_dir)?;
+    } = propose(running, &edit, models_dir).map_err(ApiError::InvalidSchema)?;
+    crate::registrar::kept_numbers_hold(schemas_dir, &changes, &proposed)?;
     let mut errors = Vec::new();
     for name in touched {
         if load.gone.load(Relaxed) {
@@ -230,7 +233,7 @@ pub fn check(
     if errors.is_empty() {
         Ok(changes)
     } else {
-        Err(SchemaErrors(errors))
+        Err(ApiError::InvalidSchema(SchemaErrors(errors)))
     }
 }
 
@@ -711,6 +714,7 @@ pub(crate) async fn exclusive<R: Send + 'static>(
 /// [`exclusive`]). A schema that fails is a 422 listing every problem.
 pub async fn check_for(gw: &Arc<Gateway>, body: String) -> Result<Vec<Change>, ApiError> {
     let models_dir = gw.config.registry.models.clone();
+    let schemas_dir = gw.config.registry.schemas.clone();
     let inference = gw.config.inference.clone();
     let g = gw.clone();
     exclusive(gw, "check", move |env, gone| {
@@ -721,7 +725,7 @@ pub async fn check_for(gw: &Arc<Gateway>, body: String) -> Result<Vec<Change>, A
             cfg: &inference,
             gone,
         };
-        check(&running, &body, &models_dir, load).map_err(ApiError::InvalidSchema)
+        check(&running, &body, (&schemas_dir, &models_dir), load)
     })
     .await
 }

@@ -29,6 +29,7 @@ use crate::error::ApiError;
 use crate::gateway::Gateway;
 use crate::infer::Engine;
 use crate::journal;
+use crate::middleware::BodyRead;
 use crate::proposal::{self, Edit};
 use crate::schema::{Kind, Registry, SchemaErrors};
 
@@ -70,7 +71,11 @@ pub fn kind_of_segment(segment: &str) -> Result<Kind, ApiError> {
 
 /// Registers `action` on the gateway: checked, the touched models started, written, swapped in. One
 /// registration or check runs at a time.
-pub async fn register(gw: &Arc<Gateway>, action: Action) -> Result<serde_json::Value, ApiError> {
+pub async fn register(
+    gw: &Arc<Gateway>,
+    action: Action,
+    commit: Option<BodyRead>,
+) -> Result<serde_json::Value, ApiError> {
     if !gw.config.registry.writes {
         return Err(ApiError::Forbidden {
             code: "schema_writes_disabled",
@@ -79,7 +84,7 @@ pub async fn register(gw: &Arc<Gateway>, action: Action) -> Result<serde_json::V
     }
     let g = gw.clone();
     proposal::exclusive(gw, "registration", move |env, gone| {
-        apply(&g, action, env, gone)
+        apply(&g, action, env, gone, commit.as_ref())
     })
     .await
 }
@@ -119,6 +124,7 @@ fn apply(
     action: Action,
     env: &ort::environment::Environment,
     gone: &AtomicBool,
+    commit: Option<&BodyRead>,
 ) -> Result<serde_json::Value, ApiError> {
     let schemas_dir = gw.config.registry.schemas.as_path();
     // A registration that another process left half done is taken back before this one is planned
@@ -185,11 +191,23 @@ fn apply(
     } else {
         "the folder watch loads it within registry.reload_interval; if the watch refused it (GET /v1/schemas shows why under `folder`), fix or revert the file; then register"
     };
+    // A document that registers as it runs is not written: its file keeps its text (its comments, its
+    // layout, YAML rather than the JSON it may have been sent as).
+    let changed: Vec<(Kind, String)> = proposal
+        .submitted
+        .iter()
+        .filter(|(kind, name)| {
+            !proposal.changes.iter().any(|c| {
+                c.kind == *kind && c.name == *name && c.change == proposal::Verdict::Unchanged
+            })
+        })
+        .cloned()
+        .collect();
     let plan = plan_files(
         &running,
         schemas_dir,
         body.as_deref(),
-        &proposal.submitted,
+        &changed,
         &removed,
         reload,
     )?;
@@ -242,6 +260,15 @@ fn apply(
     // read are then no longer as planned, and the check below refuses (409).
     recover_locked(schemas_dir)?;
     unchanged_since_planned(&plan, schemas_dir, reload)?;
+    // The point of no return: from here the request layer's backstop waits for this answer rather than
+    // answering 503 (writing the files and swapping the registry take a bounded time); if it already
+    // has, nothing is written.
+    if !commit.is_none_or(BodyRead::commit) {
+        return Err(ApiError::Timeout(
+            "the registration outlived the gateway's time limit before its files were written: nothing was registered".to_owned(),
+        ));
+    }
+    still_asked("before its files were written")?;
     write_files(schemas_dir, &plan.writes, &plan.read)?;
     // The folder watch checks the folder against what runs again: a change that puts the files back
     // as the watch last saw them (a checkout, a config-map sync) is not the folder it last checked.
@@ -663,8 +690,8 @@ fn reload(
 /// A document added again after it was deleted keeps its history: its kept versions stay readable and
 /// versions go on above them, so one number never names two bindings. So does one rolled back below
 /// versions it had: a new number goes above them all, or is a kept version as it was kept. A
-/// registration and the folder watch check this alike.
-fn kept_numbers_hold(
+/// registration, its dry run (`POST /v1/schemas:validate`) and the folder watch check this alike.
+pub(crate) fn kept_numbers_hold(
     schemas_dir: &Path,
     changes: &[proposal::Change],
     proposed: &Registry,
@@ -1539,11 +1566,14 @@ pub fn show_version(
     version: &str,
 ) -> Result<serde_json::Value, ApiError> {
     let Ok(version) = version.parse::<u32>() else {
+        let why = if !version.is_empty() && version.bytes().all(|b| b.is_ascii_digit()) {
+            format!("`{version}` is past the largest version, {}", u32::MAX)
+        } else {
+            format!("`{version}` is not a version: expected a whole number, as in versions/2")
+        };
         return Err(ApiError::NotFound {
             code: "unknown_version",
-            message: format!(
-                "`{version}` is not a version: expected a whole number, as in versions/2"
-            ),
+            message: why,
         });
     };
     let registry = gw.registry();

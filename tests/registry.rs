@@ -291,6 +291,27 @@ async fn a_new_view_version_is_served_at_once_kept_and_rolled_back() {
         r.json()["error"]["message"],
         "version: invalid type: string \"1\", expected a version number (a whole number from 1)"
     );
+    // In the path: a word is not a version; a number past the largest is said to be one.
+    for (path, says) in [
+        (
+            "versions/two",
+            "`two` is not a version: expected a whole number",
+        ),
+        (
+            "versions/99999999999",
+            "`99999999999` is past the largest version, 4294967295",
+        ),
+    ] {
+        let r = app
+            .get(&format!("/v1/schemas/views/user_profile/{path}"))
+            .await;
+        assert_eq!((r.status, r.code().as_str()), (404, "unknown_version"));
+        let message = r.json()["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(message.starts_with(says), "{message}");
+    }
     // Version 0 is not a version that might have been kept: a caller's mistake, as -1 is.
     for zero in [json!({"version": 0}), json!({"version": 0.0})] {
         let r = rollback(&app, "/v1/schemas/views/user_profile", zero).await;
@@ -1479,6 +1500,38 @@ async fn a_rollback_to_the_running_version_changes_nothing_when_it_was_never_kep
     app.stop().await;
 }
 
+/// A document registered as it runs, here sent back as the JSON `GET` shows it, is `unchanged` and
+/// leaves its file as it was: its YAML, its comments, and no kept version made of it.
+#[tokio::test]
+async fn an_unchanged_registration_leaves_the_files_alone() {
+    let dir = copy_of_schemas();
+    let app = spawn(&dir, true).await;
+    let file = dir.path().join("user_profile.yaml");
+    let before = std::fs::read_to_string(&file).expect("schema");
+    let shown = ok(&app.get("/v1/schemas/views/user_profile").await);
+    let as_json = shown["document"].to_string();
+    let j = ok(&put(&app, "/v1/schemas/views/user_profile", &as_json).await);
+    assert_eq!(j["documents"][0]["change"], "unchanged", "{j}");
+    assert_eq!(std::fs::read_to_string(&file).expect("schema"), before);
+    assert!(!dir.path().join(".versions/view/user_profile").exists());
+    // Sent with another document that does change, only that one's file is written.
+    let promo = "kind: view\nname: promo\nversion: 1\nentity: user_id\nfeatures:\n  - {name: p, dtype: int64, default: 0}\n";
+    let j = ok(&app
+        .post(
+            "/v1/schemas",
+            "application/yaml",
+            format!("{as_json}\n---\n{promo}").into_bytes(),
+        )
+        .await);
+    assert_eq!(
+        j["files"],
+        json!([dir.path().join("promo.yaml").display().to_string()]),
+        "{j}"
+    );
+    assert_eq!(std::fs::read_to_string(&file).expect("schema"), before);
+    app.stop().await;
+}
+
 /// After a rollback, a version number that is kept stays the document it was: registering other content
 /// under it is refused with 409, as it is for a document added back after a delete, and the kept
 /// binding stays readable. The same content under it, or a number above every kept one, is taken.
@@ -1487,13 +1540,31 @@ async fn a_version_kept_above_a_rollback_cannot_name_another_document() {
     let dir = copy_of_schemas();
     let app = spawn(&dir, true).await;
     let (v2, other_v2) = rolled_back_from_v2(&app).await;
-    let r = put(&app, "/v1/schemas/views/user_profile", &other_v2).await;
-    assert_eq!(
-        (r.status, r.code().as_str()),
-        (409, "version_kept"),
-        "{}",
-        String::from_utf8_lossy(&r.body)
-    );
+    // The dry run says what the registration will: a data team's check before it ships.
+    for r in [
+        app.post(
+            "/v1/schemas:validate",
+            "application/yaml",
+            other_v2.as_bytes().to_vec(),
+        )
+        .await,
+        put(&app, "/v1/schemas/views/user_profile", &other_v2).await,
+    ] {
+        assert_eq!(
+            (r.status, r.code().as_str()),
+            (409, "version_kept"),
+            "{}",
+            String::from_utf8_lossy(&r.body)
+        );
+    }
+    let dry = app
+        .post(
+            "/v1/schemas:validate",
+            "application/yaml",
+            v2.as_bytes().to_vec(),
+        )
+        .await;
+    assert_eq!(ok(&dry)["documents"][0]["version"], 2);
     let kept = ok(&app.get("/v1/schemas/views/user_profile/versions/2").await);
     assert_eq!(kept["document"]["features"][1]["default"], 7, "{kept}");
     // Version 2 as kept is taken again; so is other content as version 3.
