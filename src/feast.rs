@@ -224,24 +224,33 @@ impl OnlineFeaturesRequest {
                     feature.clone()
                 };
                 // Feast refuses the same short name from two views: the answer could not tell them apart.
-                if let Some((other, _, _)) = columns.iter().find(|(_, _, n)| *n == name) {
-                    return Err(ApiError::invalid(
-                        "ambiguous_feature",
-                        &field,
+                if let Some((other, of, _)) = columns.iter().find(|(_, _, n)| *n == name) {
+                    let other = &views[*other].0;
+                    let message = if full_names {
+                        // `a__b:c` and `a:b__c` are both `a__b__c`: no naming option tells them apart.
+                        format!(
+                            "{field}: `{vname}:{feature}` and `{}:{}` are both named `{name}` in the answer (`view__feature`): request one of them at a time",
+                            other.name, other.features[*of].name
+                        )
+                    } else {
                         format!(
                             "{field}: views `{}` and `{vname}` both have a feature `{feature}`: set full_feature_names to true to name them `view__feature`",
-                            views[*other].0.name
-                        ),
-                    ));
+                            other.name
+                        )
+                    };
+                    return Err(ApiError::invalid("ambiguous_feature", &field, message));
                 }
                 if self.entities.contains_key(&name) {
-                    return Err(ApiError::invalid(
-                        "ambiguous_feature",
-                        &field,
+                    let message = if full_names {
+                        format!(
+                            "{field}: `{vname}:{feature}` is named `{name}` in the answer (`view__feature`), the name of a join key this request sends: request it without that key"
+                        )
+                    } else {
                         format!(
                             "{field}: feature `{feature}` has the name of a join key: set full_feature_names to true to name it `{vname}__{feature}`"
-                        ),
-                    ));
+                        )
+                    };
+                    return Err(ApiError::invalid("ambiguous_feature", &field, message));
                 }
                 columns.push((vi, fi, name));
             }

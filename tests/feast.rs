@@ -200,6 +200,45 @@ async fn a_feature_service_is_a_model_and_full_names_keep_views_apart() {
     );
 }
 
+/// Full names are `view__feature`, so `a__b:c` and `a:b__c` are both `a__b__c`: refused, naming the two
+/// and the shared name, rather than telling the caller to set the option it already set.
+#[tokio::test]
+async fn full_names_that_still_collide_are_named() {
+    let dir = common::schemas_with_edit("entities.yaml", "kind:", "kind:");
+    std::fs::write(
+        dir.path().join("collide.yaml"),
+        "kind: view\nname: a__b\nversion: 1\nentity: user_id\nfeatures:\n  - {name: c, dtype: int64, default: 0}\n---\nkind: view\nname: a\nversion: 1\nentity: user_id\nfeatures:\n  - {name: b__c, dtype: int64, default: 0}\n",
+    )
+    .expect("write");
+    let mut config = common::test_config();
+    config.registry.schemas = dir.path().to_path_buf();
+    let (store, store_dir) = common::demo_store().await;
+    let app = TestApp::spawn_with(config, store, Some(store_dir)).await;
+    let body = |full: bool| {
+        json!({
+            "features": ["a__b:c", "a:b__c"],
+            "entities": {"user_id": ["u_7"]},
+            "full_feature_names": full,
+        })
+    };
+    let r = app.post_json("/get-online-features", &body(true)).await;
+    assert_eq!((r.status, r.code().as_str()), (400, "ambiguous_feature"));
+    let message = r.json()["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        message.contains("`a:b__c` and `a__b:c` are both named `a__b__c`")
+            && !message.contains("set full_feature_names"),
+        "{message}"
+    );
+    // Without full names, they are `c` and `b__c`: apart.
+    let r = app.post_json("/get-online-features", &body(false)).await;
+    assert_eq!(r.status, 200, "{}", r.json());
+    app.stop().await;
+    drop(dir);
+}
+
 #[tokio::test]
 async fn mistakes_get_a_400_that_names_the_field() {
     let app = TestApp::spawn().await;
