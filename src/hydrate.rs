@@ -596,7 +596,7 @@ impl Hydrator {
         let Some(bytes) = bytes else {
             return Entry::new(now, None, view, item.key.len(), stats);
         };
-        match decode_record(view, bytes) {
+        match decode_record(view, bytes, self.cache.clock().wall_ms()) {
             Ok(found) => Entry::new(now, Some(found), view, item.key.len(), stats),
             Err(why) => {
                 stats.bad_records.fetch_add(1, Relaxed);
@@ -610,9 +610,27 @@ impl Hydrator {
     }
 }
 
-/// Checks a stored record against the view and converts its values to the declared types.
-pub fn decode_record(view: &View, bytes: &[u8]) -> Result<Found, String> {
+/// How far past the wall clock a stored record's event time may be: the day a row may be written ahead
+/// (clock skew between its writer and hydrant, `loader`), and as much again for the skew between the
+/// replica that wrote it and the one reading it.
+const MAX_READ_SKEW_MS: i64 = 2 * 24 * 3600 * 1000;
+
+/// Checks a stored record against the view and converts its values to the declared types. `wall_ms` is
+/// the wall clock: an event time hydrant never writes (before 1970, or days ahead, which would never
+/// grow older than `max_age`) makes the record unreadable.
+pub fn decode_record(view: &View, bytes: &[u8], wall_ms: i64) -> Result<Found, String> {
     let record = Record::decode(bytes)?;
+    if record.event_ts_ms < 0 || record.event_ts_ms > wall_ms.saturating_add(MAX_READ_SKEW_MS) {
+        return Err(format!(
+            "its event time, {} ms since the epoch, is {}: not a time hydrant writes",
+            record.event_ts_ms,
+            if record.event_ts_ms < 0 {
+                "before 1970"
+            } else {
+                "more than two days ahead of now"
+            }
+        ));
+    }
     if record.schema_version != view.version {
         return Err(format!(
             "written under version {} of view `{}`, which is now at version {}",
@@ -761,6 +779,31 @@ mod tests {
 
     fn soon() -> Instant {
         Instant::now() + Duration::from_secs(5)
+    }
+
+    #[test]
+    fn an_event_time_hydrant_never_writes_makes_a_record_unreadable() {
+        let view = view();
+        let now = now_ms();
+        let at = |event_ts_ms: i64| {
+            let mut r = Record::decode(&record(33)).expect("record");
+            r.event_ts_ms = event_ts_ms;
+            decode_record(&view, &r.encode(), now)
+        };
+        let day = 24 * 3600 * 1000;
+        // Now, a year back, and a day ahead (a writer's clock ahead of this one's): read.
+        for ok in [now, now - 365 * day, now + day, 0] {
+            assert!(at(ok).is_ok(), "{ok}");
+        }
+        for (bad, why) in [
+            (-1, "before 1970"),
+            (i64::MIN, "before 1970"),
+            (now + 3 * day, "ahead of now"),
+            (i64::MAX, "ahead of now"),
+        ] {
+            let e = at(bad).err().unwrap_or_default();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
     }
 
     #[test]
