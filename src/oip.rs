@@ -33,6 +33,50 @@ impl IntoResponse for OipError {
     }
 }
 
+/// A shape's dimensions: integers, a whole float as the integer it is (an encoder that writes every
+/// number as a double), and one past int64 named as too large rather than as a float, which is what
+/// JSON's reader makes of it.
+fn dims<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<i64>, D::Error> {
+    struct Dim(i64);
+    impl<'de> Deserialize<'de> for Dim {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            d.deserialize_any(DimVisitor)
+        }
+    }
+    struct DimVisitor;
+    impl serde::de::Visitor<'_> for DimVisitor {
+        type Value = Dim;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an integer")
+        }
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Dim, E> {
+            Ok(Dim(v))
+        }
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Dim, E> {
+            i64::try_from(v)
+                .map(Dim)
+                .map_err(|_| E::custom(format!("{v} is larger than a dimension can be")))
+        }
+        fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Dim, E> {
+            use crate::value::FloatAsInt;
+            match crate::value::float_as_int(v) {
+                FloatAsInt::Exact(i) => Ok(Dim(i)),
+                FloatAsInt::NotWhole => Err(E::invalid_type(
+                    serde::de::Unexpected::Float(v),
+                    &"an integer",
+                )),
+                _ => Err(E::custom(format!(
+                    "{v:e} is larger than a dimension can be"
+                ))),
+            }
+        }
+    }
+    Ok(Vec::<Dim>::deserialize(d)?
+        .into_iter()
+        .map(|x| x.0)
+        .collect())
+}
+
 /// The request, or a 400 naming the field (`inputs[0].shape[1]: ...`) in the protocol's words rather
 /// than Rust's.
 fn parse_request(body: &[u8]) -> Result<InferRequest, OipError> {
@@ -92,6 +136,7 @@ pub struct InferRequest {
 )]
 pub struct InputTensor {
     pub name: String,
+    #[serde(deserialize_with = "dims")]
     pub shape: Vec<i64>,
     pub datatype: String,
     pub data: crate::oip_data::TensorData,

@@ -514,6 +514,15 @@ async fn v2_infer_rejects_bad_tensors_with_the_reason() {
             "invalid infer request: inputs[0].shape[1]: invalid type: string \"27\", expected an integer",
         ),
         (
+            "a dimension past int64",
+            serde_json::from_str(&format!(
+                r#"{{"inputs": [{{"name": "features", "shape": [99999999999999999999, 27], "datatype": "FP32", "data": {row}}}]}}"#,
+                row = json!(row)
+            ))
+            .expect("json"),
+            "invalid infer request: inputs[0].shape[0]: 1e20 is larger than a dimension can be",
+        ),
+        (
             "an output as a string",
             json!({"inputs": [{"name": "features", "shape": [1, 27], "datatype": "FP32", "data": row}], "outputs": ["score"]}),
             "outputs[0]: invalid type: string \"score\", expected a requested output object",
