@@ -1242,7 +1242,7 @@ async fn model_metadata_describes_the_onnx_input_and_outputs() {
 }
 
 #[tokio::test]
-async fn an_extreme_event_timestamp_is_outside_max_age_not_a_crash() {
+async fn an_extreme_event_timestamp_is_an_unreadable_record_not_a_crash() {
     let app = TestApp::spawn().await;
     // The loader refuses it...
     let rows = format!(
@@ -1256,28 +1256,32 @@ async fn an_extreme_event_timestamp_is_outside_max_age_not_a_crash() {
         "{:?}",
         report.rejected
     );
-    // ...but another writer may still put one in the store.
-    let record = hydrant::value::Record {
-        schema_version: 1,
-        event_ts_ms: i64::MIN,
-        // age, country, is_premium, avg_session_minutes, embedding
-        values: vec![
-            hydrant::value::Value::Int(44),
-            hydrant::value::Value::Null,
-            hydrant::value::Value::Null,
-            hydrant::value::Value::Null,
-            hydrant::value::Value::Null,
-        ],
-        layout: 0,
-    };
-    app.store
-        .put_many(
-            vec![("hy:user_profile:u_ancient".to_owned(), record.encode())],
-            None,
-        )
-        .await
-        .expect("write");
-    let body = json!({"entities": {"user_id": ["u_ancient"]}, "features": ["user_profile:age"]});
+    // ...but another writer may still put one in the store, or one that would be PRESENT for ever (no
+    // time ever grows older than `max_age` from it). Neither is a time hydrant writes: the record is
+    // unreadable, served as defaults and counted.
+    for (key, event_ts_ms) in [("u_ancient", i64::MIN), ("u_future", i64::MAX)] {
+        let record = hydrant::value::Record {
+            schema_version: 1,
+            event_ts_ms,
+            // age, country, is_premium, avg_session_minutes, embedding
+            values: vec![
+                hydrant::value::Value::Int(44),
+                hydrant::value::Value::Null,
+                hydrant::value::Value::Null,
+                hydrant::value::Value::Null,
+                hydrant::value::Value::Null,
+            ],
+            layout: 0,
+        };
+        app.store
+            .put_many(
+                vec![(format!("hy:user_profile:{key}"), record.encode())],
+                None,
+            )
+            .await
+            .expect("write");
+    }
+    let body = json!({"entities": {"user_id": ["u_ancient", "u_future"]}, "features": ["user_profile:age"]});
     let r = app
         .post(
             "/v1/features",
@@ -1287,8 +1291,10 @@ async fn an_extreme_event_timestamp_is_outside_max_age_not_a_crash() {
         .await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     let age = &r.json()["features"]["user_profile:age"];
-    assert_eq!(age["statuses"][0], "OUTSIDE_MAX_AGE");
-    assert_eq!(age["values"][0], 30, "served as the default");
+    assert_eq!(age["statuses"], json!(["DEFAULTED", "DEFAULTED"]));
+    assert_eq!(age["values"], json!([30, 30]), "served as the default");
+    let bad = &app.gateway.telemetry.view("user_profile").bad_records;
+    assert_eq!(bad.load(std::sync::atomic::Ordering::Relaxed), 2);
 }
 
 #[tokio::test]
