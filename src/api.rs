@@ -3,6 +3,7 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -249,10 +250,18 @@ async fn predict(
 ) -> Result<Response, ApiError> {
     // An unknown model is known from the path: answered before waiting for the body.
     let engine = gw.engine(&path_segment(req.uri(), 3))?;
+    let started = started(body_read.as_ref());
     let r = split(req, body_read, &gw)
         .await
         .inspect_err(|e| engine.stats().failed(e.status()))?;
-    gw.predict(&engine, r.format, &r.headers, &r.body).await
+    gw.predict(&engine, r.format, &r.headers, &r.body, started)
+        .await
+}
+
+/// When the request layer took the request (reading the body and waiting for a worker are then part of
+/// `decode`, and of `total`); now, for a request that declared no body.
+fn started(body_read: Option<&BodyRead>) -> Instant {
+    body_read.map_or_else(Instant::now, BodyRead::started)
 }
 
 async fn features(
@@ -260,8 +269,9 @@ async fn features(
     req: Request,
     body_read: Option<BodyRead>,
 ) -> Result<Response, ApiError> {
+    let started = started(body_read.as_ref());
     let r = split(req, body_read, &gw).await?;
-    gw.features(r.format, &r.headers, &r.body).await
+    gw.features(r.format, &r.headers, &r.body, started).await
 }
 
 async fn online_features(
@@ -269,8 +279,10 @@ async fn online_features(
     req: Request,
     body_read: Option<BodyRead>,
 ) -> Result<Response, ApiError> {
+    let started = started(body_read.as_ref());
     let r = split(req, body_read, &gw).await?;
-    gw.online_features(r.format, &r.headers, &r.body).await
+    gw.online_features(r.format, &r.headers, &r.body, started)
+        .await
 }
 
 /// `GET /v1/schemas`: what is registered, by kind and name, and how the schemas folder is watched.
@@ -708,11 +720,12 @@ async fn v2_infer(
             ));
         }
     }
+    let started = started(body_read.as_ref());
     let r = split(req, body_read, &gw).await.map_err(|e| {
         failed(e.status());
         crate::oip::OipError(e.status(), e.to_string())
     })?;
-    crate::oip::infer(&gw, &engine, &r.body).await
+    crate::oip::infer(&gw, &engine, &r.body, started).await
 }
 
 /// Open Inference Protocol server metadata.

@@ -138,8 +138,8 @@ impl Gateway {
         format: Format,
         headers: &HeaderMap,
         body: &[u8],
+        started: Instant,
     ) -> Result<Response, ApiError> {
-        let started = Instant::now();
         let stats = engine.stats();
         let result = self
             .run_predict(engine, format, headers, body, started)
@@ -280,8 +280,8 @@ impl Gateway {
         format: Format,
         headers: &HeaderMap,
         body: &[u8],
+        started: Instant,
     ) -> Result<Response, ApiError> {
-        let started = Instant::now();
         let mut t = Timings::default();
         let mut laps = Laps::from(started);
         let answer = Format::of_response(headers, format)?;
@@ -340,8 +340,8 @@ impl Gateway {
         format: Format,
         headers: &HeaderMap,
         body: &[u8],
+        started: Instant,
     ) -> Result<Response, ApiError> {
-        let started = Instant::now();
         let mut t = Timings::default();
         let mut laps = Laps::from(started);
         let answer = Format::of_response(headers, format)?;

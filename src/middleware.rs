@@ -35,7 +35,7 @@ use crate::gateway::Catalogs;
 use crate::telemetry::{Telemetry, us_since};
 
 /// How much longer than `limits.request_timeout` the backstop waits. The gateway's own deadlines (the
-/// same limit, counted from when the body was read) answer first with what they can (degraded features,
+/// same limit, counted from when the request was taken, as the backstop is) answer first with what they can (degraded features,
 /// a shed request); the backstop is for whatever does not.
 pub const TIMEOUT_GRACE: Duration = Duration::from_millis(250);
 
@@ -52,8 +52,18 @@ pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// schema registration, on the blocking pool): the handler [`commit`](BodyRead::commit)s before its
 /// first write, and the backstop answers only a request that has not; one that has is let finish, so a
 /// caller answered 503 finds nothing changed, and one whose change was made is told so.
-#[derive(Clone, Default)]
-pub struct BodyRead(Arc<AtomicU8>);
+///
+/// And it carries when the request layer took the request, which the handlers time their stages and
+/// deadlines from: so a request's `total` in its answer and in `/v1/stats` covers reading its body and
+/// waiting for a worker, as `hydrant_request_duration_seconds` does, and its deadline is counted from
+/// the same instant as the backstop's.
+#[derive(Clone)]
+pub struct BodyRead(Arc<RequestState>);
+
+struct RequestState {
+    flags: AtomicU8,
+    started: Instant,
+}
 
 const BODY_UNREAD: u8 = 0;
 const BODY_READING: u8 = 1;
@@ -65,9 +75,16 @@ const COMMITTED: u8 = 4;
 const EXPIRED: u8 = 8;
 
 impl BodyRead {
-    /// For a request with no body to read (a `DELETE` that registers a change).
-    fn bodiless() -> BodyRead {
-        BodyRead(Arc::new(AtomicU8::new(BODY_READ)))
+    fn new(started: Instant, flags: u8) -> BodyRead {
+        BodyRead(Arc::new(RequestState {
+            flags: AtomicU8::new(flags),
+            started,
+        }))
+    }
+
+    /// When the request layer took the request.
+    pub fn started(&self) -> Instant {
+        self.0.started
     }
 
     /// Marks the body as being read.
@@ -84,11 +101,12 @@ impl BodyRead {
     fn set_body(&self, state: u8) {
         let _ = self
             .0
+            .flags
             .fetch_update(AcqRel, Acquire, |s| Some(s & !BODY_STATE | state));
     }
 
     fn is(&self, state: u8) -> bool {
-        self.0.load(Acquire) & BODY_STATE == state
+        self.0.flags.load(Acquire) & BODY_STATE == state
     }
 
     /// The handler is about to make its change: true when the backstop has not answered the request
@@ -96,6 +114,7 @@ impl BodyRead {
     /// timed out).
     pub fn commit(&self) -> bool {
         self.0
+            .flags
             .fetch_update(AcqRel, Acquire, |s| {
                 (s & EXPIRED == 0).then_some(s | COMMITTED)
             })
@@ -106,6 +125,7 @@ impl BodyRead {
     /// not), false when it has (the handler's own answer is waited for).
     fn expire(&self) -> bool {
         self.0
+            .flags
             .fetch_update(AcqRel, Acquire, |s| {
                 (s & COMMITTED == 0).then_some(s | EXPIRED)
             })
@@ -182,10 +202,10 @@ where
     fn call(&mut self, mut req: Request) -> Self::Future {
         let started = Instant::now();
         let route = route_label(&req);
-        let body_read = body_read_for(&req).or_else(|| {
-            // The one route that registers a change without a body.
+        let body_read = body_read_for(&req, started).or_else(|| {
+            // The one route that registers a change without a body: nothing to read.
             (route == "/v1/schemas/{kind}/{name}" && req.method() == axum::http::Method::DELETE)
-                .then(BodyRead::bodiless)
+                .then(|| BodyRead::new(started, BODY_READ))
         });
         if let Some(b) = &body_read {
             req.extensions_mut().insert(b.clone());
@@ -210,7 +230,7 @@ impl RequestLayer {
         F: Future<Output = Result<Response, Infallible>>,
     {
         let started = Instant::now();
-        let body_read = body_read_for(&req);
+        let body_read = body_read_for(&req, started);
         self.shared
             .wrap(started, route, req, body_read.clone(), |req| {
                 handler(req, body_read)
@@ -221,8 +241,8 @@ impl RequestLayer {
 /// The body flag for a request: only one that declares a body gets one (and its allocation). A route
 /// that takes no body (a `GET`, a 404, a 405) leaves it unread, so its answer closes the connection and
 /// says so: hyper closes it whenever a body it could not skip is left on it.
-fn body_read_for(req: &Request) -> Option<BodyRead> {
-    declares_body(req.headers()).then(BodyRead::default)
+fn body_read_for(req: &Request, started: Instant) -> Option<BodyRead> {
+    declares_body(req.headers()).then(|| BodyRead::new(started, BODY_UNREAD))
 }
 
 impl Shared {

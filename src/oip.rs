@@ -257,8 +257,12 @@ fn number(
 }
 
 /// `POST /v2/models/{model}/infer` on the model's engine.
-pub async fn infer(gw: &Gateway, engine: &Engine, body: &[u8]) -> Result<Response, OipError> {
-    let started = Instant::now();
+pub async fn infer(
+    gw: &Gateway,
+    engine: &Engine,
+    body: &[u8],
+    started: Instant,
+) -> Result<Response, OipError> {
     // V2 traffic counts in the model's stats like predict's: requests, rows, errors and the stages it
     // has (decode, queue, infer, encode).
     let mut laps = Laps::from(started);

@@ -11,6 +11,7 @@ use hydrant::app::Application;
 use hydrant::clock::Clock;
 use hydrant::decode::Format;
 use hydrant::error::ApiError;
+use std::time::Instant;
 
 const REQUESTS: u64 = 200;
 
@@ -64,6 +65,7 @@ fn allocations_per_request(body: &[u8]) -> u64 {
             Format::Json,
             &headers,
             body,
+            Instant::now(),
         ))
         .expect("predict");
     assert_eq!(first.status(), 200);
@@ -76,6 +78,7 @@ fn allocations_per_request(body: &[u8]) -> u64 {
                         Format::Json,
                         &headers,
                         body,
+                        Instant::now(),
                     )
                     .await
                     .expect("predict");
@@ -156,7 +159,13 @@ fn a_list_of_candidates_past_the_limit_is_refused_without_holding_it() {
     ] {
         let engine = gw.engine("ctr").expect("ctr");
         let (status, message, held) = refused(|| {
-            outcome(rt.block_on(gw.predict(&engine, Format::Json, &headers, body.as_bytes())))
+            outcome(rt.block_on(gw.predict(
+                &engine,
+                Format::Json,
+                &headers,
+                body.as_bytes(),
+                Instant::now(),
+            )))
         });
         assert_eq!(status, 413, "{message}");
         assert!(
@@ -195,9 +204,13 @@ fn entity_keys_past_the_limit_are_refused_without_holding_them() {
         let (status, message, held) = refused(|| {
             outcome(rt.block_on(async {
                 match route {
-                    "/v1/features" => gw.features(Format::Json, &headers, body).await,
+                    "/v1/features" => {
+                        gw.features(Format::Json, &headers, body, Instant::now())
+                            .await
+                    }
                     "/get-online-features" => {
-                        gw.online_features(Format::Json, &headers, body).await
+                        gw.online_features(Format::Json, &headers, body, Instant::now())
+                            .await
                     }
                     _ => gw.prefetch(Format::Json, body).await,
                 }
@@ -228,9 +241,14 @@ fn infer_data_past_the_largest_shape_is_refused_without_holding_it() {
     );
     let engine = gw.engine("ctr").expect("ctr");
     let (status, message, held) = refused(|| {
-        rt.block_on(hydrant::oip::infer(&gw, &engine, body.as_bytes()))
-            .map(|resp| resp.status())
-            .map_err(|e| (e.0, e.1))
+        rt.block_on(hydrant::oip::infer(
+            &gw,
+            &engine,
+            body.as_bytes(),
+            Instant::now(),
+        ))
+        .map(|resp| resp.status())
+        .map_err(|e| (e.0, e.1))
     });
     assert_eq!(status, 400, "{message}");
     assert!(

@@ -2167,6 +2167,24 @@ async fn a_body_sent_in_pieces_is_read_whole() {
             assert_eq!(j["degraded"], false, "{what}: {j}");
             assert_eq!(common::scores(&j), common::scores(&whole), "{what}: {j}");
             assert_eq!(common::scores(&j).len(), 2, "{what}: {j}");
+            // The body's pieces came 30 ms apart: the time spent waiting for them is the request's,
+            // in `decode` and in the total (from when the gateway took the request, as
+            // `hydrant_request_duration_seconds` counts it).
+            let timing = text
+                .lines()
+                .find_map(|l| l.strip_prefix("server-timing: "))
+                .unwrap_or_else(|| panic!("{what}: no server-timing in {text}"));
+            let dur = |stage: &str| -> f64 {
+                timing
+                    .split(", ")
+                    .find_map(|p| p.strip_prefix(&format!("{stage};dur=")))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or_else(|| panic!("{what}: no {stage} in {timing}"))
+            };
+            assert!(
+                dur("decode") >= 55.0 && dur("total") >= dur("decode"),
+                "{what}: {timing}"
+            );
         } else {
             assert_eq!(j["error"]["code"], "invalid_body", "{what}: {j}");
             assert!(
@@ -2177,4 +2195,10 @@ async fn a_body_sent_in_pieces_is_read_whole() {
             );
         }
     }
+    // `/v1/stats` times them so too: its total's p99 is one of the slow bodies.
+    let stats = app.get("/v1/stats").await.json();
+    let p99 = stats["models"]["ctr"]["stages"]["total"]["p99_us"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(p99 >= 55_000, "{}", stats["models"]["ctr"]["stages"]);
 }
