@@ -24,7 +24,8 @@ trap 'exit 130' INT TERM
 # Starts redis-server on a free port (no persistence), sets $redis_port and points the gateway at it.
 start_redis() {
   redis_port="$(free_port)"
-  setsid redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" >"$work/redis.log" 2>&1 &
+  # As docker-compose.yml's redis: no persistence, and a full memory refuses writes rather than evicting.
+  setsid redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --maxmemory-policy noeviction --dir "$work" >"$work/redis.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 1 100); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break; sleep 0.05; done
   export HYDRANT_STORE__REDIS__URL="redis://127.0.0.1:$redis_port"
@@ -32,8 +33,8 @@ start_redis() {
 
 # Builds the gateway and the load tester in release, and sets $bin to the folder that holds them.
 build_release() {
-  cargo build --release --bin hydrant
-  cargo build --release -p loadtest
+  cargo build --release --locked --bin hydrant
+  cargo build --release --locked -p loadtest
   bin=target/release
 }
 

@@ -82,6 +82,18 @@ fn docker_compose_config_accepts_the_file_and_it_has_every_service() {
             "both seed with `{cmd}`"
         );
     }
+    // The gateway runs at the log level `make loadtest` runs it at (the request span off), and Redis
+    // with the same settings, so the two topologies' figures compare.
+    assert_eq!(env["HYDRANT_TELEMETRY__LOG_LEVEL"].as_str(), Some("warn"));
+    assert!(local.contains("HYDRANT_TELEMETRY__LOG_LEVEL=\"${LOG_LEVEL:-warn}\""));
+    let redis = serde_yaml::to_string(&doc["services"]["redis"]["command"]).expect("yaml");
+    let lib = std::fs::read_to_string(root().join("scripts/lib.sh")).expect("lib.sh");
+    for flag in ["--save", "--appendonly", "--maxmemory-policy"] {
+        assert!(
+            redis.contains(flag) && lib.contains(flag),
+            "both run redis with {flag}"
+        );
+    }
     // The Grafana dashboard shows stage latency beside the hit rate.
     let dash = std::fs::read_to_string(root().join("deploy/grafana/dashboards/hydrant.json"))
         .expect("dashboard");
@@ -89,4 +101,35 @@ fn docker_compose_config_accepts_the_file_and_it_has_every_service() {
         dash.contains("hydrant_stage_duration_seconds_bucket")
             && dash.contains("hydrant_cache_lookups_total")
     );
+    // Panels of a model's requests take every route its traffic comes by, the versioned infer too.
+    let dash: serde_json::Value = serde_json::from_str(&dash).expect("dashboard JSON");
+    let mut by_route = Vec::new();
+    collect_exprs(&dash, &mut by_route);
+    by_route.retain(|e| e.contains("route=~"));
+    assert!(!by_route.is_empty());
+    for expr in by_route {
+        for route in [
+            r"/v1/models/\\{model\\}/predict",
+            r"/v2/models/\\{model\\}/infer",
+            r"/v2/models/\\{model\\}/versions/\\{version\\}/infer",
+        ] {
+            assert!(expr.contains(route), "{route} missing from {expr}");
+        }
+    }
+}
+
+/// Every `expr` (a PromQL expression) in a Grafana dashboard.
+fn collect_exprs(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, v) in m {
+                match (k.as_str(), v) {
+                    ("expr", serde_json::Value::String(e)) => out.push(e.clone()),
+                    _ => collect_exprs(v, out),
+                }
+            }
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|v| collect_exprs(v, out)),
+        _ => {}
+    }
 }
