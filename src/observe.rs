@@ -355,23 +355,24 @@ pub fn prometheus(gw: &Gateway) -> String {
         p.hot_flush_errors.load(Relaxed)
     );
     let inv = &t.invalidation;
+    // Announcements for writes that failed but may have landed are the store's, made in the background.
+    let (bg_keys, bg_errors) = gw.hydrator.store().background_announcements();
     header(
         &mut out,
         "hydrant_invalidations_total",
         "counter",
         "Cache invalidation between replicas: keys published, publish errors, keys received, whole-cache flushes.",
     );
-    for (kind, c) in [
-        ("published_keys", &inv.published_keys),
-        ("publish_errors", &inv.publish_errors),
-        ("received_keys", &inv.received_keys),
-        ("flushes", &inv.flushes),
+    for (kind, n) in [
+        ("published_keys", inv.published_keys.load(Relaxed) + bg_keys),
+        (
+            "publish_errors",
+            inv.publish_errors.load(Relaxed) + bg_errors,
+        ),
+        ("received_keys", inv.received_keys.load(Relaxed)),
+        ("flushes", inv.flushes.load(Relaxed)),
     ] {
-        let _ = writeln!(
-            out,
-            "hydrant_invalidations_total{{kind=\"{kind}\"}} {}",
-            c.load(Relaxed)
-        );
+        let _ = writeln!(out, "hydrant_invalidations_total{{kind=\"{kind}\"}} {n}");
     }
     header(
         &mut out,
@@ -491,6 +492,7 @@ pub fn stats(gw: &Gateway) -> Json {
     }
     let p = &t.prefetch;
     let inv = &t.invalidation;
+    let (bg_keys, bg_errors) = gw.hydrator.store().background_announcements();
     json!({
         "uptime_s": t.uptime_s(),
         "window_s": millis(window_s.unwrap_or_else(|| t.window_s())),
@@ -502,7 +504,8 @@ pub fn stats(gw: &Gateway) -> Json {
             "warm_keys": p.warm_keys.load(Relaxed), "warm_incomplete": p.warm_incomplete.load(Relaxed),
         },
         "invalidation": {
-            "published_keys": inv.published_keys.load(Relaxed), "publish_errors": inv.publish_errors.load(Relaxed),
+            "published_keys": inv.published_keys.load(Relaxed) + bg_keys,
+            "publish_errors": inv.publish_errors.load(Relaxed) + bg_errors,
             "received_keys": inv.received_keys.load(Relaxed), "flushes": inv.flushes.load(Relaxed),
         },
         "models": models,

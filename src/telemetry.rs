@@ -572,7 +572,9 @@ pub struct PrefetchStats {
 /// Cache invalidation between replicas: `hydrant_invalidations_total{kind}`.
 #[derive(Debug, Default)]
 pub struct InvalidationStats {
-    /// Keys this replica announced as changed (writes through `POST /v1/views/{view}/rows`).
+    /// Keys this replica announced as changed (writes through `POST /v1/views/{view}/rows`). The
+    /// metrics add the store's [`background_announcements`](crate::store::Store::background_announcements):
+    /// those of writes that failed but may have landed.
     pub published_keys: AtomicU64,
     /// Announcements that failed (the keys are then fresh everywhere only after the view's `cache.ttl`).
     pub publish_errors: AtomicU64,

@@ -1572,6 +1572,18 @@ async fn a_batch_that_lands_after_its_timeout_is_announced_again() {
         || async { ages(&app, &["u_late"]).await.0 == vec![2] },
     )
     .await;
+    // Both announcements, at once (which may time out behind the paused writes) and once the batch
+    // landed, count in `hydrant_invalidations_total`: `published_keys` or `publish_errors` (the store
+    // adds them to the gateway's own).
+    eventually(
+        Duration::from_secs(5),
+        "both announcements counted",
+        || async {
+            let (keys, errors) = store.background_announcements();
+            keys >= 1 && keys + errors == 2
+        },
+    )
+    .await;
 }
 
 /// A Redis that stops answering mid-load: each batch gives up after `store.redis.write_timeout`

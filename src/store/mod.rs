@@ -73,6 +73,13 @@ pub trait Store: Send + Sync + 'static {
         Box::pin(async { Ok(()) })
     }
 
+    /// The announcements the store made on its own, from the background, for a write that failed but may
+    /// have landed: (keys announced, announcements that failed). Added to the gateway's own counts in
+    /// `hydrant_invalidations_total`.
+    fn background_announcements(&self) -> (u64, u64) {
+        (0, 0)
+    }
+
     /// Delivers other replicas' [`Invalidation`]s to `sink` from now on, for as long as the store lives;
     /// resolves once subscribed. After the subscription reconnects it delivers [`Invalidation::All`]: messages
     /// sent while it was down are lost.

@@ -98,6 +98,8 @@ pub struct RedisStore {
     prefix: String,
     channel: String,
     flushes: AtomicU64,
+    /// The announcements made from the background for failed writes: keys announced, and failures.
+    announced: Arc<(AtomicU64, AtomicU64)>,
     /// Stops the invalidation subscriber's tasks (which then close its connection); set by
     /// `subscribe_invalidations`.
     subscriber: Mutex<Option<tokio::sync::watch::Sender<bool>>>,
@@ -325,6 +327,7 @@ impl RedisStore {
             hot_views: Mutex::new(std::collections::BTreeSet::new()),
             channel: format!("{prefix}:invalidate"),
             flushes: AtomicU64::new(0),
+            announced: Arc::default(),
             subscriber: Mutex::new(None),
             closed: std::sync::atomic::AtomicBool::new(false),
             failures,
@@ -443,12 +446,17 @@ impl RedisStore {
         write: Option<tokio::task::JoinHandle<Result<(), StoreError>>>,
     ) {
         let (pool, channel) = (self.pool.clone(), self.channel.clone());
+        let (announced, n) = (self.announced.clone(), keys.len() as u64);
         let message = keys.join("\n");
         tokio::spawn(async move {
-            let _: Result<i64, _> = pool.next().publish(channel.as_str(), &message).await;
+            let count = |r: Result<i64, _>| match r {
+                Ok(_) => announced.0.fetch_add(n, Relaxed),
+                Err(_) => announced.1.fetch_add(1, Relaxed),
+            };
+            count(pool.next().publish(channel.as_str(), &message).await);
             if let Some(write) = write {
                 let _ = write.await;
-                let _: Result<i64, _> = pool.next().publish(channel.as_str(), message).await;
+                count(pool.next().publish(channel.as_str(), message).await);
             }
         });
     }
@@ -1060,6 +1068,13 @@ impl Store for RedisStore {
 
     fn keeps_hot_keys(&self) -> bool {
         true
+    }
+
+    fn background_announcements(&self) -> (u64, u64) {
+        (
+            self.announced.0.load(Relaxed),
+            self.announced.1.load(Relaxed),
+        )
     }
 
     fn get_many<'a>(
