@@ -176,7 +176,8 @@ pub struct LimitsConfig {
     /// Longest entity key, in bytes.
     pub max_key_bytes: usize,
     /// Each request's deadline (`options.deadline_ms` can only shorten it); a backstop answers a request
-    /// still running 250 ms past it: 408 while its body is still arriving, 503 after.
+    /// still running 250 ms past it: 408 while its body is still arriving, 503 after (except a schema
+    /// registration that has begun writing its files: it is let finish, and answered with its result).
     #[serde(with = "duration")]
     pub request_timeout: Duration,
 }

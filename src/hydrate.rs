@@ -527,8 +527,9 @@ impl Hydrator {
         let now = self.cache.clock().now_ms();
         match result {
             Ok(values) => {
+                let wall_ms = self.cache.clock().wall_ms();
                 for (item, bytes) in items.into_iter().zip(values) {
-                    let entry = Arc::new(self.decode(&item, bytes.as_deref(), now));
+                    let entry = Arc::new(self.decode(&item, bytes.as_deref(), now, wall_ms));
                     self.publish(item, Ok(entry));
                 }
             }
@@ -590,13 +591,13 @@ impl Hydrator {
 
     /// Decodes a stored record for `item.view`. Unreadable records (bad MessagePack, another schema version,
     /// the wrong number or type of values) are served as defaults, counted, and logged once per key.
-    fn decode(&self, item: &FetchItem, bytes: Option<&[u8]>, now: i64) -> Entry {
+    fn decode(&self, item: &FetchItem, bytes: Option<&[u8]>, now: i64, wall_ms: i64) -> Entry {
         let view = &item.view;
         let stats = item.stats.clone();
         let Some(bytes) = bytes else {
             return Entry::new(now, None, view, item.key.len(), stats);
         };
-        match decode_record(view, bytes, self.cache.clock().wall_ms()) {
+        match decode_record(view, bytes, wall_ms) {
             Ok(found) => Entry::new(now, Some(found), view, item.key.len(), stats),
             Err(why) => {
                 stats.bad_records.fetch_add(1, Relaxed);

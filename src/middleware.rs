@@ -61,23 +61,26 @@ pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 pub struct BodyRead(Arc<RequestState>);
 
 struct RequestState {
-    flags: AtomicU8,
+    /// Where the body is: plain stores, as nothing else depends on it.
+    body: AtomicU8,
+    /// Whether the handler committed its change or the backstop answered: one excludes the other.
+    commit: AtomicU8,
     started: Instant,
 }
 
 const BODY_UNREAD: u8 = 0;
 const BODY_READING: u8 = 1;
 const BODY_READ: u8 = 2;
-const BODY_STATE: u8 = 3;
 /// The handler has begun its change: the backstop lets it finish.
-const COMMITTED: u8 = 4;
+const COMMITTED: u8 = 1;
 /// The backstop has answered: the handler must not begin its change.
-const EXPIRED: u8 = 8;
+const EXPIRED: u8 = 2;
 
 impl BodyRead {
-    fn new(started: Instant, flags: u8) -> BodyRead {
+    fn new(started: Instant, body: u8) -> BodyRead {
         BodyRead(Arc::new(RequestState {
-            flags: AtomicU8::new(flags),
+            body: AtomicU8::new(body),
+            commit: AtomicU8::new(0),
             started,
         }))
     }
@@ -89,47 +92,39 @@ impl BodyRead {
 
     /// Marks the body as being read.
     pub fn start(&self) {
-        self.set_body(BODY_READING);
+        self.0.body.store(BODY_READING, Relaxed);
     }
 
     /// Marks the read as over: the body read when `complete`, else unread (what was not taken, the
     /// rest of a body over the limit, is still on the connection).
     pub fn end(&self, complete: bool) {
-        self.set_body(if complete { BODY_READ } else { BODY_UNREAD });
-    }
-
-    fn set_body(&self, state: u8) {
-        let _ = self
-            .0
-            .flags
-            .fetch_update(AcqRel, Acquire, |s| Some(s & !BODY_STATE | state));
+        let state = if complete { BODY_READ } else { BODY_UNREAD };
+        self.0.body.store(state, Relaxed);
     }
 
     fn is(&self, state: u8) -> bool {
-        self.0.flags.load(Acquire) & BODY_STATE == state
+        self.0.body.load(Relaxed) == state
     }
 
     /// The handler is about to make its change: true when the backstop has not answered the request
     /// (and now will not), false when it has (the change must not be made: its caller was told it
     /// timed out).
     pub fn commit(&self) -> bool {
-        self.0
-            .flags
-            .fetch_update(AcqRel, Acquire, |s| {
-                (s & EXPIRED == 0).then_some(s | COMMITTED)
-            })
-            .is_ok()
+        self.settle(COMMITTED)
     }
 
     /// The backstop is about to answer: true when the handler has not begun a change (and now will
     /// not), false when it has (the handler's own answer is waited for).
     fn expire(&self) -> bool {
-        self.0
-            .flags
-            .fetch_update(AcqRel, Acquire, |s| {
-                (s & COMMITTED == 0).then_some(s | EXPIRED)
-            })
-            .is_ok()
+        self.settle(EXPIRED)
+    }
+
+    /// Takes `outcome` unless the other one was taken first; taking the same one again succeeds.
+    fn settle(&self, outcome: u8) -> bool {
+        match self.0.commit.compare_exchange(0, outcome, AcqRel, Acquire) {
+            Ok(_) => true,
+            Err(was) => was == outcome,
+        }
     }
 }
 
@@ -827,6 +822,9 @@ mod tests {
     async fn the_backstop_waits_for_a_committed_change_and_refuses_a_late_one() {
         let late_commit = Arc::new(std::sync::Mutex::new(None::<bool>));
         let seen = late_commit.clone();
+        // Rung once the caller has its 503, so the late commit comes after it however slow the host.
+        let answered = Arc::new(tokio::sync::Notify::new());
+        let answered_here = answered.clone();
         let app = Router::new()
             .route(
                 "/v1/schemas",
@@ -840,14 +838,14 @@ mod tests {
             .route(
                 "/v1/schemas/{kind}/{name}",
                 axum::routing::delete(move |req: Request| {
-                    let seen = seen.clone();
+                    let (seen, answered) = (seen.clone(), answered.clone());
                     async move {
                         let commit = req.extensions().get::<BodyRead>().cloned();
                         // The change runs on past the request, as a registration on the blocking pool
                         // does, and reaches its commit after the backstop answered.
                         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
                         tokio::spawn(async move {
-                            tokio::time::sleep(Duration::from_millis(600)).await;
+                            answered.notified().await;
                             let ok = commit.as_ref().map(BodyRead::commit);
                             *seen
                                 .lock()
@@ -898,10 +896,19 @@ mod tests {
             call("POST", "/v1/schemas").await,
             (StatusCode::OK, "changed".to_owned())
         );
-        // A DELETE has no body, and still gets the flag. Its commit comes at 600 ms: refused.
+        // A DELETE has no body, and still gets the flag. Its commit comes after the 503: refused.
         let (status, body) = call("DELETE", "/v1/schemas/views/v").await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
-        tokio::time::sleep(Duration::from_millis(700)).await;
+        answered_here.notify_one();
+        let until = Instant::now() + Duration::from_secs(10);
+        while late_commit
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_none()
+            && Instant::now() < until
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         assert_eq!(
             *late_commit
                 .lock()

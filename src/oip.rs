@@ -65,8 +65,14 @@ fn dims<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<i64>, D::Error> {
                     serde::de::Unexpected::Float(v),
                     &"an integer",
                 )),
-                _ => Err(E::custom(format!(
-                    "{v:e} is larger than a dimension can be"
+                FloatAsInt::Inexact => Err(E::custom(format!(
+                    "{v:e} is past 2^53, where a float no longer tells neighbouring integers apart: send it as an integer"
+                ))),
+                FloatAsInt::OutOfRange | FloatAsInt::LowerBound if v > 0.0 => Err(E::custom(
+                    format!("{v:e} is larger than a dimension can be"),
+                )),
+                FloatAsInt::OutOfRange | FloatAsInt::LowerBound => Err(E::custom(format!(
+                    "{v:e} is smaller than a dimension can be"
                 ))),
             }
         }

@@ -160,6 +160,9 @@ impl Store for Slowed {
     ) -> BoxFuture<'_, Result<(), StoreError>> {
         self.inner.put_many(writes, ttl)
     }
+    fn background_announcements(&self) -> (u64, u64) {
+        self.inner.background_announcements()
+    }
     fn publish_invalidations<'a>(
         &'a self,
         keys: &'a [String],

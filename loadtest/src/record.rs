@@ -87,7 +87,8 @@ pub struct Segment {
     pub which: Which,
     pub label: String,
     pub measured: bool,
-    /// Latencies of successful (2xx) requests.
+    /// Latencies of successful (2xx) requests, and of those given up at the timeout or abandoned at
+    /// Ctrl-C (the time they were open: a lower bound).
     pub hist: Histogram<u64>,
     /// Requests attempted, refused ones (overload) included.
     pub sent: u64,
@@ -238,6 +239,14 @@ impl Segment {
                     (0, Duration::ZERO)
                 } else {
                     steady_rate(&done, p99.min(end / 2), end.saturating_add(fastest))
+                        .unwrap_or_else(|| {
+                            // Too few answers for a rate between them (a handful of sends): those
+                            // within one schedule length from the fastest answer, per schedule length.
+                            let low = done.lowest_equivalent(fastest.max(1));
+                            let high = done
+                                .highest_equivalent(fastest.saturating_add(end).min(done.high()));
+                            (done.count_between(low, high), self.span)
+                        })
                 };
             }
             None => {
@@ -269,14 +278,14 @@ impl Segment {
 /// The rate at which answers completed between `from` and `to` (µs after the schedule started), as
 /// (intervals, time): the count of completions less one over the time from the first to the last, so
 /// that the bounds of the window, which cut between completions, do not bias it: two answers 400 ms
-/// apart are 2.5 per second whether the window around them is 0.8 or 1.2 s long. With fewer than
-/// two, the count over the whole window.
-fn steady_rate(done: &Histogram<u64>, from: u64, to: u64) -> (u64, Duration) {
+/// apart are 2.5 per second whether the window around them is 0.8 or 1.2 s long. `None` with fewer than
+/// two of them at different times.
+fn steady_rate(done: &Histogram<u64>, from: u64, to: u64) -> Option<(u64, Duration)> {
     // Completion times are recorded from 1 µs, to the histogram's resolution (0.1%).
     let low = done.lowest_equivalent(from.max(1));
     let high = done.highest_equivalent(to.min(done.high()));
     if high < low {
-        return (0, Duration::ZERO);
+        return None;
     }
     let mut first = None;
     let mut last = 0;
@@ -291,9 +300,9 @@ fn steady_rate(done: &Histogram<u64>, from: u64, to: u64) -> (u64, Duration) {
     }
     match first {
         Some(first) if count >= 2 && last > first => {
-            (count - 1, Duration::from_micros(last - first))
+            Some((count - 1, Duration::from_micros(last - first)))
         }
-        _ => (count, Duration::from_micros(high + 1 - low)),
+        _ => None,
     }
 }
 
@@ -580,6 +589,18 @@ mod tests {
             (rps - both).abs() < 1e-9 && (50.0..100.0).contains(&rps),
             "{rps}"
         );
+        // Two sends at 2/s, answered in 1 and 1.1 ms: too few for a rate between answers; the two
+        // within one schedule length of the fastest are 2 per second.
+        let mut c = Collector::new(origin);
+        c.begin(Segment::new(Which::Hydrant, "two", true));
+        c.start_schedule(origin);
+        c.record(ok(origin, 1));
+        let mut second = ok(origin + ms(500), 1);
+        second.latency = Duration::from_micros(1100);
+        c.record(second);
+        c.set_span(ms(1000));
+        let two = c.end(ms(1000)).expect("segment");
+        assert_eq!(two.achieved_rps(), Some(2.0));
         // Nothing answered: 0, not NaN.
         let mut c = Collector::new(origin);
         c.begin(Segment::new(Which::Hydrant, "none", true));

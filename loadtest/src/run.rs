@@ -777,13 +777,15 @@ impl Runner {
                 .await;
             (h, None)
         };
+        // Read before the stats: a Ctrl-C during that last request does not cut a step that ran whole.
+        let cut = self.cancel.is_cancelled();
         let stats_after = stats::fetch(&self.stats_pool).await.ok();
         Phase {
             label,
             shape,
             hydrant,
             floor,
-            cut: self.cancel.is_cancelled(),
+            cut,
             stats_before,
             stats_after,
         }
