@@ -197,14 +197,8 @@ where
     fn call(&mut self, mut req: Request) -> Self::Future {
         let started = Instant::now();
         let route = route_label(&req);
-        let body_read = body_read_for(&req, started).or_else(|| {
-            // The one route that registers a change without a body: nothing to read.
-            (route == "/v1/schemas/{kind}/{name}" && req.method() == axum::http::Method::DELETE)
-                .then(|| BodyRead::new(started, BODY_READ))
-        });
-        if let Some(b) = &body_read {
-            req.extensions_mut().insert(b.clone());
-        }
+        let body_read = body_read_for(&req, started);
+        req.extensions_mut().insert(body_read.clone());
         let inner = &mut self.inner;
         self.shared
             .wrap(started, route, req, body_read, |req| inner.call(req))
@@ -228,16 +222,23 @@ impl RequestLayer {
         let body_read = body_read_for(&req, started);
         self.shared
             .wrap(started, route, req, body_read.clone(), |req| {
-                handler(req, body_read)
+                handler(req, Some(body_read))
             })
     }
 }
 
-/// The body flag for a request: only one that declares a body gets one (and its allocation). A route
-/// that takes no body (a `GET`, a 404, a 405) leaves it unread, so its answer closes the connection and
-/// says so: hyper closes it whenever a body it could not skip is left on it.
-fn body_read_for(req: &Request, started: Instant) -> Option<BodyRead> {
-    declares_body(req.headers()).then(|| BodyRead::new(started, BODY_UNREAD))
+/// The request's state: a body it declares starts unread, so that a route that takes no body (a `GET`,
+/// a 404, a 405) leaves it unread and its answer closes the connection and says so (hyper closes it
+/// whenever a body it could not skip is left on it); a request without one has nothing to read. Every
+/// request gets one, so that any handler can time from its start and commit a change (a `DELETE` that
+/// registers one has no body).
+fn body_read_for(req: &Request, started: Instant) -> BodyRead {
+    let body = if declares_body(req.headers()) {
+        BODY_UNREAD
+    } else {
+        BODY_READ
+    };
+    BodyRead::new(started, body)
 }
 
 impl Shared {
@@ -248,7 +249,7 @@ impl Shared {
         started: Instant,
         route: &'static str,
         req: Request,
-        body_read: Option<BodyRead>,
+        body_read: BodyRead,
         call: impl FnOnce(Request) -> F,
     ) -> RequestFuture<F> {
         // The model label is a registered name, or empty for unknown names.
@@ -419,7 +420,7 @@ pin_project_lite::pin_project! {
         // Whether the request span is off (`log_level = "warn"`), so that lines logged while the request
         // is polled carry its id by `telemetry::tag_request` instead.
         tag: bool,
-        body_read: Option<BodyRead>,
+        body_read: BodyRead,
         // The error body's shape: on `/v2` the backstop and a panic answer as the Open Inference
         // Protocol does.
         shape: Shape,
@@ -463,10 +464,10 @@ where
                 Poll::Pending => return Poll::Pending,
                 // The handler has begun a change it answers for: its answer is waited for (it wakes
                 // this future when it is ready).
-                Poll::Ready(()) if this.body_read.as_ref().is_some_and(|b| !b.expire()) => {
+                Poll::Ready(()) if !this.body_read.expire() => {
                     return Poll::Pending;
                 }
-                Poll::Ready(()) if this.body_read.as_ref().is_some_and(|b| b.is(BODY_READING)) => {
+                Poll::Ready(()) if this.body_read.is(BODY_READING) => {
                     let err = ApiError::BodyTimeout(format!(
                         "the request body did not arrive within the gateway's limit of {:?} (limits.request_timeout)",
                         this.shared.limit
@@ -506,7 +507,7 @@ where
         // An answer given before the whole body came in (a refusal the headers settled, a body over the
         // limit, one that stopped coming): the rest would follow on the connection and cannot be told
         // from a next request, so hyper closes it, and the answer says so.
-        if this.body_read.as_ref().is_some_and(|b| !b.is(BODY_READ)) {
+        if !this.body_read.is(BODY_READ) {
             resp.headers_mut()
                 .insert(CONNECTION, HeaderValue::from_static("close"));
         }

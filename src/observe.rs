@@ -56,6 +56,22 @@ fn histogram(out: &mut String, name: &str, labels: &str, h: &Histogram) {
 }
 
 /// The Prometheus text exposition of every counter.
+/// `hydrant_invalidations_total` by kind, and `/v1/stats`' `invalidation`: the gateway's own counts,
+/// with the announcements the store made in the background for writes that failed but may have landed.
+fn invalidations(gw: &Gateway) -> [(&'static str, u64); 4] {
+    let inv = &gw.telemetry.invalidation;
+    let (bg_keys, bg_errors) = gw.hydrator.store().background_announcements();
+    [
+        ("published_keys", inv.published_keys.load(Relaxed) + bg_keys),
+        (
+            "publish_errors",
+            inv.publish_errors.load(Relaxed) + bg_errors,
+        ),
+        ("received_keys", inv.received_keys.load(Relaxed)),
+        ("flushes", inv.flushes.load(Relaxed)),
+    ]
+}
+
 pub fn prometheus(gw: &Gateway) -> String {
     let t = &gw.telemetry;
     let mut out = String::with_capacity(16 * 1024);
@@ -354,24 +370,13 @@ pub fn prometheus(gw: &Gateway) -> String {
         "hydrant_hot_key_flush_errors_total {}",
         p.hot_flush_errors.load(Relaxed)
     );
-    let inv = &t.invalidation;
-    // Announcements for writes that failed but may have landed are the store's, made in the background.
-    let (bg_keys, bg_errors) = gw.hydrator.store().background_announcements();
     header(
         &mut out,
         "hydrant_invalidations_total",
         "counter",
         "Cache invalidation between replicas: keys published, publish errors, keys received, whole-cache flushes.",
     );
-    for (kind, n) in [
-        ("published_keys", inv.published_keys.load(Relaxed) + bg_keys),
-        (
-            "publish_errors",
-            inv.publish_errors.load(Relaxed) + bg_errors,
-        ),
-        ("received_keys", inv.received_keys.load(Relaxed)),
-        ("flushes", inv.flushes.load(Relaxed)),
-    ] {
+    for (kind, n) in invalidations(gw) {
         let _ = writeln!(out, "hydrant_invalidations_total{{kind=\"{kind}\"}} {n}");
     }
     header(
@@ -491,8 +496,6 @@ pub fn stats(gw: &Gateway) -> Json {
         );
     }
     let p = &t.prefetch;
-    let inv = &t.invalidation;
-    let (bg_keys, bg_errors) = gw.hydrator.store().background_announcements();
     json!({
         "uptime_s": t.uptime_s(),
         "window_s": millis(window_s.unwrap_or_else(|| t.window_s())),
@@ -503,11 +506,10 @@ pub fn stats(gw: &Gateway) -> Json {
             "fetched": p.fetched.load(Relaxed), "cached": p.cached.load(Relaxed), "failed": p.failed.load(Relaxed),
             "warm_keys": p.warm_keys.load(Relaxed), "warm_incomplete": p.warm_incomplete.load(Relaxed),
         },
-        "invalidation": {
-            "published_keys": inv.published_keys.load(Relaxed) + bg_keys,
-            "publish_errors": inv.publish_errors.load(Relaxed) + bg_errors,
-            "received_keys": inv.received_keys.load(Relaxed), "flushes": inv.flushes.load(Relaxed),
-        },
+        "invalidation": invalidations(gw)
+            .into_iter()
+            .map(|(kind, n)| (kind.to_owned(), json!(n)))
+            .collect::<serde_json::Map<_, _>>(),
         "models": models,
         "views": views,
     })

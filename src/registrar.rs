@@ -262,11 +262,9 @@ fn apply(
     unchanged_since_planned(&plan, schemas_dir, reload)?;
     // The point of no return: from here the request layer's backstop waits for this answer rather than
     // answering 503 (writing the files and swapping the registry take a bounded time); if it already
-    // has, nothing is written.
+    // has, or the client left, nothing is written.
     if !commit.is_none_or(BodyRead::commit) {
-        return Err(ApiError::Timeout(
-            "the registration outlived the gateway's time limit before its files were written: nothing was registered".to_owned(),
-        ));
+        gone.store(true, Relaxed);
     }
     still_asked("before its files were written")?;
     write_files(schemas_dir, &plan.writes, &plan.read)?;

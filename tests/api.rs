@@ -1877,10 +1877,7 @@ async fn a_non_finite_score_is_an_error_not_a_null() {
         .await;
     assert_eq!(r.status, 422, "{}", String::from_utf8_lossy(&r.body));
     assert_eq!(r.json()["error"]["field"], json!(null));
-    let says = r.json()["error"]["message"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
+    let says = r.message();
     assert!(
         says.starts_with("model `ctr` gave a non-finite `score`")
             && says.contains("item_id `i_huge`"),
@@ -1895,10 +1892,7 @@ async fn a_non_finite_score_is_an_error_not_a_null() {
         )
         .await;
     assert_eq!(r.status, 422, "{}", String::from_utf8_lossy(&r.body));
-    let says = r.json()["error"]["message"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
+    let says = r.message();
     assert!(
         says.contains(
             "(view `item_stats`) and the context sent (`context.hour_of_day`, `context.device`)"

@@ -223,10 +223,7 @@ async fn full_names_that_still_collide_are_named() {
     };
     let r = app.post_json("/get-online-features", &body(true)).await;
     assert_eq!((r.status, r.code().as_str()), (400, "ambiguous_feature"));
-    let message = r.json()["error"]["message"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
+    let message = r.message();
     assert!(
         message.contains("`a:b__c` and `a__b:c` are both named `a__b__c`")
             && !message.contains("set full_feature_names"),

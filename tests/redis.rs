@@ -1208,8 +1208,8 @@ fn flushes(app: &TestApp) -> u64 {
 async fn kept_its_subscription_and_serves_fresh(app: &TestApp, why: &str) {
     assert_eq!(flushes(app), 0, "{why}");
     let r = app
-        .post_json(
-            "/v1/models/ctr/predict",
+        .predict(
+            "ctr",
             &json!({"entities": {"user_id": "u_1"}, "candidates": [{"item_id": "i_1"}]}),
         )
         .await;

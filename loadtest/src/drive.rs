@@ -196,18 +196,16 @@ pub async fn open_loop(d: &Arc<Driver>, rate: f64, duration: Duration, stream: u
     let (tx, mut rx) = mpsc::unbounded_channel::<Vec<(Instant, Bytes)>>();
     let d2 = d.clone();
     let scheduler = tokio::task::spawn_blocking(move || schedule(&d2, &tx, rate, duration, stream));
-    // The schedule's sends arrive in order, so each one's place in it is a count.
+    // The schedule's sends arrive in order, so each one's place in it is a count; the first is due
+    // when the schedule starts.
     let mut sent = 0u64;
-    let mut intended_of = Vec::new();
+    let mut t0 = None;
     // Ends when the scheduler finishes and drops its sender: bounded like the schedule.
     while let Some(batch) = rx.recv().await {
         for (intended, body) in batch {
             let i = sent;
             sent += 1;
-            if intended_of.is_empty() {
-                // The first send is due when the schedule starts; send i is due i intervals later.
-                intended_of.push(intended);
-            }
+            t0.get_or_insert(intended);
             match sem.clone().try_acquire_owned() {
                 Ok(permit) => {
                     let d = d.clone();
@@ -253,14 +251,10 @@ pub async fn open_loop(d: &Arc<Driver>, rate: f64, duration: Duration, stream: u
             let _ = tokio::time::timeout(drain, sem.acquire_many(permits)).await;
         })
         .await;
-    if !drained && let Some(&t0) = intended_of.first() {
+    if !drained && let Some(t0) = t0 {
         let now = Instant::now();
-        let interval = 1.0 / rate;
         for i in claims.claim_rest(sent) {
-            let due = Duration::try_from_secs_f64(i as f64 * interval)
-                .ok()
-                .and_then(|d| t0.checked_add(d))
-                .unwrap_or(now);
+            let due = due_at(t0, 1.0 / rate, i).unwrap_or(now);
             d.record(abandoned_sample(due, now));
         }
     }
@@ -294,7 +288,7 @@ fn schedule(
     // Past what a Duration or an Instant holds (a rate so low that the next send is centuries
     // away), a send is due after the end, and the span is the longest there is: never a panic.
     let after = |sent: u64| Duration::try_from_secs_f64(sent as f64 * interval).ok();
-    let due = |i: u64| after(i).and_then(|d| t0.checked_add(d)).unwrap_or(end);
+    let due = |i: u64| due_at(t0, interval, i).unwrap_or(end);
     let mut i = 0u64;
     let span = |sent: u64| after(sent).unwrap_or(Duration::MAX);
     while i < max_sends {
@@ -337,6 +331,14 @@ fn schedule(
         std::thread::sleep(left.min(MAX_SLEEP));
     }
     (duration, span(i))
+}
+
+/// When send `i` of a schedule that started at `t0`, one every `interval` seconds, is due; `None` past
+/// what an `Instant` holds.
+fn due_at(t0: Instant, interval: f64, i: u64) -> Option<Instant> {
+    Duration::try_from_secs_f64(i as f64 * interval)
+        .ok()
+        .and_then(|d| t0.checked_add(d))
 }
 
 /// Closed loop with `concurrency` workers for `duration`. Returns the time until the last worker

@@ -242,9 +242,7 @@ impl Segment {
                         .unwrap_or_else(|| {
                             // Too few answers for a rate between them (a handful of sends): those
                             // within one schedule length from the fastest answer, per schedule length.
-                            let low = done.lowest_equivalent(fastest.max(1));
-                            let high = done
-                                .highest_equivalent(fastest.saturating_add(end).min(done.high()));
+                            let (low, high) = bounds(&done, fastest, fastest.saturating_add(end));
                             (done.count_between(low, high), self.span)
                         })
                 };
@@ -281,9 +279,7 @@ impl Segment {
 /// apart are 2.5 per second whether the window around them is 0.8 or 1.2 s long. `None` with fewer than
 /// two of them at different times.
 fn steady_rate(done: &Histogram<u64>, from: u64, to: u64) -> Option<(u64, Duration)> {
-    // Completion times are recorded from 1 µs, to the histogram's resolution (0.1%).
-    let low = done.lowest_equivalent(from.max(1));
-    let high = done.highest_equivalent(to.min(done.high()));
+    let (low, high) = bounds(done, from, to);
     if high < low {
         return None;
     }
@@ -304,6 +300,15 @@ fn steady_rate(done: &Histogram<u64>, from: u64, to: u64) -> Option<(u64, Durati
         }
         _ => None,
     }
+}
+
+/// The completion times `from`..=`to` (µs after the schedule started) as the histogram holds them: from
+/// 1 µs, where completions are recorded from, to its resolution (0.1%) and within its range.
+fn bounds(done: &Histogram<u64>, from: u64, to: u64) -> (u64, u64) {
+    (
+        done.lowest_equivalent(from.max(1)),
+        done.highest_equivalent(to.min(done.high())),
+    )
 }
 
 /// One second of the timeline.
@@ -485,8 +490,6 @@ pub fn lock(c: &SharedCollector) -> std::sync::MutexGuard<'_, Collector> {
     c.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A send refused at `load.max_in_flight`. It counts as late: it never went out on schedule, and a
-/// generator that refuses most of its sends is as far behind as one that sends them late.
 /// A request still open when the run was stopped and its grace ran out: an error, with the time it had
 /// been open (since `at`) as a lower bound of its latency, as for a timeout.
 pub fn abandoned_sample(at: Instant, now: Instant) -> Sample {
@@ -501,6 +504,8 @@ pub fn abandoned_sample(at: Instant, now: Instant) -> Sample {
     }
 }
 
+/// A send refused at `load.max_in_flight`. It counts as late: it never went out on schedule, and a
+/// generator that refuses most of its sends is as far behind as one that sends them late.
 pub fn overload_sample(at: Instant) -> Sample {
     Sample {
         at,

@@ -106,62 +106,67 @@ async fn max_then_fraction_with_floor_writes_json_and_html() {
     }
 }
 
+/// A max-then-fraction run (`load`) against a fake gateway (`fake`) whose open-loop phase does not run:
+/// the result and the failure it reports, which is also among its warnings.
+async fn without_open_loop(
+    fake: FakeConfig,
+    load: &str,
+    dir: &str,
+) -> (loadtest::report::RunResult, String) {
+    let gw = FakeGateway::start(fake).await;
+    let s = scenario(&gw.url(), load, "");
+    let out = run(s, &quiet(temp_dir(dir)), Cancel::new())
+        .await
+        .expect("the sweep ran");
+    let r = out.result;
+    assert_eq!(r.offered_rps, None, "no open-loop phase ran");
+    let why = r.failure(None).expect("a failed run");
+    assert!(r.warnings.contains(&why), "{:?}", r.warnings);
+    (r, why)
+}
+
 /// A fraction so small that the open-loop phase would schedule nothing: no panic in the schedule, and a
 /// run that fails, saying why, rather than one reported as a success at 0 rps.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fraction_that_schedules_nothing_fails_the_run_and_says_why() {
-    let gw = FakeGateway::start(FakeConfig::default()).await;
-    let s = scenario(
-        &gw.url(),
+    let (r, why) = without_open_loop(
+        FakeConfig::default(),
         "mode = \"max-then-fraction\"\nconcurrency = [1]\nfraction = 1e-300\nstep_s = 0.5\nduration_s = 1\nwarm_up_s = 0",
-        "",
-    );
-    let out = run(s, &quiet(temp_dir("tiny-fraction")), Cancel::new())
-        .await
-        .expect("the sweep ran");
-    let r = &out.result;
+        "tiny-fraction",
+    )
+    .await;
     assert!(r.max_rps.is_some_and(|m| m > 0.0), "{:?}", r.max_rps);
-    assert_eq!(r.offered_rps, None, "no open-loop phase ran");
-    let why = r.failure(None).expect("a failed run");
     assert!(
         why.starts_with("the open-loop phase did not run: load.fraction 1e-300")
             && why.contains("raise load.fraction or load.duration_s"),
         "{why}"
     );
-    assert!(r.warnings.contains(&why), "{:?}", r.warnings);
 }
 
 /// A sweep in which nothing succeeded gives no rate for the open-loop phase: the run fails saying so,
 /// and no failed step is reported as the measured phase.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sweep_where_nothing_succeeded_says_the_open_loop_phase_did_not_run() {
-    let gw = FakeGateway::start(FakeConfig {
-        overloaded_above: Some(0),
-        ..FakeConfig::default()
-    })
-    .await;
-    let s = scenario(
-        &gw.url(),
+    let (r, why) = without_open_loop(
+        FakeConfig {
+            overloaded_above: Some(0),
+            ..FakeConfig::default()
+        },
         "mode = \"max-then-fraction\"\nconcurrency = [1, 2]\nfraction = 0.5\nstep_s = 0.5\nduration_s = 1\nwarm_up_s = 0",
-        "",
-    );
-    let out = run(s, &quiet(temp_dir("nothing-succeeded")), Cancel::new())
-        .await
-        .expect("the sweep ran");
-    let r = &out.result;
+        "nothing-succeeded",
+    )
+    .await;
     assert!(
         r.steps
             .iter()
             .all(|s| s.hydrant.ok == 0 && s.hydrant.errors > 0)
     );
-    assert_eq!((r.offered_rps, r.headline.as_str()), (None, "none"));
+    assert_eq!(r.headline, "none");
     assert_eq!(r.hydrant.requests, 0, "{:?}", r.hydrant);
-    let why = r.failure(None).expect("a failed run");
     assert!(
         why.starts_with("the open-loop phase did not run: no request succeeded in the sweep"),
         "{why}"
     );
-    assert!(r.warnings.contains(&why), "{:?}", r.warnings);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -274,6 +279,26 @@ async fn an_absent_redis_or_floor_fails_before_the_load() {
     );
 }
 
+/// `load` run against a fake gateway that answers the readiness probe and the first requests at once,
+/// then holds every request from 0.5 s after it started; Ctrl-C at 1.5 s, with a request timeout of 30 s.
+async fn interrupted_in_a_stall(load: &str, dir: &str) -> loadtest::run::RunOutput {
+    let gw = FakeGateway::start(FakeConfig {
+        delay: Duration::from_millis(1),
+        stall: Some((Duration::from_millis(500), Duration::from_secs(120))),
+        ..FakeConfig::default()
+    })
+    .await;
+    let mut s = scenario(&gw.url(), load, "");
+    s.timeout = Duration::from_secs(30);
+    run(
+        s,
+        &quiet(temp_dir(dir)),
+        cancel_after(Duration::from_millis(1500)),
+    )
+    .await
+    .expect("partial run")
+}
+
 /// Ctrl-C against a server that holds every request: the report comes promptly, not after the
 /// requests' 30 s timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -282,20 +307,8 @@ async fn cancel_does_not_wait_for_requests_a_hung_server_holds() {
         "mode = \"open-loop\"\nrate = 20\nduration_s = 30",
         "mode = \"closed-loop\"\nconcurrency = [4]\nduration_s = 30",
     ] {
-        // Answers the readiness probe, then holds every request from 0.5 s on.
-        let gw = FakeGateway::start(FakeConfig {
-            delay: Duration::from_millis(1),
-            stall: Some((Duration::from_millis(500), Duration::from_secs(120))),
-            ..FakeConfig::default()
-        })
-        .await;
-        let mut s = scenario(&gw.url(), load, "");
-        s.timeout = Duration::from_secs(30);
-        let cancel = cancel_after(Duration::from_millis(1500));
         let started = Instant::now();
-        let out = run(s, &quiet(temp_dir("cancel-hung")), cancel)
-            .await
-            .expect("partial run");
+        let out = interrupted_in_a_stall(load, "cancel-hung").await;
         assert!(
             started.elapsed() < Duration::from_secs(6),
             "{load}: the report took {:?}",
@@ -321,23 +334,7 @@ async fn requests_a_stall_holds_at_ctrl_c_are_counted_as_abandoned() {
             4..=4,
         ),
     ] {
-        // Answers at once, then holds every request from 0.5 s after it started.
-        let gw = FakeGateway::start(FakeConfig {
-            delay: Duration::from_millis(1),
-            stall: Some((Duration::from_millis(500), Duration::from_secs(120))),
-            ..FakeConfig::default()
-        })
-        .await;
-        let mut s = scenario(&gw.url(), load, "");
-        s.timeout = Duration::from_secs(30);
-        let out = run(
-            s,
-            &quiet(temp_dir("cancel-stall")),
-            cancel_after(Duration::from_millis(1500)),
-        )
-        .await
-        .expect("partial run");
-        let v = result_json(&out);
+        let v = result_json(&interrupted_in_a_stall(load, "cancel-stall").await);
         let n = v["errors_by_kind"]["abandoned"].as_u64().unwrap_or(0);
         assert!(abandoned.contains(&n), "{load}: {}", v["errors_by_kind"]);
         assert_eq!(v["errors"].as_u64(), Some(n), "{load}: nothing else failed");

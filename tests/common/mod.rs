@@ -79,6 +79,14 @@ impl Reply {
             .unwrap_or("")
             .to_owned()
     }
+
+    /// The error's message (empty when there is none).
+    pub fn message(&self) -> String {
+        self.json()["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned()
+    }
 }
 
 /// Sends `request` (raw bytes: head and body) on a fresh connection to `addr` and reads until the gateway
