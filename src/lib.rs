@@ -31,7 +31,8 @@
 //!   format; [`packed`]: a cached record's values, packed in one allocation.
 //! - [`schema`]: the schema registry: parsing, validation and compilation of entities, views and models;
 //!   [`proposal`]: a proposed change checked against the running registry (`POST /v1/schemas:validate`);
-//!   [`registrar`]: registering changes while serving, with kept versions and rollback.
+//!   [`registrar`]: registering changes while serving, with kept versions and rollback; [`yaml`]: the
+//!   bound on what a YAML text's aliases expand to, checked before any is read.
 //! - [`oip`]: the Open Inference Protocol (KServe V2) infer endpoint, raw tensors without hydration.
 //! - [`feast`]: Feast's feature-server read (`POST /get-online-features`), for clients switching from Feast.
 //! - [`loader`]: writing feature rows: the bulk loader (JSON Lines, CSV) and the rows API, write-through.
@@ -72,3 +73,4 @@ pub mod serve;
 pub mod store;
 pub mod telemetry;
 pub mod value;
+pub mod yaml;

@@ -267,6 +267,10 @@ fn outside_models_folder(proposed: &Registry, touched: &BTreeSet<String>) -> Vec
 /// to the compiler, which says what is missing.
 pub fn submitted(body: &str) -> Vec<(Kind, String)> {
     let mut out: Vec<(Kind, String)> = Vec::new();
+    // Not read at all when its aliases expand past the bound: compiled, the body is refused for it.
+    if crate::yaml::expansion_problem(body).is_some() {
+        return out;
+    }
     for doc in serde_yaml::Deserializer::from_str(body) {
         let Ok(value) = serde_yaml::Value::deserialize(doc) else {
             break;

@@ -889,6 +889,9 @@ fn is_marker(line: &str) -> bool {
 }
 
 fn parse_all(text: &str) -> Option<Vec<serde_yaml::Value>> {
+    if crate::yaml::expansion_problem(text).is_some() {
+        return None;
+    }
     serde_yaml::Deserializer::from_str(text)
         .map(serde_yaml::Value::deserialize)
         .collect::<Result<Vec<_>, _>>()
@@ -992,7 +995,8 @@ fn kept_holds(schemas_dir: &Path, kind: Kind, name: &str, body: &serde_yaml::Val
     document_version(body).is_some_and(|v| {
         std::fs::read_to_string(kept_file(schemas_dir, kind, name, v))
             .ok()
-            .and_then(|text| serde_yaml::from_str::<serde_yaml::Value>(&text).ok())
+            .and_then(|text| parse_all(&text))
+            .and_then(|mut values| (values.len() == 1).then(|| values.swap_remove(0)))
             .is_some_and(|kept| kept == *body)
     })
 }
@@ -1455,6 +1459,15 @@ fn kept_document(
     name: &str,
     version: u32,
 ) -> Result<serde_yaml::Value, ApiError> {
+    if let Some(why) = crate::yaml::expansion_problem(text) {
+        return Err(ApiError::Conflict {
+            code: "kept_version_unreadable",
+            message: format!(
+                "kept version {version} of `{name}` ({}) is refused: {why}",
+                file.display()
+            ),
+        });
+    }
     let value: serde_yaml::Value = serde_yaml::from_str(text).map_err(|e| ApiError::Conflict {
         code: "kept_version_unreadable",
         message: format!(

@@ -570,6 +570,12 @@ impl Registry {
             // A file with no document at all (empty, or only comments) is most likely one saved before
             // it was written: said, rather than skipped.
             let mut documents = 0;
+            if let Some(why) = crate::yaml::expansion_problem(text) {
+                errs.in_document("");
+                errs.push(file, "", format!("not valid YAML: {why}"));
+                broken.unread(file);
+                continue;
+            }
             for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
                 // Errors name the document, all but the first (`document 2: ...`); a YAML syntax error
                 // is the file's.
@@ -1878,6 +1884,24 @@ features:
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn a_file_whose_aliases_multiply_is_refused_before_it_is_read() {
+        let mut yaml = String::from("kind: entity\nname: u\ndtype: string\nx: &a\n");
+        yaml.extend(std::iter::repeat_n("  - 1\n", 4_000));
+        yaml.push_str("y:\n");
+        yaml.extend(std::iter::repeat_n("  - *a\n", 4_000));
+        let e = Registry::compile(&[(PathBuf::from("d.yaml"), yaml)], Path::new("."))
+            .expect_err("16 million values");
+        assert_eq!(e.0.len(), 1, "{e}");
+        assert_eq!(e.0[0].path, "", "{e}");
+        assert!(
+            e.0[0]
+                .message
+                .starts_with("not valid YAML: its aliases (`*name`) expand to more than"),
+            "{e}"
+        );
     }
 
     #[test]
