@@ -10,6 +10,7 @@
 //! (and the answer carries `x-hydrant-degraded: true`); no value because the store failed or held an
 //! unreadable record is `INVALID`.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use compact_str::CompactString;
@@ -192,6 +193,12 @@ impl OnlineFeaturesRequest {
 
         let mut views: Vec<(Arc<View>, Vec<CompactString>)> = Vec::new();
         let mut columns: Vec<(usize, usize, String)> = Vec::new();
+        // Per view in `views`, which of its features are columns already (a feature may be named twice,
+        // and a view's name alone names all of them); and each column's name, to find one given twice.
+        // Both are looked up once per feature, so a request naming a wide view thousands of times costs
+        // its length, not its square.
+        let mut asked: Vec<Vec<bool>> = Vec::new();
+        let mut named: HashMap<String, usize> = HashMap::new();
         for (vname, fname, field) in refs {
             let Some(view) = registry.views.get(vname) else {
                 return Err(unknown_view(registry, &field, vname));
@@ -203,6 +210,7 @@ impl OnlineFeaturesRequest {
                         return Err(view_keys_missing(view));
                     };
                     views.push((view.clone(), entity_keys(&view.entity, keys, limits)?));
+                    asked.push(vec![false; view.features.len()]);
                     views.len() - 1
                 }
             };
@@ -214,7 +222,11 @@ impl OnlineFeaturesRequest {
                 }
             };
             for fi in wanted {
-                if columns.iter().any(|&(v, f, _)| (v, f) == (vi, fi)) {
+                if asked
+                    .get_mut(vi)
+                    .and_then(|seen| seen.get_mut(fi))
+                    .is_none_or(|seen| std::mem::replace(seen, true))
+                {
                     continue;
                 }
                 let feature = &view.features[fi].name;
@@ -224,7 +236,7 @@ impl OnlineFeaturesRequest {
                     feature.clone()
                 };
                 // Feast refuses the same short name from two views: the answer could not tell them apart.
-                if let Some((other, of, _)) = columns.iter().find(|(_, _, n)| *n == name) {
+                if let Some((other, of, _)) = named.get(&name).and_then(|&c| columns.get(c)) {
                     let other = &views[*other].0;
                     let message = if full_names {
                         // `a__b:c` and `a:b__c` are both `a__b__c`: no naming option tells them apart.
@@ -252,6 +264,7 @@ impl OnlineFeaturesRequest {
                     };
                     return Err(ApiError::invalid("ambiguous_feature", &field, message));
                 }
+                named.insert(name.clone(), columns.len());
                 columns.push((vi, fi, name));
             }
         }

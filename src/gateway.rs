@@ -354,7 +354,10 @@ impl Gateway {
         let hydrated = self.hydrate(&lookups, deadline).await;
         t.set(Stage::Hydrate, laps.lap());
 
-        let mut w = BodyWriter::new(answer, 2, 128 + plan.rows * (plan.columns.len() + 1) * 48);
+        // A guess that fits most answers; a very wide one (a thousand keys of a thousand features) grows
+        // the buffer as it is written rather than reserving it all before.
+        let guess = 128 + plan.rows * (plan.columns.len() + 1) * 48;
+        let mut w = BodyWriter::new(answer, 2, guess.min(1 << 20));
         OnlineBody {
             request: &req,
             plan: &plan,
