@@ -30,6 +30,8 @@ use crate::serve::{ResponseFuture, Routes, Shortcut};
 const PREDICT: &str = "/v1/models/{model}/predict";
 const INFER: &str = "/v2/models/{model}/infer";
 const FEATURES: &str = "/v1/features";
+/// The binary tensor extension's header: the length of the JSON part before the raw tensors.
+const INFERENCE_HEADER_CONTENT_LENGTH: &str = "inference-header-content-length";
 /// The Open Inference Protocol's paths that name a model version.
 pub const VERSIONED_MODEL: &str = "/v2/models/{model}/versions/{version}";
 pub const VERSIONED_READY: &str = "/v2/models/{model}/versions/{version}/ready";
@@ -719,6 +721,17 @@ async fn v2_infer(
                 ),
             ));
         }
+    }
+    // A body in the binary tensor extension is a JSON header and raw bytes after it: refused before it is
+    // read, since it is not JSON.
+    if headers.contains_key(INFERENCE_HEADER_CONTENT_LENGTH) {
+        failed(StatusCode::BAD_REQUEST);
+        return Err(crate::oip::OipError(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "{INFERENCE_HEADER_CONTENT_LENGTH}: the binary tensor extension is not supported; send the data as JSON (Triton's client: binary_data=False for each input and output)"
+            ),
+        ));
     }
     let started = started(body_read.as_ref());
     let r = split(req, body_read, &gw).await.map_err(|e| {

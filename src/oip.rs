@@ -166,10 +166,21 @@ pub struct RequestedOutput {
 pub type Parameters = serde_json::Map<String, Json_>;
 
 /// `at` names where the parameters are (`inputs[0].`); built only for the error.
+///
+/// `binary_data: false` and `binary_data_output: false` ask for what this endpoint does (JSON), as
+/// Triton's client sends them for outputs requested with `binary_data=False`; any other `binary_data*`
+/// parameter asks for the binary extension.
 fn check_parameters(at: impl FnOnce() -> String, p: Option<&Parameters>) -> Result<(), OipError> {
-    if let Some(key) = p.and_then(|p| p.keys().find(|k| k.starts_with("binary_data"))) {
+    let binary = p.and_then(|p| {
+        p.iter().find(|(k, v)| {
+            k.starts_with("binary_data")
+                && !(matches!(k.as_str(), "binary_data" | "binary_data_output")
+                    && *v == &Json_::Bool(false))
+        })
+    });
+    if let Some((key, value)) = binary {
         return Err(bad(format!(
-            "{}parameters.{key}: the binary tensor extension is not supported; send the data as JSON",
+            "{}parameters.{key}: {value} asks for the binary tensor extension, which is not supported; send the data as JSON (Triton's client: binary_data=False for each input and output)",
             at()
         )));
     }

@@ -473,7 +473,7 @@ async fn v2_infer_rejects_bad_tensors_with_the_reason() {
         (
             "binary tensor data",
             json!({"inputs": [{"name": "features", "shape": [1, 27], "datatype": "FP32", "data": row, "parameters": {"binary_data_size": 108}}]}),
-            "inputs[0].parameters.binary_data_size: the binary tensor extension is not supported",
+            "inputs[0].parameters.binary_data_size: 108 asks for the binary tensor extension, which is not supported",
         ),
         (
             "binary outputs",
@@ -564,6 +564,47 @@ async fn v2_infer_rejects_bad_tensors_with_the_reason() {
             .to_owned();
         assert!(e.contains(needle), "{name}: {e}");
     }
+    // `binary_data: false` asks for JSON, what the endpoint answers: Triton's client sends it for each
+    // output requested with `binary_data=False`, and `binary_data_output: false` likewise.
+    let plain = app
+        .post_json(
+            "/v2/models/ctr/infer",
+            &json!({"inputs": [{"name": "features", "shape": [1, 27], "datatype": "FP32", "data": row}]}),
+        )
+        .await;
+    assert_eq!(plain.status, 200);
+    for body in [
+        json!({"inputs": [{"name": "features", "shape": [1, 27], "datatype": "FP32", "data": row}], "outputs": [{"name": "score", "parameters": {"binary_data": false}}]}),
+        json!({"inputs": [{"name": "features", "shape": [1, 27], "datatype": "FP32", "data": row, "parameters": {"binary_data": false}}], "parameters": {"binary_data_output": false}}),
+    ] {
+        let r = app.post_json("/v2/models/ctr/infer", &body).await;
+        assert_eq!(
+            r.status,
+            200,
+            "{body}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        assert_eq!(r.json()["outputs"], plain.json()["outputs"], "{body}");
+    }
+    // The extension's framing (a JSON header, then raw bytes) is refused by its header, before the body.
+    let r = app
+        .post_with(
+            "/v2/models/ctr/infer",
+            &[
+                ("content-type", "application/json"),
+                ("inference-header-content-length", "105"),
+            ],
+            br#"{"inputs":[{"name":"features","shape":[1,27],"datatype":"FP32","parameters":{"binary_data_size":108}}]}AAAA"#.to_vec(),
+        )
+        .await;
+    assert_eq!(r.status, 400);
+    let e = r.json()["error"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        e.starts_with(
+            "inference-header-content-length: the binary tensor extension is not supported"
+        ),
+        "{e}"
+    );
     // A syntax error says where it is; a huge name sent back is cut, as on the other routes.
     let r = app
         .post(
