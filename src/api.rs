@@ -253,10 +253,10 @@ async fn predict(
     // An unknown model is known from the path: answered before waiting for the body.
     let engine = gw.engine(&path_segment(req.uri(), 3))?;
     let started = started(body_read.as_ref());
-    let r = split(req, body_read, &gw)
+    let r = split_answered(req, body_read, &gw)
         .await
         .inspect_err(|e| engine.stats().failed(e.status()))?;
-    gw.predict(&engine, r.format, &r.headers, &r.body, started)
+    gw.predict(&engine, r.format, r.answer, &r.body, started)
         .await
 }
 
@@ -272,8 +272,8 @@ async fn features(
     body_read: Option<BodyRead>,
 ) -> Result<Response, ApiError> {
     let started = started(body_read.as_ref());
-    let r = split(req, body_read, &gw).await?;
-    gw.features(r.format, &r.headers, &r.body, started).await
+    let r = split_answered(req, body_read, &gw).await?;
+    gw.features(r.format, r.answer, &r.body, started).await
 }
 
 async fn online_features(
@@ -282,8 +282,8 @@ async fn online_features(
     body_read: Option<BodyRead>,
 ) -> Result<Response, ApiError> {
     let started = started(body_read.as_ref());
-    let r = split(req, body_read, &gw).await?;
-    gw.online_features(r.format, &r.headers, &r.body, started)
+    let r = split_answered(req, body_read, &gw).await?;
+    gw.online_features(r.format, r.answer, &r.body, started)
         .await
 }
 
@@ -327,7 +327,7 @@ async fn schema_body(
     body_read: Option<BodyRead>,
     gw: &Gateway,
 ) -> Result<String, ApiError> {
-    let r = split_as(req, body_read, gw, yaml_type).await?;
+    let r = split_as(req, body_read, gw, yaml_type, false).await?;
     crate::proposal::check_size(&r.body)?;
     crate::registrar::body_text(&r.body)
 }
@@ -509,15 +509,15 @@ fn yaml_type(headers: &HeaderMap) -> Result<Format, ApiError> {
     }
 }
 
-/// A request's headers, URI and body, owned, for the handlers to borrow from (the `HeaderMap` and
-/// `Path<String>` extractors would copy the headers and the path segment on every request), and the
-/// body's format.
+/// A request's URI and body, owned, for the handlers to borrow from (the `Path<String>` extractor would
+/// copy the path segment on every request), and the body's format and the answer's.
 struct Received {
-    headers: HeaderMap,
     uri: Uri,
     body: Bytes,
     /// From `Content-Type`, checked before the body was read.
     format: Format,
+    /// The answer's, from `Accept` ([`split_answered`]; else the body's).
+    answer: Format,
 }
 
 /// Takes the request apart into [`Received`].
@@ -531,7 +531,18 @@ async fn split(
     body_read: Option<BodyRead>,
     gw: &Gateway,
 ) -> Result<Received, ApiError> {
-    split_as(req, body_read, gw, Format::of_request).await
+    split_as(req, body_read, gw, Format::of_request, false).await
+}
+
+/// [`split`] for a route that answers in JSON or MessagePack as `Accept` asks: the answer's format is
+/// settled with the body's, before the body is read, so that a client that sent `Expect: 100-continue`
+/// gets a 406 instead of a 100.
+async fn split_answered(
+    req: Request,
+    body_read: Option<BodyRead>,
+    gw: &Gateway,
+) -> Result<Received, ApiError> {
+    split_as(req, body_read, gw, Format::of_request, true).await
 }
 
 /// [`split`], with the body's `Content-Type` checked by `format_of`, which answers the answer's format.
@@ -540,6 +551,7 @@ async fn split_as(
     body_read: Option<BodyRead>,
     gw: &Gateway,
     format_of: fn(&HeaderMap) -> Result<Format, ApiError>,
+    negotiate: bool,
 ) -> Result<Received, ApiError> {
     let limits = &gw.config.limits;
     // A body declared larger than the limit is refused at once, not after waiting for it.
@@ -597,6 +609,11 @@ async fn split_as(
     // Refused before the body is read: a client that sent `Expect: 100-continue` gets the 415 instead
     // of a 100 and then the 415.
     let format = format_of(req.headers())?;
+    let answer = if negotiate {
+        Format::of_response(req.headers(), format)?
+    } else {
+        format
+    };
     let (parts, body) = req.into_parts();
     if let Some(b) = &body_read {
         b.start();
@@ -616,10 +633,10 @@ async fn split_as(
         },
     })?;
     Ok(Received {
-        headers: parts.headers,
         uri: parts.uri,
         body,
         format,
+        answer,
     })
 }
 

@@ -353,6 +353,13 @@ impl ApiError {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
+        // RFC 9110, 15.5.16: a 415 for a content coding says which codings are taken.
+        if let Self::UnsupportedEncoding(_) = &self {
+            resp.headers_mut().insert(
+                header::ACCEPT_ENCODING,
+                HeaderValue::from_static("identity"),
+            );
+        }
         // RFC 6750: a 401 says which scheme, and whether the token sent was the problem.
         if let Self::Unauthorized { bearer, .. } = &self {
             resp.headers_mut().insert(

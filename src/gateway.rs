@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use smallvec::SmallVec;
@@ -136,13 +135,13 @@ impl Gateway {
         &self,
         engine: &Arc<Engine>,
         format: Format,
-        headers: &HeaderMap,
+        answer: Format,
         body: &[u8],
         started: Instant,
     ) -> Result<Response, ApiError> {
         let stats = engine.stats();
         let result = self
-            .run_predict(engine, format, headers, body, started)
+            .run_predict(engine, format, answer, body, started)
             .await;
         if let Err(e) = &result {
             stats.failed(e.status());
@@ -154,7 +153,7 @@ impl Gateway {
         &self,
         engine: &Arc<Engine>,
         format: Format,
-        headers: &HeaderMap,
+        answer: Format,
         body: &[u8],
         started: Instant,
     ) -> Result<Response, ApiError> {
@@ -163,7 +162,6 @@ impl Gateway {
         let mut laps = Laps::from(started);
 
         // decode
-        let answer = Format::of_response(headers, format)?;
         // The usual body read by hand; anything else (and every error) by serde. Neither holds more
         // candidates than the limit: past it they are counted for the 413, not kept.
         let fast = match format {
@@ -278,13 +276,12 @@ impl Gateway {
     pub async fn features(
         &self,
         format: Format,
-        headers: &HeaderMap,
+        answer: Format,
         body: &[u8],
         started: Instant,
     ) -> Result<Response, ApiError> {
         let mut t = Timings::default();
         let mut laps = Laps::from(started);
-        let answer = Format::of_response(headers, format)?;
         let req: FeaturesRequest = parse_limited(format, body, &self.config.limits)?;
         let plan = req.plan(&self.catalog.load().registry, &self.config.limits)?;
         let deadline = self.deadline(started, req.options.deadline_ms);
@@ -338,13 +335,12 @@ impl Gateway {
     pub async fn online_features(
         &self,
         format: Format,
-        headers: &HeaderMap,
+        answer: Format,
         body: &[u8],
         started: Instant,
     ) -> Result<Response, ApiError> {
         let mut t = Timings::default();
         let mut laps = Laps::from(started);
-        let answer = Format::of_response(headers, format)?;
         let req: OnlineFeaturesRequest = parse_limited(format, body, &self.config.limits)?;
         let plan = req.plan(&self.catalog.load().registry, &self.config.limits)?;
         let deadline = self.deadline(started, None);

@@ -5,7 +5,7 @@
 
 mod common;
 
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::Response;
 use hydrant::app::Application;
 use hydrant::clock::Clock;
@@ -45,25 +45,15 @@ fn demo_gateway() -> (
     (rt, gw, dir)
 }
 
-fn json_headers() -> HeaderMap {
-    let mut headers = HeaderMap::new();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    headers
-}
-
 /// Allocations per request over [`REQUESTS`] requests of `body` to model `ctr`, every key cached.
 fn allocations_per_request(body: &[u8]) -> u64 {
     let (rt, gw, _dir) = demo_gateway();
-    let headers = json_headers();
     // The first request fills the cache; the rest are the hot path.
     let first = rt
         .block_on(gw.predict(
             &gw.engine("ctr").expect("ctr"),
             Format::Json,
-            &headers,
+            Format::Json,
             body,
             Instant::now(),
         ))
@@ -76,7 +66,7 @@ fn allocations_per_request(body: &[u8]) -> u64 {
                     .predict(
                         &gw.engine("ctr").expect("ctr"),
                         Format::Json,
-                        &headers,
+                        Format::Json,
                         body,
                         Instant::now(),
                     )
@@ -143,7 +133,6 @@ fn outcome(r: Result<Response, ApiError>) -> Result<StatusCode, (StatusCode, Str
 #[test]
 fn a_list_of_candidates_past_the_limit_is_refused_without_holding_it() {
     let (rt, gw, _dir) = demo_gateway();
-    let headers = json_headers();
     let n = 300_000;
     for body in [
         // Read by hand, then by serde once past the limit.
@@ -162,7 +151,7 @@ fn a_list_of_candidates_past_the_limit_is_refused_without_holding_it() {
             outcome(rt.block_on(gw.predict(
                 &engine,
                 Format::Json,
-                &headers,
+                Format::Json,
                 body.as_bytes(),
                 Instant::now(),
             )))
@@ -185,7 +174,6 @@ fn a_list_of_candidates_past_the_limit_is_refused_without_holding_it() {
 #[test]
 fn entity_keys_past_the_limit_are_refused_without_holding_them() {
     let (rt, gw, _dir) = demo_gateway();
-    let headers = json_headers();
     let n = 250_000;
     let keys = vec!["\"a\""; n].join(",");
     let features =
@@ -205,11 +193,11 @@ fn entity_keys_past_the_limit_are_refused_without_holding_them() {
             outcome(rt.block_on(async {
                 match route {
                     "/v1/features" => {
-                        gw.features(Format::Json, &headers, body, Instant::now())
+                        gw.features(Format::Json, Format::Json, body, Instant::now())
                             .await
                     }
                     "/get-online-features" => {
-                        gw.online_features(Format::Json, &headers, body, Instant::now())
+                        gw.online_features(Format::Json, Format::Json, body, Instant::now())
                             .await
                     }
                     _ => gw.prefetch(Format::Json, body).await,

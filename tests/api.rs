@@ -1203,6 +1203,10 @@ async fn error_messages_name_what_was_expected() {
             .or(body["error"].as_str())
             .expect("message");
         assert!(m.contains("Content-Encoding: gzip"), "{path}: {m}");
+        if path.starts_with("/v1") {
+            // RFC 9110, 15.5.16: the codings that are taken.
+            assert_eq!(r.headers["accept-encoding"], "identity");
+        }
     }
     let r = app
         .post_with(
@@ -1631,8 +1635,9 @@ async fn a_connect_request_is_refused_naming_its_target() {
 }
 
 /// What the headers alone settle is answered without waiting for the body: a body declared over
-/// `limits.max_body_bytes` (413), a predict for a model that does not exist (404), and a content type
-/// hydrant does not read (415: a client that asked `Expect: 100-continue` gets no 100 first). Each closes
+/// `limits.max_body_bytes` (413), a predict for a model that does not exist (404), a content type
+/// hydrant does not read (415: a client that asked `Expect: 100-continue` gets no 100 first), and an
+/// `Accept` that takes neither answer format (406). Each closes
 /// the connection, since the body would follow on it, and says `Connection: close`.
 #[tokio::test]
 async fn an_oversized_body_or_unknown_model_is_refused_before_the_body_arrives() {
@@ -1655,6 +1660,22 @@ async fn an_oversized_body_or_unknown_model_is_refused_before_the_body_arrives()
             "POST /v1/models/ctr/predict HTTP/1.1\r\nhost: h\r\ncontent-type: text/plain\r\nexpect: 100-continue\r\ncontent-length: 100\r\n\r\n",
             "415",
             "unsupported_media_type",
+        ),
+        // An `Accept` that refuses both answer formats, on each route that negotiates one.
+        (
+            "POST /v1/models/ctr/predict HTTP/1.1\r\nhost: h\r\naccept: application/json;q=0, application/msgpack;q=0\r\nexpect: 100-continue\r\ncontent-length: 100\r\n\r\n",
+            "406",
+            "not_acceptable",
+        ),
+        (
+            "POST /v1/features HTTP/1.1\r\nhost: h\r\naccept: application/json;q=0, application/msgpack;q=0\r\nexpect: 100-continue\r\ncontent-length: 100\r\n\r\n",
+            "406",
+            "not_acceptable",
+        ),
+        (
+            "POST /get-online-features HTTP/1.1\r\nhost: h\r\naccept: application/json;q=0, application/msgpack;q=0\r\nexpect: 100-continue\r\ncontent-length: 100\r\n\r\n",
+            "406",
+            "not_acceptable",
         ),
         // The other routes whose path names what they act on.
         (
