@@ -911,7 +911,15 @@ fn check_redis_url(url: &str) -> Result<(), String> {
                 && !db.is_empty()
                 && db.parse::<u8>().is_err()
             {
-                return Err("not a valid Redis URL: the database (the path, as in redis://host:6379/1) must be a number from 0 to 255 (the URL is not shown: it may hold a password)".to_owned());
+                // `redis://user:pa/ss@host`: the path would start inside the password.
+                let hint = if db.contains('@') {
+                    "; a `/` before the `@` is in the user name or password: percent-encode it as %2F"
+                } else {
+                    ""
+                };
+                return Err(format!(
+                    "not a valid Redis URL: the database (the path, as in redis://host:6379/1) must be a number from 0 to 255{hint} (the URL is not shown: it may hold a password)"
+                ));
             }
             // The client reads `node` (more cluster seed nodes, or more sentinels) and, for Sentinel,
             // `sentinelServiceName` (the master's name), and ignores every other parameter: a misspelt
@@ -1645,6 +1653,10 @@ mod tests {
             ("redis://:secret@h:1/0?timeout=5", "`timeout`"),
             // A `?` left in a password: what follows it is not echoed as a parameter name.
             ("redis://:secret?tail@h:6379", "percent-encoded as %3F"),
+            (
+                "redis://alice:p@ss:w/rd%@h:6379",
+                "a `/` before the `@` is in the user name or password: percent-encode it as %2F",
+            ),
             (
                 "redis-sentinel://:secret@h:26379",
                 "names the master it follows",

@@ -263,12 +263,23 @@ impl RedisStore {
             Ok(Err(e)) => {
                 // Bytes that are not RESP: something else listens there (an HTTP proxy, a TLS port
                 // spoken to in plain text).
-                let hint = if *e.kind() == ErrorKind::Protocol {
-                    ": the server did not answer as Redis does; check the host and port, and whether it wants TLS (rediss://)"
-                } else {
-                    ""
+                let hint = match e.kind() {
+                    ErrorKind::Protocol => {
+                        ": the server did not answer as Redis does; check the host and port, and whether it wants TLS (rediss://)".to_owned()
+                    }
+                    // The sentinels answer a name they do not monitor with no address.
+                    ErrorKind::Sentinel if e.details().contains("Missing primary address") => {
+                        format!(
+                            ": the sentinels reached know no master named `{}` (sentinelServiceName in the URL); check the name their `sentinel monitor` lines give",
+                            sentinel_service(&cfg.url).unwrap_or("?")
+                        )
+                    }
+                    _ => String::new(),
                 };
-                anyhow::bail!("cannot connect to Redis (store.redis.url): {e}{hint}");
+                anyhow::bail!(
+                    "cannot connect to Redis (store.redis.url): {}{hint}",
+                    words(&e)
+                );
             }
             Err(_) => {
                 // Stop the connection attempts still running (best-effort: quitting may wait on them too).
@@ -1046,10 +1057,50 @@ fn store_error(e: FredError) -> StoreError {
         ErrorKind::Timeout => StoreError::Timeout,
         // Canceled: fail-fast while disconnected; Backpressure: the command buffer is full.
         ErrorKind::Canceled | ErrorKind::Backpressure | ErrorKind::IO => {
-            StoreError::Unavailable(e.to_string())
+            StoreError::Unavailable(words(&e))
         }
-        _ => StoreError::Io(e.to_string()),
+        _ => StoreError::Io(words(&e)),
     }
+}
+
+/// `e` in words. The client carries a system error as its `Debug` text (`IO Error: Os { code: 111,
+/// kind: ConnectionRefused, message: "Connection refused" }`): that becomes its message, with what the
+/// usual ones mean for a Redis URL.
+fn words(e: &FredError) -> String {
+    let d = e.details();
+    if *e.kind() != ErrorKind::IO {
+        return e.to_string();
+    }
+    let field = |name: &str| {
+        d.split_once(name)
+            .map(|(_, rest)| rest.trim_start_matches('"'))
+            .and_then(|rest| rest.split(['"', ',', ' ', '}', ')']).next())
+    };
+    let message = d
+        .split_once("message: \"")
+        .or_else(|| d.split_once("error: \""))
+        .and_then(|(_, rest)| rest.split('"').next());
+    let Some(message) = message.or_else(|| field("Kind(")) else {
+        return e.to_string();
+    };
+    let hint = match field("kind: ").or_else(|| field("Kind(")) {
+        Some("ConnectionRefused") => {
+            ": nothing listens at that host and port; is redis-server running there?"
+        }
+        Some("ConnectionReset") => {
+            ": the server closed the connection; if it speaks TLS only, use rediss://"
+        }
+        _ => "",
+    };
+    format!("{message}{hint}")
+}
+
+/// The master a sentinel URL follows (`sentinelServiceName`), which is no secret.
+fn sentinel_service(url: &str) -> Option<&str> {
+    let query = url.split_once('?')?.1;
+    query
+        .split('&')
+        .find_map(|p| p.strip_prefix("sentinelServiceName="))
 }
 
 impl Store for RedisStore {
@@ -1218,4 +1269,39 @@ async fn queue_sets<C: KeysInterface + Sync>(
 /// The store as a shared trait object (what [`crate::app::open_store`] hands out).
 pub async fn open(cfg: &RedisConfig, prefix: &str) -> anyhow::Result<Arc<dyn Store>> {
     Ok(Arc::new(RedisStore::connect(cfg, prefix).await?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn system_errors_are_put_in_words_with_what_they_mean_for_the_url() {
+        let refused = FredError::from(std::io::Error::from_raw_os_error(111));
+        assert_eq!(
+            words(&refused),
+            "Connection refused: nothing listens at that host and port; is redis-server running there?"
+        );
+        let reset = FredError::from(std::io::Error::from_raw_os_error(104));
+        assert_eq!(
+            words(&reset),
+            "Connection reset by peer: the server closed the connection; if it speaks TLS only, use rediss://"
+        );
+        let custom = FredError::from(std::io::Error::other("tls handshake eof"));
+        assert_eq!(words(&custom), "tls handshake eof");
+        let bare = FredError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
+        assert_eq!(words(&bare), "TimedOut");
+        // Anything else keeps the client's words.
+        let other = FredError::new(ErrorKind::Auth, "WRONGPASS invalid username-password pair");
+        assert_eq!(words(&other), other.to_string());
+    }
+
+    #[test]
+    fn the_sentinel_service_is_read_from_the_query() {
+        assert_eq!(
+            sentinel_service("redis-sentinel://:pw@h:26379/0?node=h2:26379&sentinelServiceName=m1"),
+            Some("m1")
+        );
+        assert_eq!(sentinel_service("redis-sentinel://h:26379"), None);
+    }
 }
