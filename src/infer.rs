@@ -733,29 +733,67 @@ impl Worker {
         match result {
             Ok(()) => {
                 let mut at = 0;
-                for mut j in jobs.drain(..) {
-                    j.output.clear();
-                    for (w, data) in self.scratch.iter() {
-                        j.output.push(w, &data[at * w..(at + j.rows) * w]);
+                for j in jobs.drain(..) {
+                    let rows = j.rows;
+                    self.reply(j, at, infer_us);
+                    at += rows;
+                }
+            }
+            // One request's rows can fail the run (an index out of a table's range, a value a kernel
+            // refuses): its batch-mates are run again, each alone, so that each gets the answer to its own
+            // input, as a non-finite score is answered to its own request only.
+            Err(message) if jobs.len() > 1 => {
+                tracing::warn!(
+                    model = %self.model.name,
+                    rows,
+                    requests = jobs.len(),
+                    "a batch failed ({message}): running its requests one at a time"
+                );
+                for j in jobs.drain(..) {
+                    let alone = Instant::now();
+                    let result = run_session(
+                        &mut self.session,
+                        &self.info,
+                        &j.input,
+                        j.rows,
+                        width,
+                        &mut self.scratch,
+                    );
+                    self.queue.ran(alone.elapsed());
+                    match result {
+                        Ok(()) => self.reply(j, 0, us_since(started)),
+                        Err(message) => self.fail(j, &message),
                     }
-                    at += j.rows;
-                    let _ = j.reply.send(Ok(InferOutput {
-                        outputs: j.output,
-                        input: j.input,
-                        infer_us,
-                    }));
                 }
             }
             Err(message) => {
-                tracing::error!(model = %self.model.name, rows, "inference failed: {message}");
                 for j in jobs.drain(..) {
-                    let _ = j.reply.send(Err(InferError::Run {
-                        model: self.model.name.clone(),
-                        message: message.clone(),
-                    }));
+                    self.fail(j, &message);
                 }
             }
         }
+    }
+
+    /// Answers `j` with its rows of the last run's outputs, which start at row `at`.
+    fn reply(&self, mut j: Job, at: usize, infer_us: u64) {
+        j.output.clear();
+        for (w, data) in self.scratch.iter() {
+            j.output.push(w, &data[at * w..(at + j.rows) * w]);
+        }
+        let _ = j.reply.send(Ok(InferOutput {
+            outputs: j.output,
+            input: j.input,
+            infer_us,
+        }));
+    }
+
+    /// Answers `j` with the run's failure.
+    fn fail(&self, j: Job, message: &str) {
+        tracing::error!(model = %self.model.name, rows = j.rows, "inference failed: {message}");
+        let _ = j.reply.send(Err(InferError::Run {
+            model: self.model.name.clone(),
+            message: message.to_owned(),
+        }));
     }
 }
 

@@ -116,6 +116,81 @@ async fn batched_results_equal_unbatched_results_row_for_row() {
     );
 }
 
+/// A run that one request's rows make fail (here an index past a table's end) fails only that request:
+/// the batch it rode in is run again request by request, and every other request gets its own score.
+#[tokio::test]
+async fn a_request_that_fails_its_batch_fails_alone() {
+    let schemas = schemas_with_batching("batching:\n  max_batch_rows: 256\n  max_delay_us: 5000");
+    let ctr = schemas.path().join("ctr.yaml");
+    let table = common::root().join("tests/models/hour_table.onnx");
+    let text = std::fs::read_to_string(&ctr).expect("read");
+    std::fs::write(
+        &ctr,
+        text.replace("file: ctr.onnx", &format!("file: {}", table.display())),
+    )
+    .expect("write");
+    let mut c = test_config();
+    c.registry.schemas = schemas.path().to_owned();
+    c.inference.default_sessions = 1;
+    let (store, dir) = demo_store().await;
+    let app = Arc::new(TestApp::spawn_with(c, store, Some(dir)).await);
+    // hour_table.onnx scores [0.1, 0.2, 0.3][the hour's bucket]: the evening's bucket, 3, is past the
+    // table. One request in four is in the evening.
+    let body = |i: usize| {
+        let hour = if i.is_multiple_of(4) { 20 } else { 3 + i % 15 };
+        json!({"entities": {"user_id": "u_1", "item_id": "i_1"}, "context": {"hour_of_day": hour}})
+    };
+    let alone = app.predict("ctr", &body(1)).await;
+    assert_eq!(
+        alone.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&alone.body)
+    );
+    let stats = app.gateway.telemetry.model("ctr");
+    let (buckets, _) = stats.batch_rows.snapshot();
+    let batches_before = buckets[buckets.len() - 1];
+    let n = 32;
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let app = app.clone();
+            tokio::spawn(async move { (i, app.predict("ctr", &body(i)).await) })
+        })
+        .collect();
+    for t in tasks {
+        let (i, r) = t.await.expect("task");
+        let hour = body(i)["context"]["hour_of_day"].as_u64().expect("hour");
+        if hour >= 18 {
+            assert_eq!(r.status, 500, "{}", String::from_utf8_lossy(&r.body));
+            assert_eq!(r.code(), "internal");
+        } else {
+            assert_eq!(
+                r.status,
+                200,
+                "request {i}: {}",
+                String::from_utf8_lossy(&r.body)
+            );
+            let want = if hour < 6 {
+                0.1
+            } else if hour < 12 {
+                0.2
+            } else {
+                0.3
+            };
+            let got = r.json()["outputs"]["score"][0].as_f64().expect("score");
+            assert!(
+                (got - want).abs() < 1e-6,
+                "request {i} (hour {hour}): {got}"
+            );
+        }
+    }
+    let (buckets, _) = stats.batch_rows.snapshot();
+    assert!(
+        buckets[buckets.len() - 1] - batches_before < n as u64,
+        "the requests shared runs"
+    );
+}
+
 /// `c` set to serve `ctr` with the benchmark's wide model (tens of milliseconds for 1,000 rows) on one
 /// session without batching, so the session stays busy while the next requests arrive, and with a
 /// request timeout long enough that only the queue sheds, however slow the machine is. The schemas

@@ -4,6 +4,10 @@ Each takes the demo binding's 27 float32 columns and is well-formed, yet cannot 
   fixed_batch.onnx     input [1, 27]: runs one row, never a request with several candidates
   two_inputs.onnx      a second required input, `extra`, that the binding does not fill
   symbolic_width.onnx  input [batch, width] with weights for 26 columns: the width shows only when it runs
+
+and one that serves some rows and fails on others, as a model indexing past a table does:
+  hour_table.onnx      score = [0.1, 0.2, 0.3][slot 23] (the hour bucket, 0-3): a run holding a row of the
+                       evening (bucket 3, hour 18 and later) fails
 """
 import numpy as np
 import onnx
@@ -36,3 +40,24 @@ save(
     weights(27),
 )
 save("symbolic_width", [features(["batch", "width"])], [matmul], weights(26))
+
+hour = helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", 27])
+out = helper.make_tensor_value_info("score", TensorProto.FLOAT, ["batch", 1])
+graph = helper.make_graph(
+    [
+        helper.make_node("Gather", ["features", "slot"], ["bucket"], axis=1),
+        helper.make_node("Cast", ["bucket"], ["index"], to=TensorProto.INT64),
+        helper.make_node("Gather", ["table", "index"], ["score"], axis=0),
+    ],
+    "hour_table",
+    [hour],
+    [out],
+    initializer=[
+        numpy_helper.from_array(np.array([23], dtype=np.int64), "slot"),
+        numpy_helper.from_array(np.array([0.1, 0.2, 0.3], dtype=np.float32), "table"),
+    ],
+)
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+model.ir_version = 8
+onnx.checker.check_model(model)
+onnx.save(model, "hour_table.onnx")
