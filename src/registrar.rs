@@ -442,6 +442,14 @@ pub async fn watch_folder(gw: Arc<Gateway>) {
             watch.retry_in = watch.retry_in.saturating_sub(1);
         }
         match outcome {
+            // Back to what was checked last, after a change whose models failed to start: that change
+            // is gone, and so is its refusal (what the last check found is shown again).
+            Outcome::Same if watch.seen == Some(now) && watch.failing.is_some() => {
+                let shown = watch.seen_refused.take();
+                watch.settled(now);
+                watch.seen_refused = shown.clone();
+                *gw.folder.refused.lock() = shown;
+            }
             Outcome::Same => {}
             Outcome::Moving => watch.moving = Some(now),
             Outcome::Reloaded(changes) => {
@@ -466,6 +474,7 @@ pub async fn watch_folder(gw: Arc<Gateway>) {
                 } else {
                     watch.settled(now);
                     refuse(&gw, &refused.error);
+                    watch.seen_refused = gw.folder.refused.lock().clone();
                 }
             }
         }
@@ -486,6 +495,8 @@ struct Watch {
     /// Refused for a reason outside the schema files, and tried again in `retry_in` reads.
     failing: Option<u64>,
     retry_in: u32,
+    /// What `GET /v1/schemas` showed as refused when `seen` was checked.
+    seen_refused: Option<serde_json::Value>,
 }
 
 impl Watch {

@@ -1246,6 +1246,26 @@ async fn changes_made_in_the_folder_are_checked_and_swapped_in() {
     .await;
     assert_eq!(app.predict("ctr", &predict).await.status, 200);
 
+    // A model whose ONNX file is missing, and then the file naming it taken away again: the folder is
+    // back to what runs, and the refusal goes with the change.
+    let ctr3 = dir.path().join("ctr3.yaml");
+    std::fs::write(
+        &ctr3,
+        ctr_text.replacen("name: ctr", "name: ctr3", 1).replacen(
+            "file: ctr.onnx",
+            "file: ctr3.onnx",
+            1,
+        ),
+    )
+    .expect("ctr3.yaml");
+    let problems = refusal(&app, "ctr3 refused").await;
+    assert!(problems.contains("ctr3"), "{problems}");
+    std::fs::remove_file(&ctr3).expect("remove");
+    wait_for(&app, "/v1/schemas", "ctr3's refusal gone", |j| {
+        j["folder"]["refused"].is_null()
+    })
+    .await;
+
     // A model whose ONNX file is not there yet is refused, and tried again until the file arrives.
     std::fs::write(
         dir.path().join("ctr2.yaml"),
