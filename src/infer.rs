@@ -191,6 +191,8 @@ pub struct Engine {
     buffers: ArrayQueue<Vec<f32>>,
     out_buffers: ArrayQueue<OutputRows>,
     stats: Arc<ModelStats>,
+    /// [`file_digest`] of the ONNX file the sessions were loaded from.
+    digest: u64,
 }
 
 impl Engine {
@@ -262,6 +264,8 @@ impl Engine {
             sessions.push(s);
         }
         let info = inspect(&sessions[0], &model, device, n).map_err(load_err)?;
+        let digest = file_digest(&model.path)
+            .map_err(|e| load_err(format!("the ONNX file cannot be read: {e}")))?;
         trial_run(&mut sessions[0], &info, model.width).map_err(load_err)?;
         fallback_run(&mut sessions[0], &info, &model).map_err(load_err)?;
         // Without batching, a batch is one request.
@@ -305,6 +309,28 @@ impl Engine {
             buffers: ArrayQueue::new(256),
             out_buffers: ArrayQueue::new(256),
             stats,
+            digest,
+        })
+    }
+
+    /// Refuses `model`, whose file's bytes have `digest` now, where it would replace this engine at the
+    /// same version from the same file whose bytes have changed since this engine loaded it: answers
+    /// giving a version's number to another model's scores.
+    pub fn same_file(&self, model: &Model, digest: u64) -> Result<(), InferError> {
+        if self.model.version != model.version
+            || self.model.path != model.path
+            || self.digest == digest
+        {
+            return Ok(());
+        }
+        Err(InferError::Load {
+            model: model.name.clone(),
+            schema: model.file.clone(),
+            path: model.path.clone(),
+            message: format!(
+                "its bytes changed since version {v} was loaded from it, and the answers say which version scored them: copy the new ONNX file under a new name and register it with a new version (version {v} keeps serving the file it loaded)",
+                v = model.version
+            ),
         })
     }
 
@@ -314,6 +340,11 @@ impl Engine {
 
     pub fn model(&self) -> &Arc<Model> {
         &self.model
+    }
+
+    /// [`file_digest`] of the ONNX file the sessions were loaded from.
+    pub fn digest(&self) -> u64 {
+        self.digest
     }
 
     /// The model's counters (resolved once, at start).
@@ -794,6 +825,31 @@ impl Worker {
             model: self.model.name.clone(),
             message: message.to_owned(),
         }));
+    }
+}
+
+/// A digest of the bytes of the file at `path`: whether a model version's ONNX file changed on disk.
+pub fn file_digest(path: &Path) -> std::io::Result<u64> {
+    use std::hash::{BuildHasher, Hasher};
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = foldhash::fast::FixedState::with_seed(0x0068_7964_7261_6e74).build_hasher();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        // Whole buffers, so that the same bytes hash the same however the reads split them.
+        let mut filled = 0;
+        while filled < buf.len() {
+            match file.read(&mut buf[filled..]) {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        hasher.write(&buf[..filled]);
+        if filled < buf.len() {
+            return Ok(hasher.finish());
+        }
     }
 }
 

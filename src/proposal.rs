@@ -8,7 +8,7 @@
 //! version of that model in the same change. Last, every model the change touches is loaded once, as
 //! start-up would load it: its file, its inputs and outputs, the binding's width, the trial runs.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -96,6 +96,8 @@ pub struct Load<'a> {
     pub env: &'a Environment,
     pub cfg: &'a InferenceConfig,
     pub gone: &'a AtomicBool,
+    /// The engines serving now: a model checked at the version one serves must load the same file.
+    pub running: &'a HashMap<String, Arc<Engine>>,
 }
 
 /// A change compiled beside the registered documents and compared with them.
@@ -226,7 +228,16 @@ pub fn check(
         let Some(model) = proposed.models.get(&name) else {
             continue;
         };
-        if let Err(e) = Engine::check(load.env, model, load.cfg) {
+        let checked = Engine::check(load.env, model, load.cfg).and_then(|_| {
+            match (
+                load.running.get(&name),
+                crate::infer::file_digest(&model.path),
+            ) {
+                (Some(running), Ok(digest)) => running.same_file(model, digest),
+                _ => Ok(()),
+            }
+        });
+        if let Err(e) = checked {
             errors.push(load_error(e, proposed.document(Kind::Model, &name)));
         }
     }
@@ -724,10 +735,12 @@ pub async fn check_for(gw: &Arc<Gateway>, body: String) -> Result<Vec<Change>, A
     exclusive(gw, "check", move |env, gone| {
         // Taken in the turn, so a registration or reload just before is what the change is checked on.
         let running = g.registry();
+        let catalog = g.catalog.load();
         let load = Load {
             env,
             cfg: &inference,
             gone,
+            running: &catalog.engines,
         };
         check(&running, &body, (&schemas_dir, &models_dir), load)
     })

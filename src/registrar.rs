@@ -324,7 +324,17 @@ fn start_engines(
             ));
         }
         let model = registry.models[name].clone();
-        match Engine::start(env, model, &gw.config.inference, gw.telemetry.model(name)) {
+        let started = Engine::start(
+            env,
+            model.clone(),
+            &gw.config.inference,
+            gw.telemetry.model(name),
+        )
+        .and_then(|engine| match catalog.engines.get(name) {
+            Some(running) => running.same_file(&model, engine.digest()).map(|()| engine),
+            None => Ok(engine),
+        });
+        match started {
             Ok(engine) => {
                 engines.insert(name.clone(), Arc::new(engine));
             }

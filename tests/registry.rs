@@ -1155,6 +1155,53 @@ async fn the_last_schema_file_cannot_be_deleted() {
     ok(&again.get("/v1/schemas/entities/user_id").await);
 }
 
+/// A model version names the ONNX file it was loaded from: a change within the version (its sessions,
+/// batching) that would load a file whose bytes changed since is refused, dry run and registration
+/// alike, and the version keeps serving what it loaded; a new version may load the new file.
+#[tokio::test]
+async fn a_change_within_a_model_version_cannot_load_a_file_that_changed_on_disk() {
+    let dir = copy_of_schemas();
+    let models = tempfile::tempdir().expect("models dir");
+    let file = models.path().join("ctr.onnx");
+    std::fs::copy(root().join("models/ctr.onnx"), &file).expect("copy");
+    let app = spawn_configured(&dir, |c| {
+        c.registry.writes = true;
+        c.registry.models = models.path().to_owned();
+    })
+    .await;
+    let predict =
+        json!({"entities": {"user_id": "u_5", "item_id": "i_1", }, "context": {"hour_of_day": 3}});
+    let before = ok(&app.predict("ctr", &predict).await);
+    // Another model of the same shape in the same file: it scores [0.1, 0.2, 0.3][the hour's bucket].
+    std::fs::copy(root().join("tests/models/hour_table.onnx"), &file).expect("replace");
+    let ctr = schema_file("ctr.yaml");
+    let tuned = edit(&ctr, "max_batch_rows: 256", "max_batch_rows: 64");
+    for r in [
+        validate(&app, &tuned).await,
+        put(&app, "/v1/schemas/models/ctr", &tuned).await,
+    ] {
+        assert_eq!(r.status, 422, "{}", String::from_utf8_lossy(&r.body));
+        let problems = r.json()["error"]["problems"].to_string();
+        assert!(
+            problems.contains("its bytes changed since version 1 was loaded from it"),
+            "{problems}"
+        );
+    }
+    let still = ok(&app.predict("ctr", &predict).await);
+    assert_eq!(still["outputs"], before["outputs"]);
+    assert_eq!(still["model_version"], 1);
+    // As version 2, the new file is what it names.
+    ok(&put(
+        &app,
+        "/v1/schemas/models/ctr",
+        &edit(&tuned, "version: 1", "version: 2"),
+    )
+    .await);
+    let after = ok(&app.predict("ctr", &predict).await);
+    assert_eq!(after["model_version"], 2);
+    assert_eq!(after["outputs"]["score"], json!([0.1]));
+}
+
 /// With `registry.reload_interval`, a change made in the schemas folder (by a person, a deploy, or
 /// another replica sharing it) is checked as a registration is and swapped in; a folder that fails
 /// is refused, shown and counted while the running schemas keep serving; a removed file removes what
