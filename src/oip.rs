@@ -191,8 +191,22 @@ fn check_parameters(at: impl FnOnce() -> String, p: Option<&Parameters>) -> Resu
 struct OutputTensor<'a> {
     name: &'a str,
     datatype: &'static str,
-    shape: [usize; 2],
+    shape: Vec<usize>,
     data: &'a [f32],
+}
+
+/// The shape of `rows` rows of an output with `width` numbers per row that the model declares as
+/// `declared` (`[-1, 1, 1]`): the declared dimensions after the batch where they are all fixed and hold
+/// `width` numbers (none for a number per row, `[-1]`), else `[rows, width]`.
+fn output_shape(declared: &[i64], rows: usize, width: usize) -> Vec<usize> {
+    let rest = declared.get(1..).unwrap_or_default();
+    let fixed: Option<Vec<usize>> = rest.iter().map(|&d| usize::try_from(d).ok()).collect();
+    match fixed {
+        Some(dims) if dims.iter().try_fold(1usize, |p, &d| p.checked_mul(d)) == Some(width) => {
+            std::iter::once(rows).chain(dims).collect()
+        }
+        _ => vec![rows, width],
+    }
 }
 
 #[derive(Serialize)]
@@ -460,7 +474,7 @@ async fn run_infer(
             OutputTensor {
                 name: &info.outputs[i].name,
                 datatype: "FP32",
-                shape: [rows, w],
+                shape: output_shape(&info.outputs[i].shape, rows, w),
                 data,
             }
         })
@@ -482,6 +496,19 @@ async fn run_infer(
 mod tests {
     use super::*;
     use crate::oip_data::{TensorData, with_shape};
+
+    #[test]
+    fn an_output_keeps_its_declared_dimensions_after_the_batch() {
+        let shape = |declared: &[i64], rows, width| output_shape(declared, rows, width);
+        assert_eq!(shape(&[-1, 1], 2, 1), [2, 1]);
+        assert_eq!(shape(&[-1, 1, 1], 2, 1), [2, 1, 1]);
+        assert_eq!(shape(&[-1, 2, 3], 4, 6), [4, 2, 3]);
+        // A dimension only the run knows, or dimensions that do not hold the row: flattened.
+        assert_eq!(shape(&[-1, -1], 3, 5), [3, 5]);
+        assert_eq!(shape(&[-1, 2, 2], 3, 5), [3, 5]);
+        // A number per row has no dimension after the batch.
+        assert_eq!(shape(&[-1], 3, 1), [3]);
+    }
 
     /// A random `data` value: usually a list of numbers or of rows near `width`, sometimes with an
     /// element of another kind, a number beyond float32, or not a list at all.
