@@ -1282,6 +1282,25 @@ fn write_files(
             path.display()
         ))
     };
+    // What each write replaces: a schema file's text as the plan read it; a kept version's as it is
+    // now (none for a version kept for the first time). `None` where that is not known.
+    let olds: Vec<Option<Option<String>>> = writes
+        .iter()
+        .map(|w| {
+            if w.history {
+                match std::fs::read_to_string(&w.path) {
+                    Ok(text) => Some(Some(text)),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(None),
+                    Err(_) => None,
+                }
+            } else {
+                before
+                    .iter()
+                    .find(|(p, _)| *p == w.path)
+                    .map(|(_, old)| old.clone())
+            }
+        })
+        .collect();
     let mut staged = Vec::new();
     let result = (|| {
         for w in writes {
@@ -1297,16 +1316,16 @@ fn write_files(
                 .and_then(|f| f.sync_all())
                 .map_err(|e| unwritable(&tmp, e))?;
         }
-        // What the renames below replace, on disk before the first of them.
+        // What the renames below replace, on disk before the first of them. Kept versions too: one
+        // kept by a registration that is taken back would name a version that never ran.
         let undo = journal::Undo {
             changes: writes
                 .iter()
-                .filter(|w| !w.history)
-                .filter_map(|w| {
-                    let (_, old) = before.iter().find(|(p, _)| *p == w.path)?;
+                .zip(&olds)
+                .filter_map(|(w, old)| {
                     Some(journal::Change {
                         file: journal::Undo::inside(dir, &w.path),
-                        before: old.clone(),
+                        before: old.clone()?,
                         after: w.text.clone(),
                     })
                 })
@@ -1341,10 +1360,9 @@ fn write_files(
                     let _ = std::fs::remove_file(temporary(&rest.path));
                 }
             }
-            // Kept versions are left: an extra one is harmless.
             let mut put_back_all = true;
-            for done in writes[..i].iter().rev().filter(|w| !w.history) {
-                let Some((_, old)) = before.iter().find(|(p, _)| *p == done.path) else {
+            for (done, old) in writes[..i].iter().zip(&olds).rev() {
+                let Some(old) = old else {
                     continue;
                 };
                 let tmp = temporary(&done.path);
@@ -1364,10 +1382,18 @@ fn write_files(
             return Err(unwritable(&w.path, e));
         }
     }
-    let mut dirs: Vec<&Path> = writes.iter().filter_map(|w| w.path.parent()).collect();
+    // Each written file's folder, and the folders above it up to the schemas folder: a kept version's
+    // folders (`.versions/view/NAME`) may have been made by this registration, and their entries are
+    // only durable once their own parents are synced.
+    let mut dirs: Vec<&Path> = writes
+        .iter()
+        .filter_map(|w| w.path.parent())
+        .flat_map(|p| p.ancestors().take_while(|a| a.starts_with(dir)))
+        .collect();
+    dirs.sort();
     dirs.dedup();
-    for dir in dirs {
-        journal::sync_dir(dir);
+    for d in dirs {
+        journal::sync_dir(d);
     }
     // A journal left behind would take this change back at the next start: when it cannot be removed,
     // the change is taken back now, and refused.
@@ -1690,6 +1716,8 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&a).expect("a"), "old a");
         assert_eq!(std::fs::read_to_string(&b).expect("b"), "old b");
         assert!(!c.exists());
+        // Kept for the first time by the registration taken back: not kept.
+        assert!(!kept.exists(), "a kept version of a change that never ran");
         assert!(!journal::pending(dir.path()));
         let hidden: Vec<String> = journal::tests::names_in(dir.path())
             .into_iter()
@@ -1714,7 +1742,13 @@ mod tests {
         std::fs::create_dir(&b).expect("b");
         std::fs::write(b.join("inside"), "x").expect("inside");
         let c = dir.path().join("c.yaml");
+        let kept = dir.path().join(VERSIONS_DIR).join("c.yaml");
         let writes = [
+            Write {
+                path: kept.clone(),
+                text: Some("new c".to_owned()),
+                history: true,
+            },
             Write {
                 path: c.clone(),
                 text: Some("new c".to_owned()),
@@ -1736,6 +1770,7 @@ mod tests {
         assert!(e.to_string().contains("b.yaml"), "{e}");
         assert_eq!(std::fs::read_to_string(&a).expect("a"), "old");
         assert!(!c.exists(), "c.yaml was new, so it is gone again");
+        assert!(!kept.exists(), "and so is its kept version");
         let left: Vec<_> = std::fs::read_dir(dir.path())
             .expect("dir")
             .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
