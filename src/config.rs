@@ -383,6 +383,25 @@ pub enum ConfigError {
     },
 }
 
+/// The TOML reader's words, except for an integer past 64 bits, which it reports as a type it reads
+/// internally ("invalid type: integer 99999999999999999999 as i128, expected any valid TOML value", or
+/// "u64 value was too large").
+fn toml_message(message: &str) -> String {
+    let message = message.trim_end();
+    if let Some(rest) = message.strip_prefix("invalid type: integer ")
+        && let Some((number, _)) = rest.split_once(" as i128")
+    {
+        let number = number.trim_matches('`');
+        return format!(
+            "{number} is out of range: too large for a number (TOML integers are 64-bit, at most 9223372036854775807)"
+        );
+    }
+    if message.ends_with("value was too large") {
+        return "the number is out of range: too large for a number (TOML integers are 64-bit, at most 9223372036854775807)".to_owned();
+    }
+    message.to_owned()
+}
+
 /// Reads a text file a person points hydrant at (config, schema): a regular file of at most `max_bytes`,
 /// UTF-8, with a leading byte-order mark dropped. A FIFO or device would hang or never end, so it is
 /// refused up front.
@@ -450,7 +469,7 @@ impl Config {
                         line,
                         column,
                         key: key_at(&text, at),
-                        message: e.message().trim_end().to_owned(),
+                        message: toml_message(e.message()),
                     }
                 })?
             }
@@ -1699,7 +1718,17 @@ mod tests {
             .expect_err("too large")
             .to_string();
         assert!(
-            e.contains("line 6, column 13 (key `cache.max_bytes`)"),
+            e.contains(
+                "line 6, column 13 (key `cache.max_bytes`): the number is out of range: too large for a number"
+            ),
+            "{e}"
+        );
+        let (_dir, path) = config_file("[cache]\nmax_bytes = 99999999999999999999\n");
+        let e = Config::load(Some(&path), [])
+            .expect_err("past u64")
+            .to_string();
+        assert!(
+            e.contains("(key `cache.max_bytes`): 99999999999999999999 is out of range: too large for a number"),
             "{e}"
         );
         // A line that assigns nothing names no key.

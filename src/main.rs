@@ -285,15 +285,30 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     report.failed.iter().partition(|b| b.unconfirmed);
                 let (partial, not_written): (Vec<_>, Vec<_>) =
                     not_written.into_iter().partition(|b| b.partial);
+                // How to resume from `line`: the same command on the same file, or, for a pipe (which
+                // cannot be read twice), the rows sent again.
+                let regular = !file.starts_with("/dev")
+                    && !file.starts_with("/proc")
+                    && std::fs::metadata(&file).is_ok_and(|m| m.is_file());
+                let again = |line: usize| {
+                    if regular {
+                        format!(
+                            "load the file again from line {line} on (hydrant{global} load --view {} --from-line {line} {})",
+                            shell_word(&view),
+                            shell_word(&file.to_string_lossy())
+                        )
+                    } else {
+                        format!(
+                            "send its rows from line {line} on again (this input is not a file and cannot be read twice: save the rows to a file to resume it with --from-line {line})"
+                        )
+                    }
+                };
                 if !unconfirmed.is_empty() {
                     eprintln!(
-                        "{}: {} batch(es) timed out (store.redis.write_timeout): they may still be applied, so later rows of their keys were not sent. Once Redis answers in time, load the file again from line {} on (hydrant{global} load --view {} --from-line {} {}): that writes each key's last row last",
+                        "{}: {} batch(es) timed out (store.redis.write_timeout): they may still be applied, so later rows of their keys were not sent. Once Redis answers in time, {}: that writes each key's last row last",
                         file.display(),
                         unconfirmed.len(),
-                        unconfirmed[0].first_line,
-                        shell_word(&view),
-                        unconfirmed[0].first_line,
-                        shell_word(&file.to_string_lossy())
+                        again(unconfirmed[0].first_line),
                     );
                 }
                 // The first row of a batch the store refused: every row before it was written (or
@@ -306,10 +321,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     .min()
                 {
                     eprintln!(
-                        "{}: to write the rows the store refused, once it takes writes again, load the file again from line {first} on (hydrant{global} load --view {} --from-line {first} {}){}",
+                        "{}: to write the rows the store refused, once it takes writes again, {}{}",
                         file.display(),
-                        shell_word(&view),
-                        shell_word(&file.to_string_lossy()),
+                        again(first),
                         if unconfirmed.is_empty() {
                             ""
                         } else {

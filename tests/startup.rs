@@ -999,6 +999,23 @@ fn sigterm_drains_and_exits_cleanly() {
     assert!(err.contains("draining in-flight requests"), "{err}");
 }
 
+/// A hangup (the terminal that started it closed) drains and stops the gateway as SIGTERM does, rather
+/// than ending it at once with exit status 129.
+#[test]
+fn sighup_drains_and_exits_cleanly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (child, _) = serve_embedded(dir.path(), "info");
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let out = child.wait_with_output().expect("exits");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "exit status {:?}: {err}", out.status);
+    assert!(err.contains("draining in-flight requests"), "{err}");
+}
+
 /// A finished command's standard output and error, as text.
 fn texts(out: &std::process::Output) -> (std::borrow::Cow<'_, str>, std::borrow::Cow<'_, str>) {
     (
@@ -1078,6 +1095,21 @@ fn a_load_the_store_refuses_says_where_to_resume() {
     assert!(err.contains("not written"), "{err}");
     assert!(
         err.contains("load the file again from line 1 on (hydrant load --view user_profile --from-line 1 demo/rows/user_profile.jsonl)"),
+        "{err}"
+    );
+    // Rows from a pipe cannot be read again: the loader says to send them again.
+    let rows = std::fs::File::open(root().join("demo/rows/user_profile.jsonl")).expect("rows");
+    let err = fails(
+        hydrant(&root())
+            .env("HYDRANT_STORE__REDIS__URL", redis.url())
+            .env("HYDRANT_PREFETCH__WARM_TOP_K", "0")
+            .args(["load", "--view", "user_profile", "/dev/stdin"])
+            .stdin(std::process::Stdio::from(rows)),
+    );
+    assert!(
+        err.contains(
+            "send its rows from line 1 on again (this input is not a file and cannot be read twice"
+        ),
         "{err}"
     );
 }
