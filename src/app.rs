@@ -340,32 +340,24 @@ impl<T> Drop for AbortOnDrop<T> {
     }
 }
 
-/// Resolves on SIGINT, SIGTERM or SIGHUP. A hangup (the terminal that started the gateway closed) would
-/// otherwise end the process at once, cutting off the requests in flight; hydrant has no configuration
-/// to re-read on it, so it drains and stops as on SIGTERM.
+/// Resolves on SIGINT or SIGTERM.
 pub async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };
     #[cfg(unix)]
-    let on = |kind: tokio::signal::unix::SignalKind| async move {
-        match tokio::signal::unix::signal(kind) {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(mut s) => {
                 s.recv().await;
             }
             Err(_) => std::future::pending::<()>().await,
         }
     };
-    #[cfg(unix)]
-    let (term, hangup) = (
-        on(tokio::signal::unix::SignalKind::terminate()),
-        on(tokio::signal::unix::SignalKind::hangup()),
-    );
     #[cfg(not(unix))]
-    let (term, hangup) = (std::future::pending::<()>(), std::future::pending::<()>());
+    let term = std::future::pending::<()>();
     tokio::select! {
         _ = ctrl_c => {},
         _ = term => {},
-        _ = hangup => {},
     }
 }

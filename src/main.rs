@@ -287,8 +287,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     not_written.into_iter().partition(|b| b.partial);
                 // How to resume from `line`: the same command on the same file, or, for a pipe (which
                 // cannot be read twice), the rows sent again.
-                let regular = !file.starts_with("/dev")
-                    && !file.starts_with("/proc")
+                // Standard input and inherited descriptors are this process's: named again, they are
+                // another process's, even where they are files.
+                let regular = !(file.starts_with("/dev/stdin")
+                    || file.starts_with("/dev/fd")
+                    || file.starts_with("/proc"))
                     && std::fs::metadata(&file).is_ok_and(|m| m.is_file());
                 let again = |line: usize| {
                     if regular {

@@ -999,23 +999,6 @@ fn sigterm_drains_and_exits_cleanly() {
     assert!(err.contains("draining in-flight requests"), "{err}");
 }
 
-/// A hangup (the terminal that started it closed) drains and stops the gateway as SIGTERM does, rather
-/// than ending it at once with exit status 129.
-#[test]
-fn sighup_drains_and_exits_cleanly() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (child, _) = serve_embedded(dir.path(), "info");
-    let status = std::process::Command::new("kill")
-        .args(["-HUP", &child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success());
-    let out = child.wait_with_output().expect("exits");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "exit status {:?}: {err}", out.status);
-    assert!(err.contains("draining in-flight requests"), "{err}");
-}
-
 /// A finished command's standard output and error, as text.
 fn texts(out: &std::process::Output) -> (std::borrow::Cow<'_, str>, std::borrow::Cow<'_, str>) {
     (
