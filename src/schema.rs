@@ -1899,7 +1899,7 @@ features:
         assert!(
             e.0[0]
                 .message
-                .starts_with("not valid YAML: its aliases (`*name`) expand to more than"),
+                .starts_with("not valid YAML: its aliases (`*name`) expand it past"),
             "{e}"
         );
     }

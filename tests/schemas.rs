@@ -434,7 +434,7 @@ async fn bad_bodies_get_clear_errors() {
     assert!(
         found[0]
             .2
-            .starts_with("not valid YAML: its aliases (`*name`) expand to more than"),
+            .starts_with("not valid YAML: its aliases (`*name`) expand it past"),
         "{found:?}"
     );
     // YAML is a superset of JSON: a JSON document is read as one.
