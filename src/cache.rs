@@ -163,7 +163,14 @@ fn moka(max_bytes: u64) -> Moka {
         .max_capacity(max_bytes)
         .weigher(|_k, v: &Arc<Entry>| v.weight)
         // Every removal (sweep, eviction, replacement, invalidation) undoes one insert.
-        .eviction_listener(|_k, v: Arc<Entry>, _cause: RemovalCause| v.stats.removed(v.weight))
+        .eviction_listener(|_k, v: Arc<Entry>, cause: RemovalCause| {
+            v.stats.removed(v.weight);
+            if cause == RemovalCause::Size {
+                v.stats
+                    .evicted
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        })
         .build_with_hasher(foldhash::fast::RandomState::default())
 }
 
@@ -371,6 +378,37 @@ mod tests {
         ] {
             assert_eq!(allocated(asked), got, "{asked} bytes");
         }
+    }
+
+    /// Entries evicted to keep within the bound are counted as evictions; those removed for another
+    /// reason (a flush, an invalidation) are not.
+    #[test]
+    fn evictions_to_stay_within_the_bound_are_counted() {
+        let (r, stats) = user_profile();
+        let view = &*r.views["user_profile"];
+        let one = Entry::new(7, None, view, 8, stats.clone()).weight();
+        let cache = FeatureCache::new(u64::from(one) * 10, Clock::default());
+        for i in 0..100 {
+            let key = format!("k{i}");
+            let entry = Arc::new(Entry::new(7, None, view, key.len(), stats.clone()));
+            cache.insert(key.as_str().into(), entry);
+            cache.run_pending_tasks();
+        }
+        let (entries, _) = gauges(&stats);
+        let evicted = stats.evicted.load(Relaxed);
+        assert!(entries <= 10, "{entries} entries");
+        assert_eq!(
+            evicted,
+            100 - entries as u64,
+            "every entry not held was evicted"
+        );
+        cache.invalidate("k99");
+        cache.run_pending_tasks();
+        assert_eq!(
+            stats.evicted.load(Relaxed),
+            evicted,
+            "an invalidation is no eviction"
+        );
     }
 
     /// Keys are inline strings up to 24 bytes and heap strings past that: both are found by the same

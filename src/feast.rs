@@ -21,15 +21,14 @@ use serde::{Deserialize, Serialize, Serializer};
 use crate::clock::Rfc3339;
 use crate::config::LimitsConfig;
 use crate::decode::{
-    EntityKey, EntityKeys, Fields, Positional, check_key_count, entity_keys, entity_unused,
-    unknown_view, unregistered_entity, view_keys_missing,
+    EntityKey, EntityKeys, Fields, Positional, check_key_count, entity_keys, unknown_view,
+    unregistered_entity, view_keys_missing,
 };
 use crate::encode::BodyWriter;
 use crate::error::ApiError;
 use crate::hydrate::{Resolved, Status};
 use crate::packed::ValueRef;
 use crate::schema::{Registry, Source, View};
-use crate::value::Dtype;
 
 /// Set to `true` on an answer that has values served stale, or none at all, because the store failed
 /// (Feast's statuses have no word for it).
@@ -51,6 +50,10 @@ pub struct OnlineFeaturesRequest {
     /// Name features `view__feature` rather than `feature`.
     #[serde(default, deserialize_with = "crate::decode::flag_off")]
     pub full_feature_names: bool,
+    /// Name each view read in `metadata.feature_view_metadata`, as Feast's remote client asks on every
+    /// call (`false` there).
+    #[serde(default, deserialize_with = "crate::decode::flag_off")]
+    pub include_feature_view_version_metadata: bool,
     /// Input to Feast's on-demand feature views, which hydrant does not have: refused unless empty.
     #[serde(default)]
     pub request_context: Option<Fields<IgnoredAny>>,
@@ -63,6 +66,7 @@ impl Positional for OnlineFeaturesRequest {
         ("feature_service", &[]),
         ("full_feature_names", &[]),
         ("request_context", &[]),
+        ("include_feature_view_version_metadata", &[]),
     ];
 }
 
@@ -268,9 +272,14 @@ impl OnlineFeaturesRequest {
                 columns.push((vi, fi, name));
             }
         }
-        for (name, _) in self.entities.iter() {
-            if !views.iter().any(|(v, _)| v.entity.name == name) {
-                return Err(entity_unused(name));
+        // A join key no requested view is keyed by is answered as Feast answers it, as a column of the
+        // keys sent (a caller may send one set of keys with every feature list); its keys are still
+        // checked against the entity's type.
+        for (name, keys) in self.entities.iter() {
+            if !views.iter().any(|(v, _)| v.entity.name == name)
+                && let Some(entity) = registry.entities.get(name)
+            {
+                entity_keys(entity, keys, limits)?;
             }
         }
         Ok(OnlinePlan {
@@ -338,9 +347,29 @@ struct Metadata<'a, 'b>(&'a OnlineBody<'b>);
 
 impl Serialize for Metadata<'_, '_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_map(Some(1))?;
+        let versions = self.0.request.include_feature_view_version_metadata;
+        let mut m = s.serialize_map(Some(1 + usize::from(versions)))?;
         m.serialize_entry("feature_names", &FeatureNames(self.0))?;
+        if versions {
+            m.serialize_entry("feature_view_metadata", &ViewNames(self.0))?;
+        }
         m.end()
+    }
+}
+
+/// `[{"name": view}, ...]`: the views read, in the order first asked.
+struct ViewNames<'a, 'b>(&'a OnlineBody<'b>);
+
+impl Serialize for ViewNames<'_, '_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let views = &self.0.plan.views;
+        let mut seq = s.serialize_seq(Some(views.len()))?;
+        for (view, _) in views {
+            let mut m = std::collections::BTreeMap::new();
+            m.insert("name", view.name.as_str());
+            seq.serialize_element(&m)?;
+        }
+        seq.end()
     }
 }
 
@@ -372,11 +401,9 @@ impl Serialize for Results<'_, '_> {
             seq.serialize_element(&EntityColumn(keys))?;
         }
         for &(vi, fi, _) in &body.plan.columns {
-            let float32 = body.plan.views[vi].0.features[fi].dtype == Dtype::Float32;
             seq.serialize_element(&FeatureColumn {
                 resolved: &body.resolved[vi],
                 feature: fi,
-                float32,
             })?;
         }
         seq.end()
@@ -427,8 +454,6 @@ impl<T: Serialize> Serialize for Repeat<T> {
 struct FeatureColumn<'a> {
     resolved: &'a [Resolved],
     feature: usize,
-    /// Written as float32 (`0.3`, not the float64 digits of the same number).
-    float32: bool,
 }
 
 impl Serialize for FeatureColumn<'_> {
@@ -457,18 +482,34 @@ impl Serialize for Cells<'_, '_> {
         for r in col.resolved {
             let (value, status, ts) = cell(r, col.feature);
             match self.1 {
-                Part::Value => match value {
-                    // Stored rounded to float32 already, so this loses nothing.
-                    Some(ValueRef::Float(f)) if col.float32 => {
-                        seq.serialize_element(&(f as f32))?
-                    }
-                    other => seq.serialize_element(&other)?,
-                },
+                Part::Value => seq.serialize_element(&value.map(AsFeast))?,
                 Part::Status => seq.serialize_element(&status)?,
                 Part::Timestamp => seq.serialize_element(&Timestamp(ts))?,
             }
         }
         seq.end()
+    }
+}
+
+/// A value as Feast's feature server writes it: a float32 (a number or an embedding's) in the digits of
+/// the float64 it widens to (`0.03423000127077103`, not `0.03423`), since its answer goes through
+/// protobuf's float values and Python's floats. Parsed as float64, each is then the same number from
+/// either server.
+struct AsFeast<'a>(ValueRef<'a>);
+
+impl Serialize for AsFeast<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            ValueRef::List(l) => {
+                let mut seq = s.serialize_seq(Some(l.len()))?;
+                for x in l.iter() {
+                    seq.serialize_element(&f64::from(x))?;
+                }
+                seq.end()
+            }
+            // A float32 feature is stored rounded to float32 already: its float64 is the widened one.
+            other => other.serialize(s),
+        }
     }
 }
 

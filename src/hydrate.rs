@@ -528,8 +528,21 @@ impl Hydrator {
         match result {
             Ok(values) => {
                 let wall_ms = self.cache.clock().wall_ms();
-                for (item, bytes) in items.into_iter().zip(values) {
-                    let entry = Arc::new(self.decode(&item, bytes.as_deref(), now, wall_ms));
+                // Every waiting request gets its keys first, and the cache is filled after: inserting a
+                // thousand entries into a full cache takes milliseconds, which the keys at the end of the
+                // batch would otherwise wait out, past their view's `store.timeout` on a busy machine,
+                // and be served as defaults for a store that answered in time. A request arriving in
+                // between joins the flight, which holds the outcome already.
+                let fetched: Vec<(FetchItem, Arc<Entry>)> = items
+                    .into_iter()
+                    .zip(values)
+                    .map(|(item, bytes)| {
+                        let entry = Arc::new(self.decode(&item, bytes.as_deref(), now, wall_ms));
+                        let _ = item.tx.send(Some(Ok(entry.clone())));
+                        (item, entry)
+                    })
+                    .collect();
+                for (item, entry) in fetched {
                     self.publish(item, Ok(entry));
                 }
             }
@@ -586,7 +599,14 @@ impl Hydrator {
                 inflight.remove(item.key.as_str());
             }
         }
-        let _ = item.tx.send(Some(outcome));
+        // Sent already where the fetch answered (`fetch`); the same outcome again wakes nobody new.
+        item.tx.send_if_modified(|sent| {
+            if sent.is_some() {
+                return false;
+            }
+            *sent = Some(outcome);
+            true
+        });
     }
 
     /// Decodes a stored record for `item.view`. Unreadable records (bad MessagePack, another schema version,

@@ -217,6 +217,20 @@ pub fn prometheus(gw: &Gateway) -> String {
     }
     header(
         &mut out,
+        "hydrant_cache_evictions_total",
+        "counter",
+        "Entries evicted from the feature cache to stay within cache.max_bytes.",
+    );
+    for (view, v) in &views {
+        let _ = writeln!(
+            out,
+            "hydrant_cache_evictions_total{{view=\"{}\"}} {}",
+            esc(view),
+            v.evicted.load(Relaxed)
+        );
+    }
+    header(
+        &mut out,
         "hydrant_degraded_total",
         "counter",
         "Lookups answered from stale values or defaults because the store failed, by reason.",
@@ -469,6 +483,7 @@ pub fn stats(gw: &Gateway) -> Json {
                 "hit_rate": ratio(h + s + n, lookups),
                 "entries": v.entries.load(Relaxed).max(0),
                 "bytes": v.bytes.load(Relaxed).max(0),
+                "evictions": v.evicted.load(Relaxed),
                 "bad_records": v.bad_records.load(Relaxed),
                 "degraded": {"timeout": v.degraded_timeout.load(Relaxed), "error": v.degraded_error.load(Relaxed)},
             }),

@@ -155,6 +155,8 @@ pub struct ViewStats {
     pub bad_records: AtomicU64,
     pub degraded_timeout: AtomicU64,
     pub degraded_error: AtomicU64,
+    /// Entries the cache evicted to stay within `cache.max_bytes` (not those expired or invalidated).
+    pub evicted: AtomicU64,
     /// Background refreshes (refresh-ahead) by outcome: `hydrant_refresh_total{view,outcome}`. A key counts
     /// once per refresh round trip it was part of.
     pub refresh: Outcomes,

@@ -92,8 +92,29 @@ async fn online_features_are_the_rows_loaded_as_feast_columns() {
     let (v, s, _) = column(&j, "price");
     assert_eq!(s, vec!["PRESENT", "PRESENT", "NOT_FOUND"]);
     for (i, item) in ["i_3", "i_4"].iter().enumerate() {
-        // float32 values are written as float32: the digits in the rows file, not float64 noise.
         assert_eq!(v[i], items[*item]["price"], "{item}");
+    }
+    // A float32 in the digits Feast's server writes it in, the float64 it widens to (0.03423 is
+    // 0.03423000127077103), so that either server's answer parses to the same numbers.
+    let r = app
+        .post_json(
+            "/get-online-features",
+            &json!({"features": ["item_stats:ctr_7d", "item_stats:embedding"], "entities": {"item_id": ["i_3"]}}),
+        )
+        .await;
+    let floats = r.json();
+    let widened = |v: &Json| f64::from(v.as_f64().expect("a number") as f32);
+    assert_eq!(
+        floats["results"][1]["values"][0].as_f64(),
+        Some(widened(&items["i_3"]["ctr_7d"]))
+    );
+    for (got, stored) in floats["results"][2]["values"][0]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .zip(items["i_3"]["embedding"].as_array().expect("a list"))
+    {
+        assert_eq!(got.as_f64(), Some(widened(stored)));
     }
     let (v, _, _) = column(&j, "country");
     assert_eq!(v[0], users["u_5"]["country"]);
@@ -283,11 +304,11 @@ async fn mistakes_get_a_400_that_names_the_field() {
             "entities.item_id",
         ),
         (
-            "a join key no requested view uses",
-            json!({"features": ["user_profile:age"], "entities": {"user_id": ["u_1"], "item_id": ["i_1"]}}),
+            "a key of the wrong type for a join key no requested view uses",
+            json!({"features": ["user_profile:age"], "entities": {"user_id": ["u_1"], "item_id": [7]}}),
             400,
-            "unknown_entity",
-            "entities.item_id",
+            "invalid_entity_key",
+            "entities.item_id[0]",
         ),
         (
             "an unregistered entity",
@@ -356,6 +377,32 @@ async fn mistakes_get_a_400_that_names_the_field() {
             "{name}: the error should name {field}: {j}"
         );
     }
+    // What Feast's own client sends on every call, and a join key no requested view uses, which Feast
+    // answers as a column of the keys sent.
+    let r = app
+        .post_json(
+            "/get-online-features",
+            &json!({"features": ["user_profile:age"], "entities": {"item_id": ["i_1"], "user_id": ["u_1"]}, "full_feature_names": false, "include_feature_view_version_metadata": false}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let j = r.json();
+    assert_eq!(
+        j["metadata"],
+        json!({"feature_names": ["item_id", "user_id", "age"]})
+    );
+    assert_eq!(j["results"][0]["values"], json!(["i_1"]));
+    assert_eq!(j["results"][0]["statuses"], json!(["PRESENT"]));
+    let r = app
+        .post_json(
+            "/get-online-features",
+            &json!({"features": ["item_stats:price", "user_profile:age"], "entities": {"item_id": ["i_1"], "user_id": ["u_1"]}, "include_feature_view_version_metadata": true}),
+        )
+        .await;
+    assert_eq!(
+        r.json()["metadata"]["feature_view_metadata"],
+        json!([{"name": "item_stats"}, {"name": "user_profile"}])
+    );
     // More keys than limits.max_entities, over all the join keys.
     let many: Vec<String> = (0..=app.config.limits.max_entities)
         .map(|i| format!("u_{i}"))

@@ -153,6 +153,7 @@ async fn metrics_count_the_traffic_that_was_sent() {
         "hydrant_shed_total",
         "hydrant_batch_rows",
         "hydrant_cache_bytes",
+        "hydrant_cache_evictions_total",
     ] {
         assert!(m.contains(&format!("# TYPE {name} ")), "{name} declared");
     }
