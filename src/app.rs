@@ -218,6 +218,8 @@ impl Application {
             .await
             .with_context(|| format!("cannot listen on {} (server.bind)", config.server.bind))?;
         telemetry.know_views(registry.views.keys());
+        let served = crate::infer::ServedFiles::default();
+        served.record(engines.values());
         let gateway = Arc::new(Gateway {
             config,
             catalog: Arc::new(ArcSwap::from_pointee(Catalog::new(registry, engines))),
@@ -227,6 +229,7 @@ impl Application {
             prefetcher,
             folder: Default::default(),
             auth,
+            served,
         });
         let routes = crate::api::routes(gateway.clone());
         // Warm start while already serving: `/v2/health/ready` answers 503 until the hottest keys are

@@ -65,6 +65,8 @@ pub struct Gateway {
     pub folder: crate::registrar::FolderState,
     /// Bearer tokens (`[auth]`); `None` when authentication is off.
     pub auth: Option<crate::auth::Tokens>,
+    /// The ONNX file each model version was served from ([`crate::infer::ServedFiles`]).
+    pub served: crate::infer::ServedFiles,
 }
 
 impl Gateway {
@@ -78,6 +80,7 @@ impl Gateway {
         self.telemetry.know_views(registry.views.keys());
         self.telemetry
             .retain_views(|v| registry.views.contains_key(v));
+        self.served.record(engines.values());
         self.catalog
             .store(Arc::new(Catalog::new(registry, engines)));
     }

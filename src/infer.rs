@@ -7,6 +7,7 @@
 //! for company only when that is configured, as Triton's dynamic batcher does), runs them as one batch, and
 //! hands each request exactly its own rows back.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, OnceLock};
@@ -253,6 +254,7 @@ impl Engine {
                 cfg.intra_threads
             )));
         }
+        let before = file_digest(&model.path).ok();
         let mut sessions = Vec::with_capacity(n);
         let mut device = "cpu";
         // One copy of the pre-packed weights serves every session of the pool.
@@ -264,8 +266,16 @@ impl Engine {
             sessions.push(s);
         }
         let info = inspect(&sessions[0], &model, device, n).map_err(load_err)?;
+        // Read before and after the sessions: a file copied over while they loaded is not known to
+        // hold what they run.
         let digest = file_digest(&model.path)
             .map_err(|e| load_err(format!("the ONNX file cannot be read: {e}")))?;
+        if before != Some(digest) {
+            return Err(load_err(
+                "the ONNX file changed while it was loaded: register it again once it is written"
+                    .to_owned(),
+            ));
+        }
         trial_run(&mut sessions[0], &info, model.width).map_err(load_err)?;
         fallback_run(&mut sessions[0], &info, &model).map_err(load_err)?;
         // Without batching, a batch is one request.
@@ -310,27 +320,6 @@ impl Engine {
             out_buffers: ArrayQueue::new(256),
             stats,
             digest,
-        })
-    }
-
-    /// Refuses `model`, whose file's bytes have `digest` now, where it would replace this engine at the
-    /// same version from the same file whose bytes have changed since this engine loaded it: answers
-    /// giving a version's number to another model's scores.
-    pub fn same_file(&self, model: &Model, digest: u64) -> Result<(), InferError> {
-        if self.model.version != model.version
-            || self.model.path != model.path
-            || self.digest == digest
-        {
-            return Ok(());
-        }
-        Err(InferError::Load {
-            model: model.name.clone(),
-            schema: model.file.clone(),
-            path: model.path.clone(),
-            message: format!(
-                "its bytes changed since version {v} was loaded from it, and the answers say which version scored them: copy the new ONNX file under a new name and register it with a new version (version {v} keeps serving the file it loaded)",
-                v = model.version
-            ),
         })
     }
 
@@ -825,6 +814,42 @@ impl Worker {
             model: self.model.name.clone(),
             message: message.to_owned(),
         }));
+    }
+}
+
+/// The ONNX file each model version was served from in this process, by its bytes' digest: a version
+/// loaded again (a change within it, a rollback to it) must find the same bytes, since answers name the
+/// version that scored them.
+#[derive(Default)]
+pub struct ServedFiles(parking_lot::Mutex<HashMap<(String, u32), (PathBuf, u64)>>);
+
+impl ServedFiles {
+    /// Refuses `model`, whose file's bytes have `digest` now, where its version was served from the
+    /// same file with other bytes.
+    pub fn check(&self, model: &Model, digest: u64) -> Result<(), InferError> {
+        let served = self.0.lock();
+        match served.get(&(model.name.clone(), model.version)) {
+            Some((path, d)) if *path == model.path && *d != digest => Err(InferError::Load {
+                model: model.name.clone(),
+                schema: model.file.clone(),
+                path: model.path.clone(),
+                message: format!(
+                    "its bytes changed since version {v} was served from it, and answers say which version scored them: copy the new ONNX file under a new name and register it with a new version",
+                    v = model.version
+                ),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Notes the file each of `engines` serves from, for versions not noted before.
+    pub fn record<'a>(&self, engines: impl IntoIterator<Item = &'a Arc<Engine>>) {
+        let mut served = self.0.lock();
+        for e in engines {
+            served
+                .entry((e.model.name.clone(), e.model.version))
+                .or_insert_with(|| (e.model.path.clone(), e.digest));
+        }
     }
 }
 

@@ -8,7 +8,7 @@
 //! version of that model in the same change. Last, every model the change touches is loaded once, as
 //! start-up would load it: its file, its inputs and outputs, the binding's width, the trial runs.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -96,8 +96,8 @@ pub struct Load<'a> {
     pub env: &'a Environment,
     pub cfg: &'a InferenceConfig,
     pub gone: &'a AtomicBool,
-    /// The engines serving now: a model checked at the version one serves must load the same file.
-    pub running: &'a HashMap<String, Arc<Engine>>,
+    /// The files model versions were served from: a version checked again must find the same bytes.
+    pub served: &'a crate::infer::ServedFiles,
 }
 
 /// A change compiled beside the registered documents and compared with them.
@@ -228,15 +228,13 @@ pub fn check(
         let Some(model) = proposed.models.get(&name) else {
             continue;
         };
-        let checked = Engine::check(load.env, model, load.cfg).and_then(|_| {
-            match (
-                load.running.get(&name),
-                crate::infer::file_digest(&model.path),
+        let checked =
+            Engine::check(load.env, model, load.cfg).and_then(|_| match crate::infer::file_digest(
+                &model.path,
             ) {
-                (Some(running), Ok(digest)) => running.same_file(model, digest),
-                _ => Ok(()),
-            }
-        });
+                Ok(digest) => load.served.check(model, digest),
+                Err(_) => Ok(()),
+            });
         if let Err(e) = checked {
             errors.push(load_error(e, proposed.document(Kind::Model, &name)));
         }
@@ -735,12 +733,11 @@ pub async fn check_for(gw: &Arc<Gateway>, body: String) -> Result<Vec<Change>, A
     exclusive(gw, "check", move |env, gone| {
         // Taken in the turn, so a registration or reload just before is what the change is checked on.
         let running = g.registry();
-        let catalog = g.catalog.load();
         let load = Load {
             env,
             cfg: &inference,
             gone,
-            running: &catalog.engines,
+            served: &g.served,
         };
         check(&running, &body, (&schemas_dir, &models_dir), load)
     })

@@ -324,16 +324,19 @@ fn start_engines(
             ));
         }
         let model = registry.models[name].clone();
-        let started = Engine::start(
-            env,
-            model.clone(),
-            &gw.config.inference,
-            gw.telemetry.model(name),
-        )
-        .and_then(|engine| match catalog.engines.get(name) {
-            Some(running) => running.same_file(&model, engine.digest()).map(|()| engine),
-            None => Ok(engine),
-        });
+        // A version served before must find its file's bytes as they were: checked by a hash before the
+        // model is loaded (so the folder watch's retries cost no load), and on what was loaded.
+        let started = crate::infer::file_digest(&model.path)
+            .map_or(Ok(()), |digest| gw.served.check(&model, digest))
+            .and_then(|()| {
+                Engine::start(
+                    env,
+                    model.clone(),
+                    &gw.config.inference,
+                    gw.telemetry.model(name),
+                )
+            })
+            .and_then(|engine| gw.served.check(&model, engine.digest()).map(|()| engine));
         match started {
             Ok(engine) => {
                 engines.insert(name.clone(), Arc::new(engine));

@@ -1155,9 +1155,10 @@ async fn the_last_schema_file_cannot_be_deleted() {
     ok(&again.get("/v1/schemas/entities/user_id").await);
 }
 
-/// A model version names the ONNX file it was loaded from: a change within the version (its sessions,
-/// batching) that would load a file whose bytes changed since is refused, dry run and registration
-/// alike, and the version keeps serving what it loaded; a new version may load the new file.
+/// A model version names the ONNX file it was served from: a change within the version (its sessions,
+/// batching) or a rollback to it that would load a file whose bytes changed since is refused, dry run
+/// and registration alike, and the version keeps serving what it loaded; a new version may load the
+/// new file.
 #[tokio::test]
 async fn a_change_within_a_model_version_cannot_load_a_file_that_changed_on_disk() {
     let dir = copy_of_schemas();
@@ -1183,7 +1184,7 @@ async fn a_change_within_a_model_version_cannot_load_a_file_that_changed_on_disk
         assert_eq!(r.status, 422, "{}", String::from_utf8_lossy(&r.body));
         let problems = r.json()["error"]["problems"].to_string();
         assert!(
-            problems.contains("its bytes changed since version 1 was loaded from it"),
+            problems.contains("its bytes changed since version 1 was served from it"),
             "{problems}"
         );
     }
@@ -1200,6 +1201,17 @@ async fn a_change_within_a_model_version_cannot_load_a_file_that_changed_on_disk
     let after = ok(&app.predict("ctr", &predict).await);
     assert_eq!(after["model_version"], 2);
     assert_eq!(after["outputs"]["score"], json!([0.1]));
+    // Nor may version 1 come back on the file as it is now.
+    let r = rollback(&app, "/v1/schemas/models/ctr", json!({"version": 1})).await;
+    assert_eq!(r.status, 422, "{}", String::from_utf8_lossy(&r.body));
+    assert!(
+        r.json()["error"]["problems"]
+            .to_string()
+            .contains("its bytes changed since version 1 was served from it"),
+        "{}",
+        r.json()
+    );
+    assert_eq!(ok(&app.predict("ctr", &predict).await)["model_version"], 2);
 }
 
 /// With `registry.reload_interval`, a change made in the schemas folder (by a person, a deploy, or
