@@ -117,7 +117,7 @@ async fn batched_results_equal_unbatched_results_row_for_row() {
 }
 
 /// A run that one request's rows make fail (here an index past a table's end) fails only that request:
-/// the batch it rode in is run again request by request, and every other request gets its own score.
+/// the batch it rode in is run again in halves down to single requests, and every other request gets its own score.
 #[tokio::test]
 async fn a_request_that_fails_its_batch_fails_alone() {
     let schemas = schemas_with_batching("batching:\n  max_batch_rows: 256\n  max_delay_us: 5000");
