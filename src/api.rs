@@ -751,10 +751,15 @@ async fn v2_infer(
         ));
     }
     let started = started(body_read.as_ref());
-    let r = split(req, body_read, &gw).await.map_err(|e| {
-        failed(e.status());
-        crate::oip::OipError(e.status(), e.to_string())
-    })?;
+    let r = match split(req, body_read, &gw).await {
+        Ok(r) => r,
+        Err(e) => {
+            failed(e.status());
+            // In the protocol's error shape, with the headers the error calls for (`Accept-Encoding`
+            // with a 415 for a content coding, `Retry-After` with a 503).
+            return Ok(e.respond(crate::error::Shape::V2));
+        }
+    };
     crate::oip::infer(&gw, &engine, &r.body, started).await
 }
 

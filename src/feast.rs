@@ -199,8 +199,8 @@ impl OnlineFeaturesRequest {
         let mut columns: Vec<(usize, usize, String)> = Vec::new();
         // Per view in `views`, which of its features are columns already (a feature may be named twice,
         // and a view's name alone names all of them); and each column's name, to find one given twice.
-        // Both are looked up once per feature, so a request naming a wide view thousands of times costs
-        // its length, not its square.
+        // Both are looked up once per feature a reference names, so a request costs the features its
+        // references name (a view's name, all of that view's), not that times the columns so far.
         let mut asked: Vec<Vec<bool>> = Vec::new();
         let mut named: HashMap<String, usize> = HashMap::new();
         for (vname, fname, field) in refs {

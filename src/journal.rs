@@ -8,7 +8,8 @@
 //! with what each schema file held before (or that it did not exist) and the temporary names; after the
 //! last rename, it is removed. A journal found later means a registration that never finished: its
 //! caller got no `200`, so putting every file back ([`roll_back`]) is the answer it was owed, "nothing
-//! registered". Kept versions under `versions/` are not put back: an extra one is harmless.
+//! registered". Kept versions under `.versions/` are journaled too: a version kept by a registration
+//! that is taken back would name a version that never ran.
 
 use std::path::{Component, Path, PathBuf};
 

@@ -463,7 +463,7 @@ pub async fn watch_folder(gw: Arc<Gateway>) {
                 watch.seen_refused = shown.clone();
                 *gw.folder.refused.lock() = shown;
             }
-            Outcome::Same => {}
+            Outcome::Same | Outcome::Unread => {}
             Outcome::Moving => watch.moving = Some(now),
             Outcome::Reloaded(changes) => {
                 watch.settled(now);
@@ -523,6 +523,9 @@ impl Watch {
 
 /// What one read of the folder found.
 enum Outcome {
+    /// The folder was not read (its lock stayed taken, or an unfinished registration in it could not be
+    /// taken back): nothing is known of it.
+    Unread,
     /// What was checked last, or a failure whose retry is not due.
     Same,
     /// Changed since the last read: checked when the next read finds the same.
@@ -558,7 +561,7 @@ fn look(
             Ok(lock) => lock,
             Err(e) => {
                 tracing::warn!(error = %e, "the schemas folder was not read: its lock stayed taken");
-                return (watch.seen.unwrap_or_default(), Outcome::Same);
+                return (watch.seen.unwrap_or_default(), Outcome::Unread);
             }
         };
         // A journal seen under the lock belongs to a registration whose process died (a live one holds
@@ -567,11 +570,11 @@ fn look(
             drop(lock.take());
             if let Err(e) = recover_interrupted(dir) {
                 tracing::warn!(error = %e, "the schemas folder holds an unfinished registration that could not be taken back");
-                return (watch.seen.unwrap_or_default(), Outcome::Same);
+                return (watch.seen.unwrap_or_default(), Outcome::Unread);
             }
             lock = match lock_folder(dir, false) {
                 Ok(lock) => lock,
-                Err(_) => return (watch.seen.unwrap_or_default(), Outcome::Same),
+                Err(_) => return (watch.seen.unwrap_or_default(), Outcome::Unread),
             };
         }
         let read = Registry::read_dir(dir);

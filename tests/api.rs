@@ -1203,10 +1203,8 @@ async fn error_messages_name_what_was_expected() {
             .or(body["error"].as_str())
             .expect("message");
         assert!(m.contains("Content-Encoding: gzip"), "{path}: {m}");
-        if path.starts_with("/v1") {
-            // RFC 9110, 15.5.16: the codings that are taken.
-            assert_eq!(r.headers["accept-encoding"], "identity");
-        }
+        // RFC 9110, 15.5.16: the codings that are taken.
+        assert_eq!(r.headers["accept-encoding"], "identity", "{path}");
     }
     let r = app
         .post_with(
