@@ -217,6 +217,7 @@ impl Engine {
         let info = inspect(&session, model, device, 1).map_err(load_err)?;
         trial_run(&mut session, &info, model.width).map_err(load_err)?;
         fallback_run(&mut session, &info, model).map_err(load_err)?;
+        independence_run(&mut session, &info, model).map_err(load_err)?;
         Ok(device)
     }
 
@@ -278,6 +279,7 @@ impl Engine {
         }
         trial_run(&mut sessions[0], &info, model.width).map_err(load_err)?;
         fallback_run(&mut sessions[0], &info, &model).map_err(load_err)?;
+        independence_run(&mut sessions[0], &info, &model).map_err(load_err)?;
         // Without batching, a batch is one request.
         let batch_rows = if cfg.batching {
             model.batching.max_batch_rows
@@ -904,6 +906,10 @@ impl ServedFiles {
 pub fn file_digest(path: &Path) -> std::io::Result<u64> {
     use std::hash::{BuildHasher, Hasher};
     use std::io::Read;
+    // Opening a FIFO would wait for a writer, for ever: only a regular file is read.
+    if !std::fs::metadata(path)?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
     let mut file = std::fs::File::open(path)?;
     let mut hasher = foldhash::fast::FixedState::with_seed(0x0068_7964_7261_6e74).build_hasher();
     let mut buf = vec![0u8; 1 << 20];
@@ -971,6 +977,53 @@ fn fallback_run(session: &mut Session, info: &ModelInfo, model: &Model) -> Resul
             fallbacks(model)
         )),
     }
+}
+
+/// Runs two different rows alone and together, and refuses a model whose answer for a row depends on
+/// the other rows of its run (rows reordered, a batch mean): batching runs the rows of concurrent
+/// requests as one input, so such a model would answer requests with one another's scores. The rows are
+/// the row of defaults and that row plus one; within float rounding the answers must agree.
+fn independence_run(session: &mut Session, info: &ModelInfo, model: &Model) -> Result<(), String> {
+    let a = crate::assemble::fallback_row(model);
+    let b: Vec<f32> = a.iter().map(|x| x + 1.0).collect();
+    let width = model.width;
+    let run = |session: &mut Session, input: &[f32], rows| {
+        let mut out = OutputRows::default();
+        run_session(session, info, input, rows, width, &mut out).map(|()| out)
+    };
+    // A row the model cannot run (an index past a table, say) proves nothing either way: the check is
+    // then left out, and what requests send decides.
+    let (Ok(alone_a), Ok(alone_b), Ok(together)) = (
+        run(session, &a, 1),
+        run(session, &b, 1),
+        run(session, &[a.as_slice(), b.as_slice()].concat(), 2),
+    ) else {
+        return Ok(());
+    };
+    let close = |x: f32, y: f32| (x - y).abs() <= 1e-5 + 1e-4 * x.abs().max(y.abs());
+    for (o, output) in info.outputs.iter().enumerate() {
+        let (w, both) = together.get(o);
+        let (first, second) = both.split_at(w.min(both.len()));
+        let rows = [(alone_a.get(o).1, first), (alone_b.get(o).1, second)];
+        // A non-finite number is the other checks' to report.
+        if rows
+            .iter()
+            .flat_map(|(x, y)| x.iter().chain(y.iter()))
+            .any(|v| !v.is_finite())
+        {
+            continue;
+        }
+        if rows
+            .iter()
+            .any(|(x, y)| x.len() != y.len() || x.iter().zip(y.iter()).any(|(&p, &q)| !close(p, q)))
+        {
+            return Err(format!(
+                "a trial run of two rows, alone and then together, gave output `{}` other values for a row beside another row: hydrant runs the rows of concurrent requests together, so the model must score each row on its own",
+                output.name
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `label = fallback` for the first slots of `model`, for an error message.

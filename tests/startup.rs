@@ -247,6 +247,7 @@ async fn a_model_that_cannot_run_the_binding_is_refused_at_start_up() {
         ("fixed_batch.onnx", "first dimension must be dynamic"),
         ("two_inputs.onnx", "another required input"),
         ("symbolic_width.onnx", "trial run on one row"),
+        ("batch_mean.onnx", "must score each row on its own"),
     ] {
         let dir = workspace(|s, m| {
             std::fs::copy(root().join("tests/models").join(file), m.join(file)).expect("copy");

@@ -5,6 +5,9 @@ Each takes the demo binding's 27 float32 columns and is well-formed, yet cannot 
   two_inputs.onnx      a second required input, `extra`, that the binding does not fill
   symbolic_width.onnx  input [batch, width] with weights for 26 columns: the width shows only when it runs
 
+  batch_mean.onnx      score = (features - their mean over the batch) · W: a row's score depends on the
+                       rows run beside it
+
 and one that serves some rows and fails on others, as a model indexing past a table does:
   hour_table.onnx      score = [0.1, 0.2, 0.3][slot 23] (the hour bucket, 0-3): a run holding a row of the
                        evening (bucket 3, hour 18 and later) fails
@@ -40,6 +43,16 @@ save(
     weights(27),
 )
 save("symbolic_width", [features(["batch", "width"])], [matmul], weights(26))
+save(
+    "batch_mean",
+    [features(["batch", 27])],
+    [
+        helper.make_node("ReduceMean", ["features"], ["mean"], axes=[0], keepdims=1),
+        helper.make_node("Sub", ["features", "mean"], ["centered"]),
+        helper.make_node("MatMul", ["centered", "W"], ["score"]),
+    ],
+    weights(27),
+)
 
 hour = helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", 27])
 out = helper.make_tensor_value_info("score", TensorProto.FLOAT, ["batch", 1])
