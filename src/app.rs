@@ -219,7 +219,7 @@ impl Application {
             .with_context(|| format!("cannot listen on {} (server.bind)", config.server.bind))?;
         telemetry.know_views(registry.views.keys());
         let served = crate::infer::ServedFiles::default();
-        served.record(engines.values());
+        served.record(engines.values(), &registry);
         let gateway = Arc::new(Gateway {
             config,
             catalog: Arc::new(ArcSwap::from_pointee(Catalog::new(registry, engines))),

@@ -402,8 +402,13 @@ mod tests {
             100 - entries as u64,
             "every entry not held was evicted"
         );
-        cache.invalidate("k99");
+        let held = (0..100)
+            .map(|i| format!("k{i}"))
+            .find(|k| matches!(cache.lookup(k, view, 7), Lookup::Fresh(_)))
+            .expect("a key held");
+        cache.invalidate(&held);
         cache.run_pending_tasks();
+        assert_eq!(gauges(&stats).0, entries - 1, "{held} was removed");
         assert_eq!(
             stats.evicted.load(Relaxed),
             evicted,

@@ -50,13 +50,13 @@ pub struct OnlineFeaturesRequest {
     /// Name features `view__feature` rather than `feature`.
     #[serde(default, deserialize_with = "crate::decode::flag_off")]
     pub full_feature_names: bool,
-    /// Name each view read in `metadata.feature_view_metadata`, as Feast's remote client asks on every
-    /// call (`false` there).
-    #[serde(default, deserialize_with = "crate::decode::flag_off")]
-    pub include_feature_view_version_metadata: bool,
     /// Input to Feast's on-demand feature views, which hydrant does not have: refused unless empty.
     #[serde(default)]
     pub request_context: Option<Fields<IgnoredAny>>,
+    /// Name each view read, and its version, in `metadata.feature_view_metadata`, as Feast's remote
+    /// client asks on every call (`false` there). Last, as in [`Positional::FIELDS`].
+    #[serde(default, deserialize_with = "crate::decode::flag_off")]
+    pub include_feature_view_version_metadata: bool,
 }
 
 impl Positional for OnlineFeaturesRequest {
@@ -357,17 +357,23 @@ impl Serialize for Metadata<'_, '_> {
     }
 }
 
-/// `[{"name": view}, ...]`: the views read, in the order first asked.
+/// `[{"name": view, "version": N}, ...]`: the views read, in the order first asked.
 struct ViewNames<'a, 'b>(&'a OnlineBody<'b>);
 
 impl Serialize for ViewNames<'_, '_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct ViewMetadata<'a> {
+            name: &'a str,
+            version: u32,
+        }
         let views = &self.0.plan.views;
         let mut seq = s.serialize_seq(Some(views.len()))?;
         for (view, _) in views {
-            let mut m = std::collections::BTreeMap::new();
-            m.insert("name", view.name.as_str());
-            seq.serialize_element(&m)?;
+            seq.serialize_element(&ViewMetadata {
+                name: &view.name,
+                version: view.version,
+            })?;
         }
         seq.end()
     }

@@ -80,7 +80,7 @@ impl Gateway {
         self.telemetry.know_views(registry.views.keys());
         self.telemetry
             .retain_views(|v| registry.views.contains_key(v));
-        self.served.record(engines.values());
+        self.served.record(engines.values(), &registry);
         self.catalog
             .store(Arc::new(Catalog::new(registry, engines)));
     }

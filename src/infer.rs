@@ -217,7 +217,9 @@ impl Engine {
         let info = inspect(&session, model, device, 1).map_err(load_err)?;
         trial_run(&mut session, &info, model.width).map_err(load_err)?;
         fallback_run(&mut session, &info, model).map_err(load_err)?;
-        independence_run(&mut session, &info, model).map_err(load_err)?;
+        if batches_requests(model, cfg) {
+            independence_run(&mut session, &info, model).map_err(load_err)?;
+        }
         Ok(device)
     }
 
@@ -279,7 +281,9 @@ impl Engine {
         }
         trial_run(&mut sessions[0], &info, model.width).map_err(load_err)?;
         fallback_run(&mut sessions[0], &info, &model).map_err(load_err)?;
-        independence_run(&mut sessions[0], &info, &model).map_err(load_err)?;
+        if batches_requests(&model, cfg) {
+            independence_run(&mut sessions[0], &info, &model).map_err(load_err)?;
+        }
         // Without batching, a batch is one request.
         let batch_rows = if cfg.batching {
             model.batching.max_batch_rows
@@ -771,10 +775,7 @@ impl Worker {
                     requests = jobs.len(),
                     "a batch failed ({message}): running its requests apart"
                 );
-                let mut first = std::mem::take(jobs);
-                let second = first.split_off(first.len() / 2);
-                self.run_apart(first, started);
-                self.run_apart(second, started);
+                self.run_apart(std::mem::take(jobs), started);
             }
             Err(message) => {
                 for j in jobs.drain(..) {
@@ -784,11 +785,40 @@ impl Worker {
         }
     }
 
-    /// Runs `jobs`, part of a batch whose run failed, together; where that fails too, each half of them
-    /// apart, down to single requests. Each request then gets the outcome of its own rows, and a request
-    /// that fails every run it is in costs about two runs per halving (16 for a batch of 256), not one
-    /// per request. Requests past their deadline or queue timeout by now are shed, not run.
+    /// Runs the two halves of `jobs`, a batch whose run failed, apart, so that each request gets the
+    /// outcome of its own rows. A half that fails while the other runs holds the failing rows: it is
+    /// halved again, so one bad request among n costs about 2·log2(n) runs (16 for 256). Where both
+    /// halves fail, the failures are many, and every request is run alone: about n runs, not n·log2(n).
     fn run_apart(&mut self, mut jobs: Vec<Job>, started: Instant) {
+        let second = jobs.split_off(jobs.len() / 2);
+        let first = self.try_run(jobs, started);
+        let second = self.try_run(second, started);
+        match (first, second) {
+            (Err((a, _)), Err((b, _))) => {
+                for j in a.into_iter().chain(b) {
+                    if let Err((mut j, message)) = self.try_run(vec![j], started)
+                        && let Some(j) = j.pop()
+                    {
+                        self.fail(j, &message);
+                    }
+                }
+            }
+            (Err((part, message)), Ok(())) | (Ok(()), Err((part, message))) => {
+                if part.len() > 1 {
+                    self.run_apart(part, started);
+                } else {
+                    for j in part {
+                        self.fail(j, &message);
+                    }
+                }
+            }
+            (Ok(()), Ok(())) => {}
+        }
+    }
+
+    /// Runs `jobs` together and answers each with its rows, or hands them back with the failure. Those
+    /// past their deadline or queue timeout by now are shed, not run.
+    fn try_run(&mut self, mut jobs: Vec<Job>, started: Instant) -> Result<(), (Vec<Job>, String)> {
         let now = Instant::now();
         let mut i = 0;
         while i < jobs.len() {
@@ -800,7 +830,7 @@ impl Worker {
             }
         }
         if jobs.is_empty() {
-            return;
+            return Ok(());
         }
         let rows: usize = jobs.iter().map(|j| j.rows).sum();
         let input: &[f32] = if jobs.len() == 1 {
@@ -829,17 +859,9 @@ impl Worker {
                     self.reply(j, at, us_since(started));
                     at += rows;
                 }
+                Ok(())
             }
-            Err(message) if jobs.len() == 1 => {
-                for j in jobs {
-                    self.fail(j, &message);
-                }
-            }
-            Err(_) => {
-                let second = jobs.split_off(jobs.len() / 2);
-                self.run_apart(jobs, started);
-                self.run_apart(second, started);
-            }
+            Err(message) => Err((jobs, message)),
         }
     }
 
@@ -891,9 +913,15 @@ impl ServedFiles {
         }
     }
 
-    /// Notes the file each of `engines` serves from, for versions not noted before.
-    pub fn record<'a>(&self, engines: impl IntoIterator<Item = &'a Arc<Engine>>) {
+    /// Notes the file each of `engines` serves from, for versions not noted before, and forgets the
+    /// models `registry` no longer has (one registered again starts afresh).
+    pub fn record<'a>(
+        &self,
+        engines: impl IntoIterator<Item = &'a Arc<Engine>>,
+        registry: &crate::schema::Registry,
+    ) {
         let mut served = self.0.lock();
+        served.retain(|(name, _), _| registry.models.contains_key(name));
         for e in engines {
             served
                 .entry((e.model.name.clone(), e.model.version))
@@ -977,6 +1005,11 @@ fn fallback_run(session: &mut Session, info: &ModelInfo, model: &Model) -> Resul
             fallbacks(model)
         )),
     }
+}
+
+/// Whether the rows of different requests for `model` can share a run.
+fn batches_requests(model: &Model, cfg: &InferenceConfig) -> bool {
+    cfg.batching && model.batching.max_batch_rows > 1
 }
 
 /// Runs two different rows alone and together, and refuses a model whose answer for a row depends on

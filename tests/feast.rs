@@ -401,7 +401,7 @@ async fn mistakes_get_a_400_that_names_the_field() {
         .await;
     assert_eq!(
         r.json()["metadata"]["feature_view_metadata"],
-        json!([{"name": "item_stats"}, {"name": "user_profile"}])
+        json!([{"name": "item_stats", "version": 1}, {"name": "user_profile", "version": 1}])
     );
     // More keys than limits.max_entities, over all the join keys.
     let many: Vec<String> = (0..=app.config.limits.max_entities)

@@ -263,6 +263,27 @@ async fn a_model_that_cannot_run_the_binding_is_refused_at_start_up() {
             "{file}: {e}"
         );
     }
+    // Without batching a run holds one request's rows: a model that relates them may serve.
+    let dir = workspace(|s, m| {
+        std::fs::copy(
+            root().join("tests/models/batch_mean.onnx"),
+            m.join("batch_mean.onnx"),
+        )
+        .expect("copy");
+        replace(
+            &s.join("ctr.yaml"),
+            "file: ctr.onnx",
+            "file: batch_mean.onnx",
+        );
+    });
+    let mut c = test_config();
+    c.inference.batching = false;
+    c.registry.schemas = dir.path().join("schemas");
+    c.registry.models = dir.path().join("models");
+    let store = Arc::new(EmbeddedStore::open(&dir.path().join("s.redb")).expect("store"));
+    if let Err(e) = Application::build_with_store(c, store, Clock::default()).await {
+        panic!("batch_mean.onnx without batching: {e:#}");
+    }
 }
 
 /// A damaged store file, or one another process holds, is a start-up error that says so, never a
