@@ -218,6 +218,9 @@ impl Application {
             .await
             .with_context(|| format!("cannot listen on {} (server.bind)", config.server.bind))?;
         telemetry.know_views(registry.views.keys());
+        for view in registry.views.values() {
+            crate::cache::note_policy(&telemetry.view(&view.name), view);
+        }
         let served = crate::infer::ServedFiles::default();
         served.record(engines.values(), &registry);
         let gateway = Arc::new(Gateway {

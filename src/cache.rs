@@ -54,12 +54,7 @@ impl Entry {
         key_len: usize,
         stats: Arc<ViewStats>,
     ) -> Self {
-        let policy = &view.policy;
-        let keep = if found.is_some() {
-            policy.ttl + policy.max_staleness
-        } else {
-            policy.negative_ttl
-        };
+        let keep_ms = keep_ms(view, found.is_some());
         // What the entry really costs in memory: every heap allocation at the size the allocator hands
         // out ([`allocated`]), plus moka's per-entry bookkeeping (its entry node, access-order and
         // write-order deque nodes, key hash and its share of the hash table), with a margin. Calibrated
@@ -82,8 +77,7 @@ impl Entry {
             found,
             unreadable: false,
             shape: view.shape(),
-            // Rounded up: the sweep removes nothing the policy would still serve.
-            keep_ms: u64::try_from(keep.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX),
+            keep_ms,
             weight: u32::try_from(weight).unwrap_or(u32::MAX),
             stats,
         }
@@ -107,10 +101,30 @@ impl Entry {
         self.weight
     }
 
-    /// Whether the entry is past the longest any policy would still serve it, at `now_ms`.
+    /// Whether the entry is past the longest any policy would still serve it, at `now_ms`: the one it
+    /// was cached under, or its view's now, when a registration raised it since.
     fn outlived(&self, now_ms: i64) -> bool {
-        now_ms.saturating_sub(self.fetched_at_ms) >= i64::try_from(self.keep_ms).unwrap_or(i64::MAX)
+        let keep = self.keep_ms.max(self.stats.keep_ms(self.found.is_some()));
+        now_ms.saturating_sub(self.fetched_at_ms) >= i64::try_from(keep).unwrap_or(i64::MAX)
     }
+}
+
+/// How long `view`'s policy keeps an entry cached, in milliseconds: `ttl + max_staleness` for a found
+/// record, `negative_ttl` for none. Rounded up: the sweep removes nothing the policy would still serve.
+pub fn keep_ms(view: &View, found: bool) -> u64 {
+    let policy = &view.policy;
+    let keep = if found {
+        policy.ttl + policy.max_staleness
+    } else {
+        policy.negative_ttl
+    };
+    u64::try_from(keep.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
+}
+
+/// Tells `stats` how long `view`'s policy keeps entries now, so that the sweep keeps those cached under
+/// a shorter one until the longer one has passed (a raised `max_staleness` serves them in an outage).
+pub fn note_policy(stats: &ViewStats, view: &View) {
+    stats.set_keep_ms(keep_ms(view, true), keep_ms(view, false));
 }
 
 /// The bytes an allocation of `bytes` takes from mimalloc: up to 64 bytes, a multiple of 8; above, four
@@ -492,6 +506,43 @@ mod tests {
         }
         cache.run_pending_tasks();
         assert_eq!(cache.entry_count(), 1);
+    }
+
+    /// A registration that raises a view's `max_staleness` or `negative_ttl` keeps the entries cached
+    /// under the shorter one until the longer one has passed; one that lowers it removes them no sooner
+    /// than they were cached for (lookups read the policy in force, so they are not served past it).
+    #[test]
+    fn a_raised_policy_keeps_the_entries_cached_under_the_shorter_one() {
+        // user_profile: ttl 10m, max_staleness 1h, negative_ttl 30s.
+        let (r, stats) = user_profile();
+        let view = &*r.views["user_profile"];
+        note_policy(&stats, view);
+        let clock = Clock::default();
+        let cache = FeatureCache::new(1 << 30, clock.clone());
+        let found = Found {
+            event_ts_ms: 0,
+            values: Packed::new(&[Value::Int(1)]),
+        };
+        for (key, found) in [("found", Some(found)), ("missing", None)] {
+            let entry = Entry::new(clock.now_ms(), found, view, key.len(), stats.clone());
+            cache.insert(key.into(), Arc::new(entry));
+        }
+        cache.run_pending_tasks();
+        // Raised to 5 hours of staleness and 10 minutes of negative caching.
+        stats.set_keep_ms(
+            keep_ms(view, true) + 4 * 3_600_000,
+            keep_ms(view, false) + 570_000,
+        );
+        let present = |key: &str| cache.inner.load().contains_key(key);
+        // 5 minutes in: the negative entry is past the 30 s it was cached under, within the 10 minutes.
+        clock.advance(Duration::from_secs(5 * 60));
+        assert_eq!(cache.sweep(), 0, "both are within the raised policy");
+        // 2 hours in: the found one is past the 1 h 10 m it was cached under, within the 5 h 10 m.
+        clock.advance(Duration::from_secs(2 * 3600));
+        assert_eq!(cache.sweep(), 1);
+        assert!(present("found") && !present("missing"));
+        clock.advance(Duration::from_secs(4 * 3600));
+        assert_eq!(cache.sweep(), 1, "and past it, it goes");
     }
 
     #[test]

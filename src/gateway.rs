@@ -80,6 +80,9 @@ impl Gateway {
         self.telemetry.know_views(registry.views.keys());
         self.telemetry
             .retain_views(|v| registry.views.contains_key(v));
+        for view in registry.views.values() {
+            crate::cache::note_policy(&self.telemetry.view(&view.name), view);
+        }
         self.served.record(engines.values(), &registry);
         self.catalog
             .store(Arc::new(Catalog::new(registry, engines)));

@@ -157,6 +157,10 @@ pub struct ViewStats {
     pub degraded_error: AtomicU64,
     /// Entries the cache evicted to stay within `cache.max_bytes` (not those expired or invalidated).
     pub evicted: AtomicU64,
+    /// How long the view's policy keeps a found entry and a not-found one now, in milliseconds (0 until
+    /// the view is registered): see [`crate::cache::note_policy`].
+    keep_found_ms: AtomicU64,
+    keep_missing_ms: AtomicU64,
     /// Background refreshes (refresh-ahead) by outcome: `hydrant_refresh_total{view,outcome}`. A key counts
     /// once per refresh round trip it was part of.
     pub refresh: Outcomes,
@@ -166,6 +170,20 @@ pub struct ViewStats {
 }
 
 impl ViewStats {
+    pub fn set_keep_ms(&self, found: u64, missing: u64) {
+        self.keep_found_ms.store(found, Relaxed);
+        self.keep_missing_ms.store(missing, Relaxed);
+    }
+
+    /// How long the view's policy keeps a found (or a not-found) entry now, in milliseconds.
+    pub fn keep_ms(&self, found: bool) -> u64 {
+        if found {
+            self.keep_found_ms.load(Relaxed)
+        } else {
+            self.keep_missing_ms.load(Relaxed)
+        }
+    }
+
     pub fn inserted(&self, weight: u32) {
         self.entries.fetch_add(1, Relaxed);
         self.bytes.fetch_add(i64::from(weight), Relaxed);
