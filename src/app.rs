@@ -222,7 +222,7 @@ impl Application {
             crate::cache::note_policy(&telemetry.view(&view.name), view);
         }
         let served = crate::infer::ServedFiles::default();
-        served.record(engines.values(), &registry);
+        served.record(engines.values());
         let gateway = Arc::new(Gateway {
             config,
             catalog: Arc::new(ArcSwap::from_pointee(Catalog::new(registry, engines))),

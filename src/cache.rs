@@ -104,7 +104,9 @@ impl Entry {
     /// Whether the entry is past the longest any policy would still serve it, at `now_ms`: the one it
     /// was cached under, or its view's now, when a registration raised it since.
     fn outlived(&self, now_ms: i64) -> bool {
-        let keep = self.keep_ms.max(self.stats.keep_ms(self.found.is_some()));
+        let keep = self
+            .keep_ms
+            .max(self.stats.keep_ms(self.shape, self.found.is_some()));
         now_ms.saturating_sub(self.fetched_at_ms) >= i64::try_from(keep).unwrap_or(i64::MAX)
     }
 }
@@ -124,7 +126,7 @@ pub fn keep_ms(view: &View, found: bool) -> u64 {
 /// Tells `stats` how long `view`'s policy keeps entries now, so that the sweep keeps those cached under
 /// a shorter one until the longer one has passed (a raised `max_staleness` serves them in an outage).
 pub fn note_policy(stats: &ViewStats, view: &View) {
-    stats.set_keep_ms(keep_ms(view, true), keep_ms(view, false));
+    stats.set_keep_ms(view.shape(), keep_ms(view, true), keep_ms(view, false));
 }
 
 /// The bytes an allocation of `bytes` takes from mimalloc: up to 64 bytes, a multiple of 8; above, four
@@ -530,6 +532,7 @@ mod tests {
         cache.run_pending_tasks();
         // Raised to 5 hours of staleness and 10 minutes of negative caching.
         stats.set_keep_ms(
+            view.shape(),
             keep_ms(view, true) + 4 * 3_600_000,
             keep_ms(view, false) + 570_000,
         );
@@ -543,6 +546,13 @@ mod tests {
         assert!(present("found") && !present("missing"));
         clock.advance(Duration::from_secs(4 * 3600));
         assert_eq!(cache.sweep(), 1, "and past it, it goes");
+        // A raised keep for another shape of the view (its features changed) keeps nothing: entries of
+        // this shape are never served again.
+        let entry = Entry::new(clock.now_ms(), None, view, 7, stats.clone());
+        cache.insert("missing".into(), Arc::new(entry));
+        stats.set_keep_ms(view.shape() ^ 1, u64::MAX, u64::MAX);
+        clock.advance(Duration::from_secs(31));
+        assert_eq!(cache.sweep(), 1);
     }
 
     #[test]

@@ -83,7 +83,7 @@ impl Gateway {
         for view in registry.views.values() {
             crate::cache::note_policy(&self.telemetry.view(&view.name), view);
         }
-        self.served.record(engines.values(), &registry);
+        self.served.record(engines.values());
         self.catalog
             .store(Arc::new(Catalog::new(registry, engines)));
     }

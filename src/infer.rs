@@ -786,33 +786,35 @@ impl Worker {
     }
 
     /// Runs the two halves of `jobs`, a batch whose run failed, apart, so that each request gets the
-    /// outcome of its own rows. A half that fails while the other runs holds the failing rows: it is
-    /// halved again, so one bad request among n costs about 2·log2(n) runs (16 for 256). Where both
-    /// halves fail, the failures are many, and every request is run alone: about n runs, not n·log2(n).
+    /// outcome of its own rows: a half that fails again is halved again, down to parts of a few requests,
+    /// which are run one by one. One bad request among n costs about 2·log2(n) runs (16 for 256); where
+    /// every request fails, about 2n.
     fn run_apart(&mut self, mut jobs: Vec<Job>, started: Instant) {
+        /// Parts this small are run request by request rather than halved again.
+        const ALONE: usize = 4;
         let second = jobs.split_off(jobs.len() / 2);
-        let first = self.try_run(jobs, started);
-        let second = self.try_run(second, started);
-        match (first, second) {
-            (Err((a, _)), Err((b, _))) => {
-                for j in a.into_iter().chain(b) {
-                    if let Err((mut j, message)) = self.try_run(vec![j], started)
-                        && let Some(j) = j.pop()
-                    {
-                        self.fail(j, &message);
-                    }
-                }
-            }
-            (Err((part, message)), Ok(())) | (Ok(()), Err((part, message))) => {
-                if part.len() > 1 {
-                    self.run_apart(part, started);
-                } else {
+        for half in [jobs, second] {
+            let Err((part, message)) = self.try_run(half, started) else {
+                continue;
+            };
+            match part.len() {
+                // Failed alone: that is its answer.
+                1 => {
                     for j in part {
                         self.fail(j, &message);
                     }
                 }
+                n if n <= ALONE => {
+                    for j in part {
+                        if let Err((mut j, message)) = self.try_run(vec![j], started)
+                            && let Some(j) = j.pop()
+                        {
+                            self.fail(j, &message);
+                        }
+                    }
+                }
+                _ => self.run_apart(part, started),
             }
-            (Ok(()), Ok(())) => {}
         }
     }
 
@@ -913,15 +915,10 @@ impl ServedFiles {
         }
     }
 
-    /// Notes the file each of `engines` serves from, for versions not noted before, and forgets the
-    /// models `registry` no longer has (one registered again starts afresh).
-    pub fn record<'a>(
-        &self,
-        engines: impl IntoIterator<Item = &'a Arc<Engine>>,
-        registry: &crate::schema::Registry,
-    ) {
+    /// Notes the file each of `engines` serves from, for versions not noted before. Kept for models
+    /// deleted since too: one registered again at a kept version must find the same bytes.
+    pub fn record<'a>(&self, engines: impl IntoIterator<Item = &'a Arc<Engine>>) {
         let mut served = self.0.lock();
-        served.retain(|(name, _), _| registry.models.contains_key(name));
         for e in engines {
             served
                 .entry((e.model.name.clone(), e.model.version))

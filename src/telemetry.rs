@@ -161,6 +161,8 @@ pub struct ViewStats {
     /// the view is registered): see [`crate::cache::note_policy`].
     keep_found_ms: AtomicU64,
     keep_missing_ms: AtomicU64,
+    /// The view's shape those keeps are for: entries of another shape are never served again.
+    keep_shape: AtomicU64,
     /// Background refreshes (refresh-ahead) by outcome: `hydrant_refresh_total{view,outcome}`. A key counts
     /// once per refresh round trip it was part of.
     pub refresh: Outcomes,
@@ -170,14 +172,18 @@ pub struct ViewStats {
 }
 
 impl ViewStats {
-    pub fn set_keep_ms(&self, found: u64, missing: u64) {
+    pub fn set_keep_ms(&self, shape: u64, found: u64, missing: u64) {
+        self.keep_shape.store(shape, Relaxed);
         self.keep_found_ms.store(found, Relaxed);
         self.keep_missing_ms.store(missing, Relaxed);
     }
 
-    /// How long the view's policy keeps a found (or a not-found) entry now, in milliseconds.
-    pub fn keep_ms(&self, found: bool) -> u64 {
-        if found {
+    /// How long the view's policy keeps a found (or a not-found) entry of `shape` now, in milliseconds:
+    /// 0 for an entry of another shape.
+    pub fn keep_ms(&self, shape: u64, found: bool) -> u64 {
+        if shape != self.keep_shape.load(Relaxed) {
+            0
+        } else if found {
             self.keep_found_ms.load(Relaxed)
         } else {
             self.keep_missing_ms.load(Relaxed)

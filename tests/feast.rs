@@ -443,10 +443,30 @@ async fn a_msgpack_caller_gets_msgpack_and_the_route_is_counted() {
         j["results"][1]["values"][0],
         demo_rows("user_profile", "user_id")["u_1"]["age"]
     );
+    // The request as an array, its fields by position: entities, features, feature_service,
+    // full_feature_names, request_context, include_feature_view_version_metadata.
+    let positional = rmp_serde::to_vec(&json!([
+        {"user_id": ["u_1"]},
+        ["user_profile:age"],
+        null,
+        false,
+        null,
+        true
+    ]))
+    .expect("msgpack");
+    let r = app
+        .post("/get-online-features", "application/msgpack", positional)
+        .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let j: Json = rmp_serde::from_slice(&r.body).expect("a MessagePack answer");
+    assert_eq!(
+        j["metadata"]["feature_view_metadata"],
+        json!([{"name": "user_profile", "version": 1}])
+    );
     let metrics = String::from_utf8(app.get("/metrics").await.body).expect("utf-8");
     assert!(
         metrics.contains(
-            "hydrant_request_duration_seconds_count{route=\"/get-online-features\",model=\"\",status=\"200\"} 1"
+            "hydrant_request_duration_seconds_count{route=\"/get-online-features\",model=\"\",status=\"200\"} 2"
         ),
         "{}",
         metrics
