@@ -217,10 +217,7 @@ impl Application {
         let listener = crate::serve::listen(config.server.bind)
             .await
             .with_context(|| format!("cannot listen on {} (server.bind)", config.server.bind))?;
-        telemetry.know_views(registry.views.keys());
-        for view in registry.views.values() {
-            crate::cache::note_policy(&telemetry.view(&view.name), view);
-        }
+        telemetry.know_views(registry.views.values());
         let served = crate::infer::ServedFiles::default();
         served.record(engines.values());
         let gateway = Arc::new(Gateway {

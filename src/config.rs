@@ -387,17 +387,17 @@ pub enum ConfigError {
 /// internally ("invalid type: integer 99999999999999999999 as i128, expected any valid TOML value", or
 /// "u64 value was too large").
 fn toml_message(message: &str) -> String {
+    const TOO_LARGE: &str =
+        "too large for a number (TOML integers are 64-bit, at most 9223372036854775807)";
     let message = message.trim_end();
     if let Some(rest) = message.strip_prefix("invalid type: integer ")
         && let Some((number, _)) = rest.split_once(" as i128")
     {
         let number = number.trim_matches('`');
-        return format!(
-            "{number} is out of range: too large for a number (TOML integers are 64-bit, at most 9223372036854775807)"
-        );
+        return format!("{number} is out of range: {TOO_LARGE}");
     }
     if message.ends_with("value was too large") {
-        return "the number is out of range: too large for a number (TOML integers are 64-bit, at most 9223372036854775807)".to_owned();
+        return format!("the number is out of range: {TOO_LARGE}");
     }
     message.to_owned()
 }

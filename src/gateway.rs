@@ -77,12 +77,9 @@ impl Gateway {
     /// Swaps in `registry` and its models' `engines` as the running catalog (a registration, or a
     /// change found in the schemas folder). Its views are listed in the stats from now on.
     pub fn put_in_force(&self, registry: Arc<Registry>, engines: HashMap<String, Arc<Engine>>) {
-        self.telemetry.know_views(registry.views.keys());
         self.telemetry
             .retain_views(|v| registry.views.contains_key(v));
-        for view in registry.views.values() {
-            crate::cache::note_policy(&self.telemetry.view(&view.name), view);
-        }
+        self.telemetry.know_views(registry.views.values());
         self.served.record(engines.values());
         self.catalog
             .store(Arc::new(Catalog::new(registry, engines)));

@@ -634,7 +634,7 @@ impl Hydrator {
 /// How far past the wall clock a stored record's event time may be: the day a row may be written ahead
 /// (clock skew between its writer and hydrant, `loader`), and as much again for the skew between the
 /// replica that wrote it and the one reading it.
-const MAX_READ_SKEW_MS: i64 = 2 * 24 * 3600 * 1000;
+const MAX_READ_SKEW_MS: i64 = 2 * crate::loader::MAX_FUTURE_SKEW_MS;
 
 /// Checks a stored record against the view and converts its values to the declared types. `wall_ms` is
 /// the wall clock: an event time hydrant never writes (before 1970, or days ahead, which would never

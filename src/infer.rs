@@ -215,11 +215,7 @@ impl Engine {
         let (mut session, device) =
             open_session(env, model, cfg.intra_threads, &prepacked).map_err(load_err)?;
         let info = inspect(&session, model, device, 1).map_err(load_err)?;
-        trial_run(&mut session, &info, model.width).map_err(load_err)?;
-        fallback_run(&mut session, &info, model).map_err(load_err)?;
-        if batches_requests(model, cfg) {
-            independence_run(&mut session, &info, model).map_err(load_err)?;
-        }
+        trial_runs(&mut session, &info, model, cfg).map_err(load_err)?;
         Ok(device)
     }
 
@@ -257,7 +253,7 @@ impl Engine {
                 cfg.intra_threads
             )));
         }
-        let before = file_digest(&model.path).ok();
+        let before = file_stamp(&model.path);
         let mut sessions = Vec::with_capacity(n);
         let mut device = "cpu";
         // One copy of the pre-packed weights serves every session of the pool.
@@ -269,21 +265,17 @@ impl Engine {
             sessions.push(s);
         }
         let info = inspect(&sessions[0], &model, device, n).map_err(load_err)?;
-        // Read before and after the sessions: a file copied over while they loaded is not known to
-        // hold what they run.
+        // The file as it was before the sessions read it and after it was hashed: one copied over
+        // meanwhile is not known to hold what they run.
         let digest = file_digest(&model.path)
             .map_err(|e| load_err(format!("the ONNX file cannot be read: {e}")))?;
-        if before != Some(digest) {
+        if before.is_none() || before != file_stamp(&model.path) {
             return Err(load_err(
                 "the ONNX file changed while it was loaded: register it again once it is written"
                     .to_owned(),
             ));
         }
-        trial_run(&mut sessions[0], &info, model.width).map_err(load_err)?;
-        fallback_run(&mut sessions[0], &info, &model).map_err(load_err)?;
-        if batches_requests(&model, cfg) {
-            independence_run(&mut sessions[0], &info, &model).map_err(load_err)?;
-        }
+        trial_runs(&mut sessions[0], &info, &model, cfg).map_err(load_err)?;
         // Without batching, a batch is one request.
         let batch_rows = if cfg.batching {
             model.batching.max_batch_rows
@@ -717,56 +709,18 @@ impl Worker {
     }
 
     fn run_batch(&mut self, jobs: &mut Vec<Job>) {
-        let now = Instant::now();
-        // Requests whose deadline passed, or that waited past the queue timeout, are answered without
-        // running: their callers have given up or should retry elsewhere.
-        let mut i = 0;
-        while i < jobs.len() {
-            if overdue(&jobs[i], now, self.queue_timeout) {
-                let job = jobs.swap_remove(i);
-                shed(job, now, self.queue_timeout, &self.model.name, &self.stats);
-            } else {
-                i += 1;
-            }
-        }
+        // `started` also starts the model run: copying the rows into one batch is part of running it.
+        let started = Instant::now();
+        self.shed_overdue(jobs, started);
         if jobs.is_empty() {
             return;
         }
         let rows: usize = jobs.iter().map(|j| j.rows).sum();
         self.stats.batch_rows.observe(rows as u64);
-        let width = self.model.width;
-        // `now` also starts the model run: copying the rows into one batch is part of running it.
-        let started = now;
-        let input: &[f32] = if jobs.len() == 1 {
-            &jobs[0].input
-        } else {
-            self.batch.clear();
-            for j in jobs.iter() {
-                self.batch.extend_from_slice(&j.input);
-            }
-            &self.batch
-        };
-        let result = run_session(
-            &mut self.session,
-            &self.info,
-            input,
-            rows,
-            width,
-            &mut self.scratch,
-        );
-        let infer_us = us_since(started);
-        self.queue.ran(Duration::from_micros(infer_us));
-        match result {
-            Ok(()) => {
-                let mut at = 0;
-                for j in jobs.drain(..) {
-                    let rows = j.rows;
-                    self.reply(j, at, infer_us);
-                    at += rows;
-                }
-            }
+        match self.run_together(jobs, started) {
+            Ok(infer_us) => self.reply_all(jobs.drain(..), infer_us),
             // One request's rows can fail the run (an index out of a table's range, a value a kernel
-            // refuses): its batch-mates are run again, each alone, so that each gets the answer to its own
+            // refuses): its batch-mates are run again apart, so that each gets the answer to its own
             // input, as a non-finite score is answered to its own request only.
             Err(message) if jobs.len() > 1 => {
                 tracing::warn!(
@@ -822,6 +776,23 @@ impl Worker {
     /// past their deadline or queue timeout by now are shed, not run.
     fn try_run(&mut self, mut jobs: Vec<Job>, started: Instant) -> Result<(), (Vec<Job>, String)> {
         let now = Instant::now();
+        self.shed_overdue(&mut jobs, now);
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        match self.run_together(&jobs, now) {
+            Ok(_) => {
+                // The time since the batch that failed began: this request waited through its runs.
+                self.reply_all(jobs.into_iter(), us_since(started));
+                Ok(())
+            }
+            Err(message) => Err((jobs, message)),
+        }
+    }
+
+    /// Answers the requests whose deadline passed, or that waited past the queue timeout, without
+    /// running them: their callers have given up or should retry elsewhere.
+    fn shed_overdue(&self, jobs: &mut Vec<Job>, now: Instant) {
         let mut i = 0;
         while i < jobs.len() {
             if overdue(&jobs[i], now, self.queue_timeout) {
@@ -831,18 +802,21 @@ impl Worker {
                 i += 1;
             }
         }
-        if jobs.is_empty() {
-            return Ok(());
-        }
+    }
+
+    /// Runs the rows of `jobs` as one input, into `scratch`, and tells the queue how long it took since
+    /// `began`: the microseconds.
+    fn run_together(&mut self, jobs: &[Job], began: Instant) -> Result<u64, String> {
         let rows: usize = jobs.iter().map(|j| j.rows).sum();
-        let input: &[f32] = if jobs.len() == 1 {
-            &jobs[0].input
-        } else {
-            self.batch.clear();
-            for j in &jobs {
-                self.batch.extend_from_slice(&j.input);
+        let input: &[f32] = match jobs {
+            [one] => &one.input,
+            _ => {
+                self.batch.clear();
+                for j in jobs {
+                    self.batch.extend_from_slice(&j.input);
+                }
+                &self.batch
             }
-            &self.batch
         };
         let result = run_session(
             &mut self.session,
@@ -852,18 +826,18 @@ impl Worker {
             self.model.width,
             &mut self.scratch,
         );
-        self.queue.ran(now.elapsed());
-        match result {
-            Ok(()) => {
-                let mut at = 0;
-                for j in jobs {
-                    let rows = j.rows;
-                    self.reply(j, at, us_since(started));
-                    at += rows;
-                }
-                Ok(())
-            }
-            Err(message) => Err((jobs, message)),
+        let infer_us = us_since(began);
+        self.queue.ran(Duration::from_micros(infer_us));
+        result.map(|()| infer_us)
+    }
+
+    /// Answers `jobs`, in the order their rows were run, from the last run's outputs.
+    fn reply_all(&self, jobs: impl Iterator<Item = Job>, infer_us: u64) {
+        let mut at = 0;
+        for j in jobs {
+            let rows = j.rows;
+            self.reply(j, at, infer_us);
+            at += rows;
         }
     }
 
@@ -915,6 +889,12 @@ impl ServedFiles {
         }
     }
 
+    /// [`check`](Self::check) on `model`'s file as it is on disk now (hashed; a file that cannot be
+    /// read is for the load to report).
+    pub fn check_file(&self, model: &Model) -> Result<(), InferError> {
+        file_digest(&model.path).map_or(Ok(()), |digest| self.check(model, digest))
+    }
+
     /// Notes the file each of `engines` serves from, for versions not noted before. Kept for models
     /// deleted since too: one registered again at a kept version must find the same bytes.
     pub fn record<'a>(&self, engines: impl IntoIterator<Item = &'a Arc<Engine>>) {
@@ -927,8 +907,15 @@ impl ServedFiles {
     }
 }
 
+/// What tells the file at `path` as written, without reading it: its length and when it was last
+/// written. A copy over it changes them.
+fn file_stamp(path: &Path) -> Option<(u64, std::time::SystemTime)> {
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.len(), meta.modified().ok()?))
+}
+
 /// A digest of the bytes of the file at `path`: whether a model version's ONNX file changed on disk.
-pub fn file_digest(path: &Path) -> std::io::Result<u64> {
+fn file_digest(path: &Path) -> std::io::Result<u64> {
     use std::hash::{BuildHasher, Hasher};
     use std::io::Read;
     // Opening a FIFO would wait for a writer, for ever: only a regular file is read.
@@ -983,13 +970,17 @@ fn trial_run(session: &mut Session, info: &ModelInfo, width: usize) -> Result<()
 /// Runs the model on the row of fallbacks (every entity not found, no context sent), the row the most
 /// common degraded request is scored on. A model that scores it as NaN or infinity would answer every such
 /// request with 500, so it is refused at start-up, naming the output.
-fn fallback_run(session: &mut Session, info: &ModelInfo, model: &Model) -> Result<(), String> {
+fn fallback_run(
+    session: &mut Session,
+    info: &ModelInfo,
+    model: &Model,
+) -> Result<(Vec<f32>, OutputRows), String> {
     let row = crate::assemble::fallback_row(model);
     let mut out = OutputRows::default();
     run_session(session, info, &row, 1, model.width, &mut out)
         .map_err(|e| format!("a run on the row of defaults failed: {e}"))?;
     match out.first_non_finite() {
-        None => Ok(()),
+        None => Ok((row, out)),
         Some((o, _)) => Err(format!(
             "output `{}` is {} for the row of defaults (every entity not found, no context sent), so every request scored on defaults would fail: check the defaults and `fill_missing` values of the model's inputs ({})",
             info.outputs[o].name,
@@ -1004,29 +995,43 @@ fn fallback_run(session: &mut Session, info: &ModelInfo, model: &Model) -> Resul
     }
 }
 
-/// Whether the rows of different requests for `model` can share a run.
-fn batches_requests(model: &Model, cfg: &InferenceConfig) -> bool {
-    cfg.batching && model.batching.max_batch_rows > 1
+/// Start-up's runs of `model` on a session: the trial runs, the row of defaults, and, where the rows of
+/// different requests can share a run, whether a row's answer depends on the rows beside it.
+fn trial_runs(
+    session: &mut Session,
+    info: &ModelInfo,
+    model: &Model,
+    cfg: &InferenceConfig,
+) -> Result<(), String> {
+    trial_run(session, info, model.width)?;
+    let (defaults, scored) = fallback_run(session, info, model)?;
+    if cfg.batching && model.batching.max_batch_rows > 1 {
+        independence_run(session, info, model.width, (&defaults, &scored))?;
+    }
+    Ok(())
 }
 
 /// Runs two different rows alone and together, and refuses a model whose answer for a row depends on
 /// the other rows of its run (rows reordered, a batch mean): batching runs the rows of concurrent
 /// requests as one input, so such a model would answer requests with one another's scores. The rows are
-/// the row of defaults and that row plus one; within float rounding the answers must agree.
-fn independence_run(session: &mut Session, info: &ModelInfo, model: &Model) -> Result<(), String> {
-    let a = crate::assemble::fallback_row(model);
+/// the row of defaults (`a`, with the outputs it was scored alone) and that row plus one; within float
+/// rounding the answers must agree.
+fn independence_run(
+    session: &mut Session,
+    info: &ModelInfo,
+    width: usize,
+    (a, alone_a): (&[f32], &OutputRows),
+) -> Result<(), String> {
     let b: Vec<f32> = a.iter().map(|x| x + 1.0).collect();
-    let width = model.width;
     let run = |session: &mut Session, input: &[f32], rows| {
         let mut out = OutputRows::default();
         run_session(session, info, input, rows, width, &mut out).map(|()| out)
     };
     // A row the model cannot run (an index past a table, say) proves nothing either way: the check is
     // then left out, and what requests send decides.
-    let (Ok(alone_a), Ok(alone_b), Ok(together)) = (
-        run(session, &a, 1),
+    let (Ok(alone_b), Ok(together)) = (
         run(session, &b, 1),
-        run(session, &[a.as_slice(), b.as_slice()].concat(), 2),
+        run(session, &[a, b.as_slice()].concat(), 2),
     ) else {
         return Ok(());
     };

@@ -39,7 +39,7 @@ pub const IN_FLIGHT: usize = 4;
 const MAX_LINE_BYTES: usize = 8 << 20;
 
 /// How far in the future a row's `event_timestamp` may be (clock skew between the writer and hydrant).
-const MAX_FUTURE_SKEW_MS: i64 = 24 * 3600 * 1000;
+pub(crate) const MAX_FUTURE_SKEW_MS: i64 = 24 * 3600 * 1000;
 
 /// Rejected rows a [`Report`] lists by line; past this many it only counts them.
 pub const MAX_LISTED_REJECTS: usize = 1000;

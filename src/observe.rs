@@ -2,12 +2,13 @@
 //! per-stage percentiles next to cache hit rates), both rendered from the gateway's own counters.
 
 use std::fmt::Write as _;
+use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
 use serde_json::{Map, Value as Json, json};
 
 use crate::gateway::Gateway;
-use crate::telemetry::{BUCKETS_S, Histogram, ROW_BUCKETS, Stage};
+use crate::telemetry::{BUCKETS_S, Histogram, ROW_BUCKETS, Stage, ViewStats};
 
 fn esc(v: &str) -> String {
     v.replace('\\', "\\\\")
@@ -17,6 +18,20 @@ fn esc(v: &str) -> String {
 
 fn header(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// Writes a family whose one label is `view`: `value` of each view's counters.
+fn per_view(
+    out: &mut String,
+    views: &[(String, Arc<ViewStats>)],
+    (name, kind): (&str, &str),
+    help: &str,
+    value: impl Fn(&ViewStats) -> u64,
+) {
+    header(out, name, kind, help);
+    for (view, v) in views {
+        let _ = writeln!(out, "{name}{{view=\"{}\"}} {}", esc(view), value(v));
+    }
 }
 
 /// Writes a counter family whose one label is `outcome`.
@@ -187,48 +202,27 @@ pub fn prometheus(gw: &Gateway) -> String {
             );
         }
     }
-    header(
+    per_view(
         &mut out,
-        "hydrant_cache_entries",
-        "gauge",
+        &views,
+        ("hydrant_cache_entries", "gauge"),
         "Entries in the feature cache.",
+        |v| v.entries.load(Relaxed).max(0).unsigned_abs(),
     );
-    for (view, v) in &views {
-        let _ = writeln!(
-            out,
-            "hydrant_cache_entries{{view=\"{}\"}} {}",
-            esc(view),
-            v.entries.load(Relaxed).max(0)
-        );
-    }
-    header(
+    per_view(
         &mut out,
-        "hydrant_cache_bytes",
-        "gauge",
+        &views,
+        ("hydrant_cache_bytes", "gauge"),
         "Estimated bytes held by the feature cache.",
+        |v| v.bytes.load(Relaxed).max(0).unsigned_abs(),
     );
-    for (view, v) in &views {
-        let _ = writeln!(
-            out,
-            "hydrant_cache_bytes{{view=\"{}\"}} {}",
-            esc(view),
-            v.bytes.load(Relaxed).max(0)
-        );
-    }
-    header(
+    per_view(
         &mut out,
-        "hydrant_cache_evictions_total",
-        "counter",
+        &views,
+        ("hydrant_cache_evictions_total", "counter"),
         "Entries evicted from the feature cache to stay within cache.max_bytes.",
+        |v| v.evicted.load(Relaxed),
     );
-    for (view, v) in &views {
-        let _ = writeln!(
-            out,
-            "hydrant_cache_evictions_total{{view=\"{}\"}} {}",
-            esc(view),
-            v.evicted.load(Relaxed)
-        );
-    }
     header(
         &mut out,
         "hydrant_degraded_total",
@@ -393,20 +387,13 @@ pub fn prometheus(gw: &Gateway) -> String {
     for (kind, n) in invalidations(gw) {
         let _ = writeln!(out, "hydrant_invalidations_total{{kind=\"{kind}\"}} {n}");
     }
-    header(
+    per_view(
         &mut out,
-        "hydrant_bad_records_total",
-        "counter",
+        &views,
+        ("hydrant_bad_records_total", "counter"),
         "Stored records that could not be decoded and were served as defaults.",
+        |v| v.bad_records.load(Relaxed),
     );
-    for (view, v) in &views {
-        let _ = writeln!(
-            out,
-            "hydrant_bad_records_total{{view=\"{}\"}} {}",
-            esc(view),
-            v.bad_records.load(Relaxed)
-        );
-    }
     out
 }
 

@@ -228,13 +228,11 @@ pub fn check(
         let Some(model) = proposed.models.get(&name) else {
             continue;
         };
-        let checked =
-            Engine::check(load.env, model, load.cfg).and_then(|_| match crate::infer::file_digest(
-                &model.path,
-            ) {
-                Ok(digest) => load.served.check(model, digest),
-                Err(_) => Ok(()),
-            });
+        // The file's bytes first, as a registration checks them: a cheap refusal before the load.
+        let checked = load
+            .served
+            .check_file(model)
+            .and_then(|()| Engine::check(load.env, model, load.cfg).map(drop));
         if let Err(e) = checked {
             errors.push(load_error(e, proposed.document(Kind::Model, &name)));
         }

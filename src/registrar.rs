@@ -326,8 +326,9 @@ fn start_engines(
         let model = registry.models[name].clone();
         // A version served before must find its file's bytes as they were: checked by a hash before the
         // model is loaded (so the folder watch's retries cost no load), and on what was loaded.
-        let started = crate::infer::file_digest(&model.path)
-            .map_or(Ok(()), |digest| gw.served.check(&model, digest))
+        let started = gw
+            .served
+            .check_file(&model)
             .and_then(|()| {
                 Engine::start(
                     env,

@@ -668,13 +668,13 @@ impl Telemetry {
     }
 
     /// Gives each of `views` its counters now, so `/v1/stats` and `/metrics` list a registered view
-    /// (with zeros) before its first lookup.
-    pub fn know_views<'a>(&self, views: impl IntoIterator<Item = &'a String>) {
+    /// (with zeros) before its first lookup, and notes how long its policy keeps cache entries now
+    /// ([`crate::cache::note_policy`]).
+    pub fn know_views<'a>(&self, views: impl IntoIterator<Item = &'a Arc<crate::schema::View>>) {
         let mut known = self.views.write();
         for v in views {
-            if !known.contains_key(v) {
-                known.insert(v.clone(), Arc::default());
-            }
+            let stats = known.entry(v.name.clone()).or_default();
+            crate::cache::note_policy(stats, v);
         }
     }
 
