@@ -19,8 +19,12 @@ COPY loadtest/scenarios ./loadtest/scenarios
 # The gateway's user owns what it writes: the embedded store (data/, used when no Redis URL is set) and
 # the schemas folder (`registry.writes` registers documents there).
 RUN mkdir -p data && chown -R hydrant data schemas
+# The image listens on every interface, so schema registration through the API is off (the demo config
+# turns it on for a gateway on 127.0.0.1): set HYDRANT_REGISTRY__WRITES=true together with an
+# `auth.admin_token_file` to register through the API, or mount the schemas folder and edit it.
 ENV ORT_DYLIB_PATH=/opt/ort/libonnxruntime.so.1.31.1 \
-    HYDRANT_SERVER__BIND=0.0.0.0:8080
+    HYDRANT_SERVER__BIND=0.0.0.0:8080 \
+    HYDRANT_REGISTRY__WRITES=false
 USER hydrant
 EXPOSE 8080
 ENTRYPOINT ["hydrant"]

@@ -734,7 +734,8 @@ async fn v2_infer(
             return Err(crate::oip::OipError(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 format!(
-                    "unsupported content type `{ct}`: the V2 infer endpoint takes `application/json`, in UTF-8"
+                    "unsupported content type `{ct}`: the V2 infer endpoint takes `application/json`, in UTF-8{}",
+                    crate::error::form_hint(&ct, "application/json")
                 ),
             ));
         }

@@ -41,7 +41,11 @@ pub enum ApiError {
         message: String,
         field: Option<String>,
     },
-    #[error("unsupported content type `{0}`: send `application/json` or `application/msgpack`")]
+    #[error(
+        "unsupported content type `{ct}`: send `application/json` or `application/msgpack`{hint}",
+        ct = .0,
+        hint = form_hint(.0, "application/json")
+    )]
     UnsupportedMediaType(String),
     /// More than one `Content-Type` header: which one to believe would be a guess.
     #[error("the request has more than one Content-Type header (`{0}`): send one")]
@@ -82,7 +86,9 @@ pub enum ApiError {
     NotReady(String),
     /// A schema sent to `POST /v1/schemas:validate` in a type that is not YAML (or JSON, or text).
     #[error(
-        "unsupported content type `{0}`: send the schema as `application/yaml` (`application/json` and `text/plain` are read as YAML too)"
+        "unsupported content type `{ct}`: send the schema as `application/yaml` (`application/json` and `text/plain` are read as YAML too){hint}",
+        ct = .0,
+        hint = form_hint(.0, "application/yaml")
     )]
     UnsupportedSchemaType(String),
     /// A schema that fails validation (422): every problem, each with its file and path.
@@ -140,6 +146,19 @@ struct Problem<'a> {
 }
 
 /// `N schema problem(s); the first: FILE: PATH: MESSAGE`.
+/// For a form's type, what curl users get wrong: `-d` sends `application/x-www-form-urlencoded` unless a
+/// `Content-Type` is given. Empty for any other type.
+pub(crate) fn form_hint(content_type: &str, send: &str) -> String {
+    let essence = content_type.split(';').next().unwrap_or("").trim();
+    if essence.eq_ignore_ascii_case("application/x-www-form-urlencoded") {
+        format!(
+            " (curl's `-d` sends `application/x-www-form-urlencoded` unless told otherwise: add `-H 'Content-Type: {send}'`)"
+        )
+    } else {
+        String::new()
+    }
+}
+
 fn summary(errors: &crate::schema::SchemaErrors) -> String {
     match errors.0.first() {
         Some(first) => format!("{} schema problem(s); the first: {first}", errors.0.len()),

@@ -715,8 +715,6 @@ impl Worker {
         if jobs.is_empty() {
             return;
         }
-        let rows: usize = jobs.iter().map(|j| j.rows).sum();
-        self.stats.batch_rows.observe(rows as u64);
         match self.run_together(jobs, started) {
             Ok(infer_us) => self.reply_all(jobs.drain(..), infer_us),
             // One request's rows can fail the run (an index out of a table's range, a value a kernel
@@ -725,7 +723,7 @@ impl Worker {
             Err(message) if jobs.len() > 1 => {
                 tracing::warn!(
                     model = %self.model.name,
-                    rows,
+                    rows = jobs.iter().map(|j| j.rows).sum::<usize>(),
                     requests = jobs.len(),
                     "a batch failed ({message}): running its requests apart"
                 );
@@ -780,6 +778,7 @@ impl Worker {
         if jobs.is_empty() {
             return Ok(());
         }
+        self.stats.batch_reruns.fetch_add(1, Relaxed);
         match self.run_together(&jobs, now) {
             Ok(_) => {
                 // The time since the batch that failed began: this request waited through its runs.
@@ -808,6 +807,7 @@ impl Worker {
     /// `began`: the microseconds.
     fn run_together(&mut self, jobs: &[Job], began: Instant) -> Result<u64, String> {
         let rows: usize = jobs.iter().map(|j| j.rows).sum();
+        self.stats.batch_rows.observe(rows as u64);
         let input: &[f32] = match jobs {
             [one] => &one.input,
             _ => {

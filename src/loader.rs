@@ -770,15 +770,31 @@ fn json_rows<R: BufRead>(
             let text = text.strip_suffix('\r').unwrap_or(text);
             let parsed = match serde_json::from_str::<FiniteRow>(text) {
                 Ok(FiniteRow(m)) => Ok(m),
-                Err(e) if e.is_syntax() || e.is_eof() => {
-                    Err(format!("not valid JSON: {}", within_line(&e)))
-                }
-                // Not an object, or a name given twice.
-                Err(e) => Err(within_line(&e)),
+                Err(e) => Err(json_rejection(text, &e)),
             };
             return Some(Ok((line, parsed)));
         }
     })
+}
+
+/// Why a JSON Lines row was refused, naming the feature whose value could not be read (`price`: a number
+/// out of range) as the other refusals do. The row is read again to find where: only a refused row pays
+/// for the path.
+fn json_rejection(text: &str, e: &serde_json::Error) -> String {
+    if !(e.is_syntax() || e.is_eof()) {
+        // Not an object, or a name given twice (which names itself).
+        return within_line(e);
+    }
+    let reason = format!("not valid JSON: {}", within_line(e));
+    let mut de = serde_json::Deserializer::from_str(text);
+    let path = match serde_path_to_error::deserialize::<_, FiniteRow>(&mut de) {
+        Err(e) => crate::decode::path_text(e.path(), &[]),
+        Ok(_) => return reason,
+    };
+    match path.as_str() {
+        "." => reason,
+        field => format!("`{field}`: {reason}"),
+    }
 }
 
 /// A JSON error in one line of a JSON Lines file: serde's "at line 1 column 38" would read as the file's
@@ -1181,6 +1197,8 @@ struct LineStarts<R> {
     line: usize,
     /// Whether the last byte ended a line (or nothing has been read).
     at_line_start: bool,
+    /// Whether the last byte was a carriage return: a line feed after it ends the same line.
+    after_cr: bool,
     /// Offsets where a line's content starts, with that line, from the parser's position on.
     starts: std::collections::VecDeque<(u64, usize)>,
     /// Where the row being parsed starts: reading more than [`MAX_LINE_BYTES`] past it (and the parser's
@@ -1198,6 +1216,7 @@ impl<R> LineStarts<R> {
             offset: 0,
             line: 1,
             at_line_start: true,
+            after_cr: false,
             starts: Default::default(),
             row_start: 0,
         }
@@ -1227,13 +1246,22 @@ impl<R: std::io::Read> std::io::Read for LineStarts<R> {
         }
         let n = self.inner.read(buf)?;
         let starts = &mut self.starts;
+        // Lines end as the parser ends rows: at CRLF, LF, or a lone CR (files saved as "CSV (Macintosh)").
         for &b in &buf[..n] {
-            if b == b'\n' {
-                self.line += 1;
-                self.at_line_start = true;
-            } else if b != b'\r' && self.at_line_start {
-                starts.push_back((self.offset, self.line));
-                self.at_line_start = false;
+            match b {
+                b'\n' if self.after_cr => self.after_cr = false,
+                b'\n' | b'\r' => {
+                    self.line += 1;
+                    self.at_line_start = true;
+                    self.after_cr = b == b'\r';
+                }
+                _ => {
+                    self.after_cr = false;
+                    if self.at_line_start {
+                        starts.push_back((self.offset, self.line));
+                        self.at_line_start = false;
+                    }
+                }
             }
             self.offset += 1;
         }
@@ -2184,6 +2212,20 @@ mod tests {
             reasons[1],
             "invalid type: sequence, expected a row (an object of feature names and values)"
         );
+        // A value JSON cannot hold is named by its feature, as other refusals are.
+        let wide = "{\"user_id\":\"w\",\"age\":1e400}\n{\"user_id\":\"n\",\"age\":NaN}\n{\"user_id\":\"q\",\"tags\":[1,2e999]}\n";
+        let report = load_users(&store, wide.as_bytes(), false)
+            .await
+            .expect("load");
+        let reasons: Vec<&str> = report.rejected.iter().map(|r| r.reason.as_str()).collect();
+        assert_eq!(
+            reasons,
+            [
+                "`age`: not valid JSON: number out of range (column 26)",
+                "`age`: not valid JSON: expected value (column 22)",
+                "`tags[1]`: not valid JSON: number out of range (column 30)",
+            ]
+        );
         assert_eq!(age_of(&store, "b").await, None);
         assert_eq!(age_of(&store, "d").await, Some(Value::Int(4)));
         let csv = "user_id,age,age\na,1,2\n";
@@ -2202,20 +2244,18 @@ mod tests {
     #[tokio::test]
     async fn csv_rows_are_numbered_right_with_crlf_and_blank_lines() {
         let (_dir, store) = store();
-        for csv in [
-            "user_id,age\r\nr_2,x\r\nr_3,y\r\n",
-            "user_id,age\nr_2,x\nr_3,y\n\n\n\nr_7,z\n",
-            "user_id,age\r\n\r\nr_3,\"x\r\n\"\r\nr_5,y",
+        for (csv, want) in [
+            ("user_id,age\r\nr_2,x\r\nr_3,y\r\n", vec![2, 3]),
+            ("user_id,age\nr_2,x\nr_3,y\n\n\n\nr_7,z\n", vec![2, 3, 7]),
+            ("user_id,age\r\n\r\nr_3,\"x\r\n\"\r\nr_5,y", vec![3, 5]),
+            // A lone CR ends a line, as it ends a row ("CSV (Macintosh)"); CR CR is a blank line.
+            ("user_id,age\rr_2,x\rr_3,3\rr_4,y\r", vec![2, 4]),
+            ("user_id,age\r\rr_3,x\nr_4,4\r\nr_5,y\rr_6,z", vec![3, 5, 6]),
         ] {
             let report = load_users(&store, csv.as_bytes(), true)
                 .await
                 .expect("load");
             let lines: Vec<usize> = report.rejected.iter().map(|r| r.line).collect();
-            let want = match csv.lines().count() {
-                3 => vec![2, 3],
-                7 => vec![2, 3, 7],
-                _ => vec![3, 5],
-            };
             assert_eq!(lines, want, "{csv:?}: {:?}", report.rejected);
         }
     }

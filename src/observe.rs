@@ -144,6 +144,20 @@ pub fn prometheus(gw: &Gateway) -> String {
     }
     header(
         &mut out,
+        "hydrant_batch_reruns_total",
+        "counter",
+        "Inference runs made to give each request of a failed batch its own outcome.",
+    );
+    for (model, m) in &models {
+        let _ = writeln!(
+            out,
+            "hydrant_batch_reruns_total{{model=\"{}\"}} {}",
+            esc(model),
+            m.batch_reruns.load(Relaxed)
+        );
+    }
+    header(
+        &mut out,
         "hydrant_queue_depth",
         "gauge",
         "Requests waiting for an inference session.",

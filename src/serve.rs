@@ -166,10 +166,11 @@ pub async fn serve(
     // `stop` tells the connections to finish; each holds a clone of `open` until it closes.
     let (stop_tx, stop_rx) = watch::channel(false);
     let (open_tx, open_rx) = watch::channel(());
+    let stopping = Arc::new(AtomicBool::new(false));
     // One connection: served until it ends, the idle timeout, or the shutdown. `permit` is its place
     // under max_connections (none for the connections taken from the queue at shutdown).
     let spawn_connection = |stream: TcpStream, permit: Option<OwnedSemaphorePermit>| {
-        let activity = Arc::new(Activity::default());
+        let activity = Arc::new(Activity::new(stopping.clone()));
         let socket = Socket {
             stream: Some(stream),
             activity: activity.clone(),
@@ -275,6 +276,7 @@ pub async fn serve(
     // Connections the kernel completed before the shutdown, still in the listener's queue: dropping the
     // listener would reset them, and their clients could not tell that from a request refused. They are
     // taken and served as idle connections at shutdown are: a moment to start a request already sent.
+    stopping.store(true, Relaxed);
     let queued = take_queued(listener);
     let _ = stop_tx.send(true);
     if !queued.is_empty() {
@@ -429,7 +431,6 @@ const MAX_HEAD_BYTES: usize = 64 * 1024;
 const IDLE_CHECKS: u32 = 4;
 
 /// Requests started and finished on one connection.
-#[derive(Default)]
 struct Activity {
     started: AtomicU64,
     finished: AtomicU64,
@@ -439,9 +440,23 @@ struct Activity {
     /// The client opened with the HTTP/2 preface (prior knowledge, as gRPC clients and
     /// `curl --http2-prior-knowledge` do): the socket answers in HTTP/2 that it takes HTTP/1.1 only.
     http2: AtomicBool,
+    /// The server's: set when it stops accepting. Every answer from then on says `Connection: close`, so
+    /// that a client does not send another request on a connection about to be closed (one answered
+    /// between two of the shutdown's looks at an idle connection would otherwise go out keep-alive).
+    stopping: Arc<AtomicBool>,
 }
 
 impl Activity {
+    fn new(stopping: Arc<AtomicBool>) -> Self {
+        Self {
+            started: AtomicU64::new(0),
+            finished: AtomicU64::new(0),
+            linger: AtomicBool::new(false),
+            http2: AtomicBool::new(false),
+            stopping,
+        }
+    }
+
     /// No request is in the service now.
     fn quiet(&self) -> bool {
         self.started.load(Relaxed) == self.finished.load(Relaxed)
@@ -544,10 +559,19 @@ impl Future for CountedFuture {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let answer = match this.inner.project() {
+        let mut answer = match this.inner.project() {
             AnswerProj::Router { fut } => ready!(fut.poll(cx)),
             AnswerProj::Shortcut { fut } => ready!(fut.as_mut().poll(cx)),
         };
+        if this.done.0.stopping.load(Relaxed)
+            && let Ok(r) = answer.as_mut()
+        {
+            // hyper closes the connection after an answer that says so.
+            r.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+        }
         // Only a refusal goes out before its request's body is read (a route that takes none, a body
         // refused by its headers, cut at the size limit or stopped arriving), so only one of a request
         // with a body can leave the client still sending. The flag follows the connection's last answer,
@@ -1077,6 +1101,44 @@ mod tests {
             );
         }
         returns(server, "serve returns").await;
+    }
+
+    /// Every answer given once the shutdown began says `Connection: close`, so that the client sends its
+    /// next request on a new connection (refused, plainly) rather than on this one, which is closed under
+    /// it: a request lost in a closing socket cannot be told from one that was never answered.
+    #[tokio::test]
+    async fn answers_given_during_the_shutdown_say_the_connection_closes() {
+        let server = spawn_server(ConnLimits::default()).await;
+        let mut conns = Vec::new();
+        for _ in 0..8 {
+            let mut s = TcpStream::connect(server.addr).await.expect("connect");
+            assert_eq!(get(&mut s).await, "HTTP/1.1 200 OK");
+            conns.push(s);
+        }
+        let _ = server.stop.send(());
+        // Sent once the server has stopped accepting (its listener is gone), while the connections idle.
+        for _ in 0..500 {
+            if TcpStream::connect(server.addr).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        for s in &mut conns {
+            s.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+                .await
+                .expect("write");
+        }
+        for (i, s) in conns.iter_mut().enumerate() {
+            let answer = answer(s, "read").await;
+            assert!(
+                answer.starts_with("HTTP/1.1 200 OK")
+                    && answer
+                        .to_ascii_lowercase()
+                        .contains("\r\nconnection: close\r\n"),
+                "connection {i}: {answer:?}"
+            );
+        }
+        returns(server.task, "serve returns").await;
     }
 
     /// A shutdown waits for a connection that is still reading and discarding a refused body: ending the

@@ -438,8 +438,11 @@ pub struct ModelStats {
     pub rows: AtomicU64,
     pub stages: [Histogram; 7],
     pub total: Histogram,
-    /// Rows per executed batch (its own requests' and others').
+    /// Rows per executed batch (its own requests' and others'), each run counted: a failed batch's
+    /// runs apart too.
     pub batch_rows: CountHistogram,
+    /// Runs made to give each request of a failed batch its own outcome (`Worker::run_apart`).
+    pub batch_reruns: AtomicU64,
     /// Requests refused because the queue was full.
     pub shed_queue_full: AtomicU64,
     /// Requests that waited longer than `inference.queue_timeout` and were not run.
@@ -604,7 +607,8 @@ pub struct InvalidationStats {
     pub published_keys: AtomicU64,
     /// Announcements that failed (the keys are then fresh everywhere only after the view's `cache.ttl`).
     pub publish_errors: AtomicU64,
-    /// Keys dropped from this replica's cache on another replica's (or the loader's) announcement.
+    /// Keys dropped from this replica's cache on an announcement heard on the channel: another
+    /// replica's, the loader's, or this replica's own (which it hears too; its cache dropped them already).
     pub received_keys: AtomicU64,
     /// Whole-cache flushes: the invalidation subscription (re)connected, so messages may have been missed.
     pub flushes: AtomicU64,

@@ -2215,3 +2215,42 @@ async fn a_body_sent_in_pieces_is_read_whole() {
         .unwrap_or(0);
     assert!(p99 >= 55_000, "{}", stats["models"]["ctr"]["stages"]);
 }
+
+/// curl's `-d` sends `application/x-www-form-urlencoded` unless a type is given: the 415 says so and what
+/// to add, on every route that reads a body, where any other refused type gets no such hint.
+#[tokio::test]
+async fn a_form_type_is_refused_with_the_header_curl_needs() {
+    let app = TestApp::spawn().await;
+    let body = serde_json::to_vec(&json!({"entities": {"user_id": "u_1", "item_id": "i_1"}}))
+        .expect("json");
+    for (path, send) in [
+        ("/v1/models/ctr/predict", "application/json"),
+        ("/v1/features", "application/json"),
+        ("/get-online-features", "application/json"),
+        ("/v2/models/ctr/infer", "application/json"),
+        ("/v1/schemas:validate", "application/yaml"),
+    ] {
+        let r = app
+            .post(path, "application/x-www-form-urlencoded", body.clone())
+            .await;
+        assert_eq!(
+            r.status,
+            415,
+            "{path}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        // The V2 route's error is a string.
+        let error = &r.json()["error"];
+        let m = error["message"].as_str().or(error.as_str()).unwrap_or("");
+        assert!(
+            m.contains("unsupported content type `application/x-www-form-urlencoded`")
+                && m.contains(&format!("add `-H 'Content-Type: {send}'`")),
+            "{path}: {m}"
+        );
+        let r = app.post(path, "text/csv", body.clone()).await;
+        assert_eq!(r.status, 415, "{path}");
+        let error = &r.json()["error"];
+        let m = error["message"].as_str().or(error.as_str()).unwrap_or("");
+        assert!(m.contains("text/csv") && !m.contains("curl"), "{path}: {m}");
+    }
+}

@@ -94,6 +94,20 @@ fn docker_compose_config_accepts_the_file_and_it_has_every_service() {
             "both run redis with {flag}"
         );
     }
+    // No token is set in this topology: its ports are published on the host's loopback only, and the
+    // image (which listens on every interface) serves no schema registration through the API.
+    for service in ["hydrant", "prometheus", "grafana"] {
+        let ports = serde_yaml::to_string(&doc["services"][service]["ports"]).expect("yaml");
+        assert!(
+            ports.contains("host_ip: 127.0.0.1") || ports.contains("127.0.0.1:"),
+            "{service} is published beyond the host's loopback: {ports}"
+        );
+    }
+    let image = std::fs::read_to_string(root().join("Dockerfile")).expect("Dockerfile");
+    assert!(
+        image.contains("HYDRANT_REGISTRY__WRITES=false"),
+        "the image's registry writes"
+    );
     // The Grafana dashboard shows stage latency beside the hit rate.
     let dash = std::fs::read_to_string(root().join("deploy/grafana/dashboards/hydrant.json"))
         .expect("dashboard");

@@ -191,6 +191,77 @@ async fn a_request_that_fails_its_batch_fails_alone() {
     );
 }
 
+/// One bad request in a batch of 32 costs a few runs, not one per request: the failed batch is halved,
+/// the half that fails again halved again, down to a part of four run request by request (2 + 2 + 2 + 4
+/// runs for a batch of 32). Each run is counted in `hydrant_batch_rows` and each run after the failed one
+/// in `hydrant_batch_reruns_total`.
+#[tokio::test]
+async fn a_failed_batch_costs_a_few_runs_not_one_per_request() {
+    let schemas = schemas_with_batching("batching:\n  max_batch_rows: 256\n  max_delay_us: 5000");
+    let ctr = schemas.path().join("ctr.yaml");
+    let table = common::root().join("tests/models/hour_table.onnx");
+    let text = std::fs::read_to_string(&ctr).expect("read");
+    std::fs::write(
+        &ctr,
+        text.replace("file: ctr.onnx", &format!("file: {}", table.display())),
+    )
+    .expect("write");
+    let mut c = test_config();
+    c.registry.schemas = schemas.path().to_owned();
+    c.inference.default_sessions = 1;
+    let (store, dir) = demo_store().await;
+    let app = Arc::new(TestApp::spawn_with(c, store, Some(dir)).await);
+    // Hour 20 is past hour_table.onnx's table: request 16 fails its batch.
+    let body = |i: usize| {
+        let hour = if i == 16 { 20 } else { i % 18 };
+        json!({"entities": {"user_id": "u_1", "item_id": "i_1"}, "context": {"hour_of_day": hour}})
+    };
+    assert_eq!(app.predict("ctr", &body(1)).await.status, 200);
+    let stats = app.gateway.telemetry.model("ctr");
+    let n = 32;
+    // The bad request may be run in a batch of its own on a slow machine (then nothing is run again):
+    // tried until it shared one.
+    for attempt in 0.. {
+        let reruns_before = stats.batch_reruns.load(Relaxed);
+        let (buckets, rows_before) = stats.batch_rows.snapshot();
+        let runs_before = buckets[buckets.len() - 1];
+        let tasks: Vec<_> = (0..n)
+            .map(|i| {
+                let app = app.clone();
+                tokio::spawn(async move { (i, app.predict("ctr", &body(i)).await) })
+            })
+            .collect();
+        for t in tasks {
+            let (i, r) = t.await.expect("task");
+            let want = if i == 16 { 500 } else { 200 };
+            assert_eq!(
+                r.status,
+                want,
+                "request {i}: {}",
+                String::from_utf8_lossy(&r.body)
+            );
+        }
+        let reruns = stats.batch_reruns.load(Relaxed) - reruns_before;
+        let (buckets, rows) = stats.batch_rows.snapshot();
+        let (runs, rows) = (buckets[buckets.len() - 1] - runs_before, rows - rows_before);
+        assert!(
+            reruns <= 10,
+            "{reruns} runs again for one bad request among {n}: it was not found by halving"
+        );
+        assert!(runs > reruns, "{runs} runs counted, {reruns} of them again");
+        assert!(rows >= n as u64, "{rows} rows run for {n} requests");
+        if reruns > 0 {
+            // Every request was run once in its batch; the runs apart ran some again.
+            assert!(
+                rows > n as u64,
+                "{rows} rows counted with {reruns} runs again"
+            );
+            break;
+        }
+        assert!(attempt < 5, "the bad request never shared a batch");
+    }
+}
+
 /// `c` set to serve `ctr` with the benchmark's wide model (tens of milliseconds for 1,000 rows) on one
 /// session without batching, so the session stays busy while the next requests arrive, and with a
 /// request timeout long enough that only the queue sheds, however slow the machine is. The schemas

@@ -247,9 +247,11 @@ async fn stats(State(st): State<Arc<Fake>>) -> Response {
     .into_response()
 }
 
-/// A fresh, empty directory under the system temp dir.
+/// A fresh, empty directory for one test's files, under Cargo's scratch folder for integration tests
+/// (`target/tmp`): named by the test alone, so each run replaces the last one's files rather than leaving
+/// another folder behind in the system's temp dir.
 pub fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("loadtest-test-{}-{name}", std::process::id()));
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("loadtest-test-{name}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("temp dir");
     dir
