@@ -102,8 +102,12 @@ impl Entry {
     }
 
     /// Whether the entry is past the longest any policy would still serve it, at `now_ms`: the one it
-    /// was cached under, or its view's now, when a registration raised it since.
+    /// was cached under, or its view's now, when a registration raised it since. An entry of another
+    /// shape than the view's now (its version or features changed) is never served again: at once.
     fn outlived(&self, now_ms: i64) -> bool {
+        if self.stats.of_another_shape(self.shape) {
+            return true;
+        }
         let keep = self
             .keep_ms
             .max(self.stats.keep_ms(self.shape, self.found.is_some()));
@@ -546,13 +550,13 @@ mod tests {
         assert!(present("found") && !present("missing"));
         clock.advance(Duration::from_secs(4 * 3600));
         assert_eq!(cache.sweep(), 1, "and past it, it goes");
-        // A raised keep for another shape of the view (its features changed) keeps nothing: entries of
-        // this shape are never served again.
+        // Once the view has another shape (its version raised, its features changed), entries of this
+        // one are never served again: the next sweep removes them, well within their own keep.
         let entry = Entry::new(clock.now_ms(), None, view, 7, stats.clone());
         cache.insert("missing".into(), Arc::new(entry));
+        assert_eq!(cache.sweep(), 0, "of the view's shape now");
         stats.set_keep_ms(view.shape() ^ 1, u64::MAX, u64::MAX);
-        clock.advance(Duration::from_secs(31));
-        assert_eq!(cache.sweep(), 1);
+        assert_eq!(cache.sweep(), 1, "of another shape");
     }
 
     #[test]

@@ -1043,6 +1043,9 @@ pub async fn write_through(
 ) -> Result<Written, StoreError> {
     let store = h.store();
     let stats = h.store_stats();
+    let rows = writes.len();
+    // Of rows for one key, the last wins: only it is written and announced.
+    let writes = last_per_key(writes);
     let keys: Vec<String> = writes.iter().map(|(k, _)| k.clone()).collect();
     let started = Instant::now();
     let result = store.put_many(writes, ttl).await;
@@ -1074,10 +1077,26 @@ pub async fn write_through(
             false
         }
     };
-    Ok(Written {
-        rows: keys.len(),
-        announced,
-    })
+    Ok(Written { rows, announced })
+}
+
+/// `writes` with only the last write of each key, in their order.
+fn last_per_key(mut writes: Writes) -> Writes {
+    if writes.len() < 2 {
+        return writes;
+    }
+    let mut seen = std::collections::HashSet::with_capacity(writes.len());
+    let mut keep = vec![false; writes.len()];
+    for (i, (k, _)) in writes.iter().enumerate().rev() {
+        keep[i] = seen.insert(k.as_str());
+    }
+    drop(seen);
+    let mut at = 0;
+    writes.retain(|_| {
+        at += 1;
+        keep[at - 1]
+    });
+    writes
 }
 
 /// Checks a CSV file's header against `view` as loading it would (a column named twice, one the view does

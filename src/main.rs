@@ -153,6 +153,18 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Some(c) => format!(" --config {}", shell_word(&c.to_string_lossy())),
                 None => String::new(),
             };
+            // Settings from the environment (the store's URL or path among them) are part of the
+            // command to resume with; named, not shown, since a URL may hold a password.
+            let mut from_env: Vec<String> = std::env::vars_os()
+                .filter_map(|(k, _)| k.into_string().ok())
+                .filter(|k| k.starts_with("HYDRANT_"))
+                .collect();
+            from_env.sort();
+            let with_env = if from_env.is_empty() {
+                String::new()
+            } else {
+                format!(", with {} set as for this run", from_env.join(", "))
+            };
             let registry = read_registry(&config)?;
             let v = registry.views.get(&view).ok_or_else(|| {
                 let known = hydrant::schema::known_names(registry.views.keys().map(String::as_str));
@@ -296,7 +308,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 let again = |line: usize| {
                     if regular {
                         format!(
-                            "load the file again from line {line} on (hydrant{global} load --view {} --from-line {line} {})",
+                            "load the file again from line {line} on (hydrant{global} load --view {} --from-line {line} {}{with_env})",
                             shell_word(&view),
                             shell_word(&file.to_string_lossy())
                         )

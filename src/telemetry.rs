@@ -178,6 +178,13 @@ impl ViewStats {
         self.keep_missing_ms.store(missing, Relaxed);
     }
 
+    /// Whether `shape` is not the view's shape now (false until the view is registered): an entry of it
+    /// is never served again.
+    pub fn of_another_shape(&self, shape: u64) -> bool {
+        let now = self.keep_shape.load(Relaxed);
+        now != 0 && now != shape
+    }
+
     /// How long the view's policy keeps a found (or a not-found) entry of `shape` now, in milliseconds:
     /// 0 for an entry of another shape.
     pub fn keep_ms(&self, shape: u64, found: bool) -> u64 {

@@ -2254,3 +2254,40 @@ async fn a_form_type_is_refused_with_the_header_curl_needs() {
         assert!(m.contains("text/csv") && !m.contains("curl"), "{path}: {m}");
     }
 }
+
+/// Rows for one key in one request: the last wins, and only it is written and announced (`written`
+/// still counts the rows sent).
+#[tokio::test]
+async fn rows_for_one_key_in_one_request_write_the_last_once() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let app = TestApp::spawn().await;
+    let store = app.gateway.telemetry.store("embedded");
+    let inv = &app.gateway.telemetry.invalidation;
+    let (keys_before, published_before) = (
+        store.writes.keys.load(Relaxed),
+        inv.published_keys.load(Relaxed),
+    );
+    let rows = json!({"rows": [
+        {"user_id": "u_dup", "age": 1},
+        {"user_id": "u_other", "age": 5},
+        {"user_id": "u_dup", "age": 2},
+        {"user_id": "u_dup", "age": 3},
+    ]});
+    let r = app.post_json("/v1/views/user_profile/rows", &rows).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["written"], 4);
+    assert_eq!(store.writes.keys.load(Relaxed) - keys_before, 2);
+    assert_eq!(inv.published_keys.load(Relaxed) - published_before, 2);
+    let j = app
+        .post_json(
+            "/v1/features",
+            &json!({"entities": {"user_id": ["u_dup", "u_other"]}, "features": ["user_profile:age"]}),
+        )
+        .await
+        .json();
+    assert_eq!(
+        j["features"]["user_profile:age"]["values"],
+        json!([3, 5]),
+        "{j}"
+    );
+}

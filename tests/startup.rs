@@ -1098,10 +1098,20 @@ fn a_load_the_store_refuses_says_where_to_resume() {
             .arg("demo/rows/user_profile.jsonl"),
     );
     assert!(err.contains("not written"), "{err}");
+    // The settings from the environment are part of the command to resume with (the store's URL among
+    // them, which may hold a password: named, not shown).
+    let advice = err
+        .lines()
+        .find(|l| l.contains("load the file again"))
+        .unwrap_or_else(|| panic!("no advice: {err}"));
     assert!(
-        err.contains("load the file again from line 1 on (hydrant load --view user_profile --from-line 1 demo/rows/user_profile.jsonl)"),
-        "{err}"
+        advice.contains("load the file again from line 1 on (hydrant load --view user_profile --from-line 1 demo/rows/user_profile.jsonl, with ")
+            && advice.contains("HYDRANT_STORE__REDIS__URL")
+            && advice.contains("HYDRANT_PREFETCH__WARM_TOP_K")
+            && advice.ends_with(" set as for this run)"),
+        "{advice}"
     );
+    assert!(!advice.contains(&redis.url()), "{advice}");
     // Rows from a pipe cannot be read again: the loader says to send them again.
     let rows = std::fs::File::open(root().join("demo/rows/user_profile.jsonl")).expect("rows");
     let err = fails(
