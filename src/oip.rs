@@ -300,9 +300,17 @@ pub async fn infer(
     let mut t = Timings::default();
     let result = run_infer(gw, engine, body, started, &mut laps, &mut t).await;
     match result {
-        Ok((response, rows)) => {
+        Ok((mut response, rows)) => {
             t.total_us = laps.total();
             engine.stats().record_stages(&t, rows, &Stage::RAW);
+            // The protocol's answer has no field for them: the stages it has go in `Server-Timing`.
+            if let Ok(v) = axum::http::HeaderValue::from_maybe_shared(crate::encode::into_bytes(
+                t.server_timing_of(&Stage::RAW),
+            )) {
+                response
+                    .headers_mut()
+                    .insert(crate::encode::SERVER_TIMING, v);
+            }
             Ok(response)
         }
         Err(e) => {

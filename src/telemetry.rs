@@ -90,6 +90,22 @@ impl Timings {
     }
 }
 
+impl Timings {
+    /// The `Server-Timing` header value for a request that has only `stages` (V2 infer's), and `total`.
+    pub fn server_timing_of(&self, stages: &[Stage]) -> Vec<u8> {
+        let mut s = Vec::with_capacity(24 * (stages.len() + 1));
+        for &stage in stages {
+            s.extend_from_slice(stage.name().as_bytes());
+            s.extend_from_slice(b";dur=");
+            push_ms(&mut s, self.get(stage));
+            s.extend_from_slice(b", ");
+        }
+        s.extend_from_slice(b"total;dur=");
+        push_ms(&mut s, self.total_us);
+        s
+    }
+}
+
 /// Appends `<ms>.<µs>`: microseconds as milliseconds with three decimals.
 fn push_ms(s: &mut Vec<u8>, us: u64) {
     crate::encode::push_json_uint(s, us / 1000);
@@ -1098,6 +1114,13 @@ mod tests {
             h.contains("infer;dur=1.500") && h.ends_with("total;dur=1.600"),
             "{h}"
         );
+        // Of some stages: those, in order, then the total; of all of them, the same header.
+        let raw = String::from_utf8_lossy(&t.server_timing_of(&Stage::RAW)).into_owned();
+        assert_eq!(
+            raw,
+            "decode;dur=0.000, queue;dur=0.000, infer;dur=1.500, encode;dur=0.000, total;dur=1.600"
+        );
+        assert_eq!(t.server_timing_of(&Stage::ALL), t.server_timing());
     }
 
     /// The rate divides by the span the live slots hold: 91 s after start they are the ones from 30 s

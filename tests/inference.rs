@@ -485,6 +485,17 @@ async fn v2_infer_runs_raw_tensors_through_the_same_model() {
     assert_eq!(j["outputs"][0]["shape"], json!([2, 1]));
     assert_eq!(j["outputs"][0]["datatype"], "FP32");
     assert_eq!(j["outputs"][0]["data"], p["outputs"]["score"]);
+    // The stages it has are timed in `Server-Timing`, as predict's are.
+    let timing = r.headers["server-timing"].to_str().expect("ascii");
+    let names: Vec<&str> = timing
+        .split(", ")
+        .map(|e| e.split(";dur=").next().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        names,
+        ["decode", "queue", "infer", "encode", "total"],
+        "{timing}"
+    );
     // Flat data works the same.
     let flat: Vec<Json> = rows
         .as_array()
