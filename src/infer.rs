@@ -715,6 +715,8 @@ impl Worker {
         if jobs.is_empty() {
             return;
         }
+        let rows: usize = jobs.iter().map(|j| j.rows).sum();
+        self.stats.batch_rows.observe(rows as u64);
         match self.run_together(jobs, started) {
             Ok(infer_us) => self.reply_all(jobs.drain(..), infer_us),
             // One request's rows can fail the run (an index out of a table's range, a value a kernel
@@ -723,7 +725,7 @@ impl Worker {
             Err(message) if jobs.len() > 1 => {
                 tracing::warn!(
                     model = %self.model.name,
-                    rows = jobs.iter().map(|j| j.rows).sum::<usize>(),
+                    rows,
                     requests = jobs.len(),
                     "a batch failed ({message}): running its requests apart"
                 );
@@ -807,7 +809,6 @@ impl Worker {
     /// `began`: the microseconds.
     fn run_together(&mut self, jobs: &[Job], began: Instant) -> Result<u64, String> {
         let rows: usize = jobs.iter().map(|j| j.rows).sum();
-        self.stats.batch_rows.observe(rows as u64);
         let input: &[f32] = match jobs {
             [one] => &one.input,
             _ => {

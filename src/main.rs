@@ -308,7 +308,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 let again = |line: usize| {
                     if regular {
                         format!(
-                            "load the file again from line {line} on (hydrant{global} load --view {} --from-line {line} {}{with_env})",
+                            "load the file again from line {line} on (hydrant{global} load --view {} --from-line {line} {}){with_env}",
                             shell_word(&view),
                             shell_word(&file.to_string_lossy())
                         )

@@ -128,7 +128,7 @@ pub fn prometheus(gw: &Gateway) -> String {
         &mut out,
         "hydrant_batch_rows",
         "histogram",
-        "Rows per executed inference batch.",
+        "Rows per inference batch, as the queue formed it.",
     );
     for (model, m) in &models {
         let (counts, sum) = m.batch_rows.snapshot();

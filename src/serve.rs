@@ -1099,46 +1099,17 @@ mod tests {
                 answer.starts_with("HTTP/1.1 200 OK") && answer.ends_with("ok"),
                 "connection {i}: {answer:?}"
             );
-        }
-        returns(server, "serve returns").await;
-    }
-
-    /// Every answer given once the shutdown began says `Connection: close`, so that the client sends its
-    /// next request on a new connection (refused, plainly) rather than on this one, which is closed under
-    /// it: a request lost in a closing socket cannot be told from one that was never answered.
-    #[tokio::test]
-    async fn answers_given_during_the_shutdown_say_the_connection_closes() {
-        let server = spawn_server(ConnLimits::default()).await;
-        let mut conns = Vec::new();
-        for _ in 0..8 {
-            let mut s = TcpStream::connect(server.addr).await.expect("connect");
-            assert_eq!(get(&mut s).await, "HTTP/1.1 200 OK");
-            conns.push(s);
-        }
-        let _ = server.stop.send(());
-        // Sent once the server has stopped accepting (its listener is gone), while the connections idle.
-        for _ in 0..500 {
-            if TcpStream::connect(server.addr).await.is_err() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        for s in &mut conns {
-            s.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
-                .await
-                .expect("write");
-        }
-        for (i, s) in conns.iter_mut().enumerate() {
-            let answer = answer(s, "read").await;
+            // Answered once the shutdown began: it says the connection closes, so that the client sends
+            // its next request on a new connection (refused, plainly) rather than on this one, closed
+            // under it (a request lost in a closing socket cannot be told from one never answered).
             assert!(
-                answer.starts_with("HTTP/1.1 200 OK")
-                    && answer
-                        .to_ascii_lowercase()
-                        .contains("\r\nconnection: close\r\n"),
+                answer
+                    .to_ascii_lowercase()
+                    .contains("\r\nconnection: close\r\n"),
                 "connection {i}: {answer:?}"
             );
         }
-        returns(server.task, "serve returns").await;
+        returns(server, "serve returns").await;
     }
 
     /// A shutdown waits for a connection that is still reading and discarding a refused body: ending the

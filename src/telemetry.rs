@@ -461,8 +461,8 @@ pub struct ModelStats {
     pub rows: AtomicU64,
     pub stages: [Histogram; 7],
     pub total: Histogram,
-    /// Rows per executed batch (its own requests' and others'), each run counted: a failed batch's
-    /// runs apart too.
+    /// Rows per batch the queue formed (its own requests' and others'), as first run; the runs that take
+    /// a failed batch apart are counted in `batch_reruns`.
     pub batch_rows: CountHistogram,
     /// Runs made to give each request of a failed batch its own outcome (`Worker::run_apart`).
     pub batch_reruns: AtomicU64,

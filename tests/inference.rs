@@ -193,8 +193,8 @@ async fn a_request_that_fails_its_batch_fails_alone() {
 
 /// One bad request in a batch of 32 costs a few runs, not one per request: the failed batch is halved,
 /// the half that fails again halved again, down to a part of four run request by request (2 + 2 + 2 + 4
-/// runs for a batch of 32). Each run is counted in `hydrant_batch_rows` and each run after the failed one
-/// in `hydrant_batch_reruns_total`.
+/// runs for a batch of 32). The batches the queue formed are counted in `hydrant_batch_rows`, and the runs
+/// after a failed one in `hydrant_batch_reruns_total`.
 #[tokio::test]
 async fn a_failed_batch_costs_a_few_runs_not_one_per_request() {
     let schemas = schemas_with_batching("batching:\n  max_batch_rows: 256\n  max_delay_us: 5000");
@@ -248,14 +248,13 @@ async fn a_failed_batch_costs_a_few_runs_not_one_per_request() {
             reruns <= 10,
             "{reruns} runs again for one bad request among {n}: it was not found by halving"
         );
-        assert!(runs > reruns, "{runs} runs counted, {reruns} of them again");
-        assert!(rows >= n as u64, "{rows} rows run for {n} requests");
+        // Every request was in one batch the queue formed, however many runs took it apart after.
+        assert!(runs >= 1, "no batch counted");
+        assert_eq!(
+            rows, n as u64,
+            "rows in the batches formed for {n} requests"
+        );
         if reruns > 0 {
-            // Every request was run once in its batch; the runs apart ran some again.
-            assert!(
-                rows > n as u64,
-                "{rows} rows counted with {reruns} runs again"
-            );
             break;
         }
         assert!(attempt < 5, "the bad request never shared a batch");

@@ -152,6 +152,7 @@ async fn metrics_count_the_traffic_that_was_sent() {
         "hydrant_degraded_total",
         "hydrant_shed_total",
         "hydrant_batch_rows",
+        "hydrant_batch_reruns_total",
         "hydrant_cache_bytes",
         "hydrant_cache_evictions_total",
     ] {
