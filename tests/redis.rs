@@ -1054,6 +1054,78 @@ async fn start_up_fails_clearly_when_the_redis_user_may_not_use_the_invalidation
         .expect("subscribed");
 }
 
+/// A subscriber that reconnects while its user may not use the channel (an ACL edited for a moment:
+/// Redis 7 then closes its connection) has its `SUBSCRIBE` refused in silence. It tries again until an
+/// echo comes back, so that once access is back it hears announcements again, and flushes the cache then.
+#[tokio::test]
+async fn a_resubscription_refused_for_a_moment_is_tried_again_until_it_holds() {
+    use hydrant::store::Invalidation;
+    let redis = RedisServer::start();
+    redis.cmd(&[
+        "ACL",
+        "SETUSER",
+        "app",
+        "on",
+        ">app-pw",
+        "~*",
+        "+@all",
+        "allchannels",
+    ]);
+    let mut c = config_for(&redis);
+    c.store.redis.url = format!("redis://app:app-pw@127.0.0.1:{}", redis.port());
+    let store = open_store(&c).await.expect("store");
+    let (keys, flushes) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (k, f) = (keys.clone(), flushes.clone());
+    store
+        .subscribe_invalidations(Arc::new(move |inv| match inv {
+            Invalidation::Keys(v) => {
+                k.fetch_add(v.len(), Relaxed);
+            }
+            Invalidation::All => {
+                f.fetch_add(1, Relaxed);
+            }
+        }))
+        .await
+        .expect("subscribed");
+    let subscribers = || match redis.cmd(&["PUBSUB", "NUMSUB", "hy:invalidate"]) {
+        Reply::Array(a) => match a.get(1) {
+            Some(Reply::Int(n)) => *n,
+            other => panic!("NUMSUB: {other:?}"),
+        },
+        other => panic!("NUMSUB: {other:?}"),
+    };
+    assert_eq!(subscribers(), 1);
+    // Access taken away (the subscriber is disconnected, and its resubscriptions refused) for a second.
+    redis.cmd(&["ACL", "SETUSER", "app", "resetchannels"]);
+    let until = Instant::now() + Duration::from_secs(10);
+    while subscribers() != 0 {
+        assert!(
+            Instant::now() < until,
+            "the subscriber was not disconnected"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(subscribers(), 0, "refused while the user has no channels");
+    redis.cmd(&["ACL", "SETUSER", "app", "allchannels"]);
+    let until = Instant::now() + Duration::from_secs(15);
+    while subscribers() != 1 || flushes.load(Relaxed) == 0 {
+        assert!(
+            Instant::now() < until,
+            "not subscribed again ({} subscribers, {} flushes) 15 s after access came back",
+            subscribers(),
+            flushes.load(Relaxed)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    redis.cmd(&["PUBLISH", "hy:invalidate", "hy:user_profile:u_1"]);
+    let until = Instant::now() + Duration::from_secs(5);
+    while keys.load(Relaxed) == 0 {
+        assert!(Instant::now() < until, "an announcement was not heard");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 // ------------------------------------------------------------------------------------------------------
 // Writes, invalidation and the loader
 

@@ -511,6 +511,8 @@ impl RedisStore {
         // Taken after `init`, so the first connection's event has passed: every event is a reconnection.
         let mut reconnects = sub.reconnect_rx();
         let task_sub = sub.clone();
+        let task_pool = self.pool.clone();
+        let channel = self.channel.clone();
         let clustered = self.clustered;
         let mut stop = stop_rx;
         tokio::spawn(async move {
@@ -553,9 +555,28 @@ impl RedisStore {
                                     Err(TryRecvError::Empty | TryRecvError::Closed) => break,
                                 }
                             }
-                            // Resubscribe first, so nothing written after the flush can be missed.
-                            if let Err(e) = task_sub.resubscribe_all().await {
-                                tracing::warn!("invalidation channel: resubscribing failed: {e}");
+                            // Resubscribe first, so nothing written after the flush can be missed,
+                            // and prove it by an echo: a SUBSCRIBE refused (an ACL edited meanwhile)
+                            // fails in silence, and the replica would never hear a write again. Until
+                            // it holds, other replicas' writes reach this one at `cache.ttl`.
+                            let mut wait = RESUBSCRIBE_FIRST_WAIT;
+                            loop {
+                                let outcome = match task_sub.resubscribe_all().await {
+                                    Ok(()) => echoes(&task_pool, &task_sub, &channel).await,
+                                    Err(e) => Err(format!("resubscribing failed: {e}")),
+                                };
+                                let Err(why) = outcome else { break };
+                                tracing::warn!(
+                                    "invalidation channel `{channel}`: not subscribed after a reconnection ({why}): trying again in {wait:?}; meanwhile writes through other replicas reach this one only at the view's cache.ttl"
+                                );
+                                tokio::select! {
+                                    _ = stop.changed() => break,
+                                    () = tokio::time::sleep(wait) => {}
+                                }
+                                wait = (wait * 2).min(RESUBSCRIBE_MAX_WAIT);
+                            }
+                            if *stop.borrow() {
+                                break;
                             }
                             tracing::info!(
                                 connections,
@@ -575,64 +596,22 @@ impl RedisStore {
         Ok(())
     }
 
-    /// Proves that `sub` hears the invalidation channel: Redis refuses a `SUBSCRIBE` by an ACL user
-    /// without pub/sub access (Redis 7's default for a new user), and the client does not pass that
-    /// refusal on, so a replica would run without ever hearing an announcement. An empty message (no
-    /// keys: every replica ignores it) is published on the channel and must come back. Where publishing
-    /// itself fails, nothing can be proven, and the failure is only logged: writes will say so too.
+    /// Proves at start-up that `sub` hears the invalidation channel ([`echoes`]); refused, the
+    /// subscriber is closed and the error says what to grant.
     async fn check_subscribed(
         &self,
         sub: &fred::clients::SubscriberClient,
     ) -> Result<(), StoreError> {
-        /// How long the echo may take: a round trip to a store that just answered, on a busy machine.
-        const ECHO_WAIT: Duration = Duration::from_secs(3);
-        /// How often the message is published again meanwhile: the client answers `subscribe` before the
-        /// server has taken the `SUBSCRIBE`, and a message published before that is not delivered.
-        const REPUBLISH: Duration = Duration::from_millis(100);
-        let mut heard = sub.message_rx();
         let channel = self.channel.as_str();
-        let refused = |why: String| {
-            StoreError::Unavailable(format!(
-                "{why}: the Redis user most likely has no pub/sub access to the invalidation channel `{channel}` (Redis 7 gives new ACL users none), so this replica would never hear of a write through another: grant it, e.g. ACL SETUSER <user> '&{channel}' (or allchannels)"
-            ))
-        };
-        let until = Instant::now() + ECHO_WAIT;
-        loop {
-            if let Err(e) = self.pool.next().publish::<i64, _, _>(channel, "").await {
-                // The same user subscribes and publishes: refused one, it was refused the other.
-                if e.to_string().contains("NOPERM") {
-                    let _ = sub.quit().await;
-                    return Err(refused(format!(
-                        "publishing on the channel was refused ({e})"
-                    )));
-                }
-                tracing::warn!(
-                    "cannot check the subscription to the invalidation channel `{channel}`: publishing on it failed: {e}"
-                );
-                return Ok(());
-            }
-            let echo = tokio::time::timeout(REPUBLISH, async {
-                loop {
-                    match heard.recv().await {
-                        Ok(m) if m.channel == channel => return true,
-                        Ok(_) => {}
-                        Err(RecvError::Lagged(_)) => return true,
-                        Err(RecvError::Closed) => return false,
-                    }
-                }
-            })
-            .await;
-            match echo {
-                Ok(true) => return Ok(()),
-                Ok(false) => break,
-                Err(_) if Instant::now() >= until => break,
-                Err(_) => {}
+        match echoes(&self.pool, sub, channel).await {
+            Ok(()) => Ok(()),
+            Err(why) => {
+                let _ = sub.quit().await;
+                Err(StoreError::Unavailable(format!(
+                    "{why}: the Redis user most likely has no pub/sub access to the invalidation channel `{channel}` (Redis 7 gives new ACL users none), so this replica would never hear of a write through another: grant it, e.g. ACL SETUSER <user> '&{channel}' (or allchannels)"
+                )))
             }
         }
-        let _ = sub.quit().await;
-        Err(refused(format!(
-            "messages published on the invalidation channel did not come back to its subscriber within {ECHO_WAIT:?}"
-        )))
     }
 
     async fn incr_hot(&self, counts: &[HotCounts], keep: usize) -> Result<(), StoreError> {
@@ -881,6 +860,63 @@ impl Drop for ReadWatch<'_> {
             let _ = client.force_reconnection().await;
         });
     }
+}
+
+/// After a reconnection whose resubscription did not hold, the first wait before trying again; it doubles
+/// up to [`RESUBSCRIBE_MAX_WAIT`].
+const RESUBSCRIBE_FIRST_WAIT: Duration = Duration::from_millis(250);
+const RESUBSCRIBE_MAX_WAIT: Duration = Duration::from_secs(5);
+
+/// Proves that `sub` hears `channel`: Redis refuses a `SUBSCRIBE` by an ACL user without pub/sub access
+/// (Redis 7's default for a new user, or an ACL edited while the subscriber reconnected), and the client
+/// does not pass that refusal on, so a replica would run without ever hearing an announcement. An empty
+/// message (no keys: every replica ignores it) is published on the channel and must come back; `Err`
+/// says why it did not. Where publishing itself fails for another reason than a refusal, nothing can be
+/// proven, and the failure is only logged: writes will say so too.
+async fn echoes(
+    pool: &Pool,
+    sub: &fred::clients::SubscriberClient,
+    channel: &str,
+) -> Result<(), String> {
+    /// How long the echo may take: a round trip to a store that just answered, on a busy machine.
+    const ECHO_WAIT: Duration = Duration::from_secs(3);
+    /// How often the message is published again meanwhile: the client answers `subscribe` before the
+    /// server has taken the `SUBSCRIBE`, and a message published before that is not delivered.
+    const REPUBLISH: Duration = Duration::from_millis(100);
+    let mut heard = sub.message_rx();
+    let until = Instant::now() + ECHO_WAIT;
+    loop {
+        if let Err(e) = pool.next().publish::<i64, _, _>(channel, "").await {
+            // The same user subscribes and publishes: refused one, it was refused the other.
+            if e.to_string().contains("NOPERM") {
+                return Err(format!("publishing on the channel was refused ({e})"));
+            }
+            tracing::warn!(
+                "cannot check the subscription to the invalidation channel `{channel}`: publishing on it failed: {e}"
+            );
+            return Ok(());
+        }
+        let echo = tokio::time::timeout(REPUBLISH, async {
+            loop {
+                match heard.recv().await {
+                    Ok(m) if m.channel == channel => return true,
+                    Ok(_) => {}
+                    Err(RecvError::Lagged(_)) => return true,
+                    Err(RecvError::Closed) => return false,
+                }
+            }
+        })
+        .await;
+        match echo {
+            Ok(true) => return Ok(()),
+            Ok(false) => break,
+            Err(_) if Instant::now() >= until => break,
+            Err(_) => {}
+        }
+    }
+    Err(format!(
+        "messages published on the invalidation channel did not come back to its subscriber within {ECHO_WAIT:?}"
+    ))
 }
 
 /// How often [`heartbeat`] pings the pool: every [`POOL_HEARTBEAT`], or within a third of the server's
