@@ -234,7 +234,11 @@ pub fn check(
             .check_file(model)
             .and_then(|()| Engine::check(load.env, model, load.cfg).map(drop));
         if let Err(e) = checked {
-            errors.push(load_error(e, proposed.document(Kind::Model, &name)));
+            let mut error = load_error(e, proposed.document(Kind::Model, &name));
+            if let Some(why) = loaded_for(&changes, model) {
+                error.message.push_str(&why);
+            }
+            errors.push(error);
         }
     }
     if errors.is_empty() {
@@ -642,6 +646,30 @@ fn touched_models(proposed: &Registry, changes: &[Change]) -> BTreeSet<String> {
         );
     }
     out
+}
+
+/// Why a change that does not name `model` loads it again: the views and entities it reads that the
+/// change touches (a view's cache settings alone reload the models reading it), for an error that would
+/// otherwise seem to be about something the change never named. `None` where the change names the model.
+pub(crate) fn loaded_for(changes: &[Change], model: &Model) -> Option<String> {
+    let changed = || changes.iter().filter(|c| c.change != Verdict::Unchanged);
+    if changed().any(|c| c.kind == Kind::Model && c.name == model.name) {
+        return None;
+    }
+    let read: Vec<String> = changed()
+        .filter(|c| match c.kind {
+            Kind::View => model.views.iter().any(|v| v.name == c.name),
+            Kind::Entity => model.views.iter().any(|v| v.entity.name == c.name),
+            Kind::Model => false,
+        })
+        .map(|c| format!("{} `{}`", c.kind.as_str(), c.name))
+        .collect();
+    (!read.is_empty()).then(|| {
+        format!(
+            " (it is loaded again because the change touches {}, which it reads)",
+            read.join(" and ")
+        )
+    })
 }
 
 /// A model that cannot load, as a schema problem at the `file:` of its document.

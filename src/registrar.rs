@@ -233,6 +233,7 @@ fn apply(
         gw,
         &registry,
         &proposal.touched,
+        &proposal.changes,
         &proposal.registry,
         env,
         gone,
@@ -302,6 +303,7 @@ fn start_engines(
     gw: &Gateway,
     registry: &Registry,
     touched: &std::collections::BTreeSet<String>,
+    changes: &[proposal::Change],
     named: &Registry,
     env: &ort::environment::Environment,
     gone: &AtomicBool,
@@ -342,7 +344,13 @@ fn start_engines(
             Ok(engine) => {
                 engines.insert(name.clone(), Arc::new(engine));
             }
-            Err(e) => errors.push(proposal::load_error(e, named.document(Kind::Model, name))),
+            Err(e) => {
+                let mut error = proposal::load_error(e, named.document(Kind::Model, name));
+                if let Some(why) = proposal::loaded_for(changes, &model) {
+                    error.message.push_str(&why);
+                }
+                errors.push(error);
+            }
         }
     }
     if errors.is_empty() {
@@ -680,6 +688,7 @@ fn reload(
         gw,
         &proposal.registry,
         &proposal.touched,
+        &proposal.changes,
         &proposal.registry,
         env,
         gone,
