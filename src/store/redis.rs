@@ -516,6 +516,8 @@ impl RedisStore {
         let clustered = self.clustered;
         let mut stop = stop_rx;
         tokio::spawn(async move {
+            // The proof of the last resubscription, while it runs (aborted by the next reconnection).
+            let mut proving: Option<tokio::task::JoinHandle<()>> = None;
             loop {
                 tokio::select! {
                     _ = stop.changed() => break,
@@ -555,38 +557,35 @@ impl RedisStore {
                                     Err(TryRecvError::Empty | TryRecvError::Closed) => break,
                                 }
                             }
-                            // Resubscribe first, so nothing written after the flush can be missed,
-                            // and prove it by an echo: a SUBSCRIBE refused (an ACL edited meanwhile)
-                            // fails in silence, and the replica would never hear a write again. Until
-                            // it holds, other replicas' writes reach this one at `cache.ttl`.
-                            let mut wait = RESUBSCRIBE_FIRST_WAIT;
-                            loop {
-                                let outcome = match task_sub.resubscribe_all().await {
-                                    Ok(()) => echoes(&task_pool, &task_sub, &channel).await,
-                                    Err(e) => Err(format!("resubscribing failed: {e}")),
-                                };
-                                let Err(why) = outcome else { break };
-                                tracing::warn!(
-                                    "invalidation channel `{channel}`: not subscribed after a reconnection ({why}): trying again in {wait:?}; meanwhile writes through other replicas reach this one only at the view's cache.ttl"
-                                );
-                                tokio::select! {
-                                    _ = stop.changed() => break,
-                                    () = tokio::time::sleep(wait) => {}
-                                }
-                                wait = (wait * 2).min(RESUBSCRIBE_MAX_WAIT);
-                            }
-                            if *stop.borrow() {
-                                break;
+                            // Resubscribe first, so nothing written after the flush can be missed.
+                            if let Err(e) = task_sub.resubscribe_all().await {
+                                tracing::warn!("invalidation channel: resubscribing failed: {e}");
                             }
                             tracing::info!(
                                 connections,
                                 "invalidation channel reconnected: flushing the feature cache"
                             );
                             sink(Invalidation::All);
+                            // A SUBSCRIBE refused (an ACL edited meanwhile) fails in silence, and the
+                            // replica would never hear a write again: proven by an echo, beside the
+                            // messages, and tried again until it holds.
+                            if let Some(old) = proving.take() {
+                                old.abort();
+                            }
+                            proving = Some(tokio::spawn(prove_resubscribed(
+                                task_pool.clone(),
+                                task_sub.clone(),
+                                channel.clone(),
+                                sink.clone(),
+                                stop.clone(),
+                            )));
                         }
                         Err(RecvError::Closed) => break,
                     },
                 }
+            }
+            if let Some(p) = proving {
+                p.abort();
             }
             let _ = task_sub.quit().await;
         });
@@ -603,7 +602,7 @@ impl RedisStore {
         sub: &fred::clients::SubscriberClient,
     ) -> Result<(), StoreError> {
         let channel = self.channel.as_str();
-        match echoes(&self.pool, sub, channel).await {
+        match echoes(&self.pool, sub, channel, false).await {
             Ok(()) => Ok(()),
             Err(why) => {
                 let _ = sub.quit().await;
@@ -867,16 +866,69 @@ impl Drop for ReadWatch<'_> {
 const RESUBSCRIBE_FIRST_WAIT: Duration = Duration::from_millis(250);
 const RESUBSCRIBE_MAX_WAIT: Duration = Duration::from_secs(5);
 
+/// After a reconnection (whose resubscription `sub` has sent, and whose flush is done): proves by an echo
+/// that `sub` hears `channel`, and where it does not, subscribes again and tries again (every
+/// [`RESUBSCRIBE_FIRST_WAIT`], doubling to [`RESUBSCRIBE_MAX_WAIT`]) until it does, then flushes the cache
+/// again, since writes made meanwhile were not heard. Meanwhile other replicas' writes reach this one at
+/// the view's `cache.ttl`; a warning says so (then about once a minute while it lasts).
+async fn prove_resubscribed(
+    pool: Pool,
+    sub: fred::clients::SubscriberClient,
+    channel: String,
+    sink: InvalidationSink,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut wait = RESUBSCRIBE_FIRST_WAIT;
+    let mut failures = 0u32;
+    loop {
+        let attempt = async {
+            if failures > 0 {
+                sub.subscribe(channel.as_str())
+                    .await
+                    .map_err(|e| format!("subscribing failed: {e}"))?;
+            }
+            echoes(&pool, &sub, &channel, true).await
+        };
+        let outcome = tokio::select! {
+            _ = stop.changed() => return,
+            r = attempt => r,
+        };
+        let Err(why) = outcome else {
+            if failures > 0 {
+                tracing::info!(
+                    "invalidation channel `{channel}`: subscribed again after {failures} failed attempt(s): flushing the feature cache"
+                );
+                sink(Invalidation::All);
+            }
+            return;
+        };
+        failures += 1;
+        if failures == 1 || failures.is_multiple_of(12) {
+            tracing::warn!(
+                "invalidation channel `{channel}`: not subscribed after a reconnection ({why}): trying again every {:?} or less; meanwhile writes through other replicas reach this one only at the view's cache.ttl",
+                RESUBSCRIBE_MAX_WAIT
+            );
+        }
+        tokio::select! {
+            _ = stop.changed() => return,
+            () = tokio::time::sleep(wait) => {}
+        }
+        wait = (wait * 2).min(RESUBSCRIBE_MAX_WAIT);
+    }
+}
+
 /// Proves that `sub` hears `channel`: Redis refuses a `SUBSCRIBE` by an ACL user without pub/sub access
 /// (Redis 7's default for a new user, or an ACL edited while the subscriber reconnected), and the client
 /// does not pass that refusal on, so a replica would run without ever hearing an announcement. An empty
 /// message (no keys: every replica ignores it) is published on the channel and must come back; `Err`
 /// says why it did not. Where publishing itself fails for another reason than a refusal, nothing can be
-/// proven, and the failure is only logged: writes will say so too.
+/// proven: at start-up (`strict` false) the failure is only logged (writes will say so too); after a
+/// reconnection it is an `Err`, and the proof is tried again.
 async fn echoes(
     pool: &Pool,
     sub: &fred::clients::SubscriberClient,
     channel: &str,
+    strict: bool,
 ) -> Result<(), String> {
     /// How long the echo may take: a round trip to a store that just answered, on a busy machine.
     const ECHO_WAIT: Duration = Duration::from_secs(3);
@@ -886,10 +938,21 @@ async fn echoes(
     let mut heard = sub.message_rx();
     let until = Instant::now() + ECHO_WAIT;
     loop {
-        if let Err(e) = pool.next().publish::<i64, _, _>(channel, "").await {
+        let left = until
+            .saturating_duration_since(Instant::now())
+            .max(REPUBLISH);
+        let published =
+            match tokio::time::timeout(left, pool.next().publish::<i64, _, _>(channel, "")).await {
+                Ok(r) => r.map(drop).map_err(|e| e.to_string()),
+                Err(_) => Err(format!("no answer within {left:?}")),
+            };
+        if let Err(e) = published {
             // The same user subscribes and publishes: refused one, it was refused the other.
-            if e.to_string().contains("NOPERM") {
+            if e.contains("NOPERM") {
                 return Err(format!("publishing on the channel was refused ({e})"));
+            }
+            if strict {
+                return Err(format!("publishing on the channel failed ({e})"));
             }
             tracing::warn!(
                 "cannot check the subscription to the invalidation channel `{channel}`: publishing on it failed: {e}"
@@ -909,7 +972,7 @@ async fn echoes(
         .await;
         match echo {
             Ok(true) => return Ok(()),
-            Ok(false) => break,
+            Ok(false) => return Err("the subscriber's connection closed".to_owned()),
             Err(_) if Instant::now() >= until => break,
             Err(_) => {}
         }
