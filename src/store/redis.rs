@@ -905,7 +905,7 @@ async fn prove_resubscribed(
         failures += 1;
         if failures == 1 || failures.is_multiple_of(12) {
             tracing::warn!(
-                "invalidation channel `{channel}`: not subscribed after a reconnection ({why}): trying again every {:?} or less; meanwhile writes through other replicas reach this one only at the view's cache.ttl",
+                "invalidation channel `{channel}`: the subscription made after a reconnection is not proven to hear it ({why}): subscribing again every {:?} or less; meanwhile writes through other replicas reach this one only at the view's cache.ttl",
                 RESUBSCRIBE_MAX_WAIT
             );
         }
