@@ -490,7 +490,7 @@ fn yaml_type(headers: &HeaderMap) -> Result<Format, ApiError> {
         }
         Err(e) => return Err(e),
     };
-    let media = text.split(';').next().unwrap_or("").trim();
+    let media = crate::decode::media_essence(text);
     let yaml = [
         "application/yaml",
         "application/x-yaml",

@@ -108,9 +108,7 @@ impl Entry {
         if self.stats.of_another_shape(self.shape) {
             return true;
         }
-        let keep = self
-            .keep_ms
-            .max(self.stats.keep_ms(self.shape, self.found.is_some()));
+        let keep = self.keep_ms.max(self.stats.keep_ms(self.found.is_some()));
         now_ms.saturating_sub(self.fetched_at_ms) >= i64::try_from(keep).unwrap_or(i64::MAX)
     }
 }

@@ -27,6 +27,11 @@ pub enum Format {
     Msgpack,
 }
 
+/// A media type without its parameters (`application/json; charset=utf-8` is `application/json`).
+pub(crate) fn media_essence(mime: &str) -> &str {
+    mime.split(';').next().unwrap_or("").trim()
+}
+
 /// The bytes of header `name` when it is sent exactly once, for the shortcuts of the usual values.
 fn sole_value(headers: &HeaderMap, name: header::HeaderName) -> Option<&[u8]> {
     let mut values = headers.get_all(name).iter();
@@ -46,7 +51,7 @@ impl Format {
 
     /// The format a media type names (parameters such as `charset` aside), if it is one hydrant speaks.
     pub fn parse(mime: &str) -> Option<Self> {
-        let essence = mime.split(';').next().unwrap_or("").trim();
+        let essence = media_essence(mime);
         let is = |name: &str| essence.eq_ignore_ascii_case(name);
         if is("application/json") {
             Some(Self::Json)

@@ -145,12 +145,12 @@ struct Problem<'a> {
     message: std::borrow::Cow<'a, str>,
 }
 
-/// `N schema problem(s); the first: FILE: PATH: MESSAGE`.
 /// For a form's type, what curl users get wrong: `-d` sends `application/x-www-form-urlencoded` unless a
 /// `Content-Type` is given. Empty for any other type.
 pub(crate) fn form_hint(content_type: &str, send: &str) -> String {
-    let essence = content_type.split(';').next().unwrap_or("").trim();
-    if essence.eq_ignore_ascii_case("application/x-www-form-urlencoded") {
+    if crate::decode::media_essence(content_type)
+        .eq_ignore_ascii_case("application/x-www-form-urlencoded")
+    {
         format!(
             " (curl's `-d` sends `application/x-www-form-urlencoded` unless told otherwise: add `-H 'Content-Type: {send}'`)"
         )
@@ -159,6 +159,7 @@ pub(crate) fn form_hint(content_type: &str, send: &str) -> String {
     }
 }
 
+/// `N schema problem(s); the first: FILE: PATH: MESSAGE`.
 fn summary(errors: &crate::schema::SchemaErrors) -> String {
     match errors.0.first() {
         Some(first) => format!("{} schema problem(s); the first: {first}", errors.0.len()),

@@ -234,11 +234,12 @@ pub fn check(
             .check_file(model)
             .and_then(|()| Engine::check(load.env, model, load.cfg).map(drop));
         if let Err(e) = checked {
-            let mut error = load_error(e, proposed.document(Kind::Model, &name));
-            if let Some(why) = loaded_for(&changes, model) {
-                error.message.push_str(&why);
-            }
-            errors.push(error);
+            errors.push(load_error(
+                e,
+                proposed.document(Kind::Model, &name),
+                &changes,
+                model,
+            ));
         }
     }
     if errors.is_empty() {
@@ -651,7 +652,7 @@ fn touched_models(proposed: &Registry, changes: &[Change]) -> BTreeSet<String> {
 /// Why a change that does not name `model` loads it again: the views and entities it reads that the
 /// change touches (a view's cache settings alone reload the models reading it), for an error that would
 /// otherwise seem to be about something the change never named. `None` where the change names the model.
-pub(crate) fn loaded_for(changes: &[Change], model: &Model) -> Option<String> {
+fn loaded_for(changes: &[Change], model: &Model) -> Option<String> {
     let changed = || changes.iter().filter(|c| c.change != Verdict::Unchanged);
     if changed().any(|c| c.kind == Kind::Model && c.name == model.name) {
         return None;
@@ -672,8 +673,23 @@ pub(crate) fn loaded_for(changes: &[Change], model: &Model) -> Option<String> {
     })
 }
 
+/// `model`, which `changes` loaded and which cannot load, as a schema problem at the `file:` of its
+/// document, saying why it was loaded where the change does not name it ([`loaded_for`]).
+pub(crate) fn load_error(
+    e: InferError,
+    doc: Option<&Document>,
+    changes: &[Change],
+    model: &Model,
+) -> SchemaError {
+    let mut error = model_error(e, doc);
+    if let Some(why) = loaded_for(changes, model) {
+        error.message.push_str(&why);
+    }
+    error
+}
+
 /// A model that cannot load, as a schema problem at the `file:` of its document.
-pub(crate) fn load_error(e: InferError, doc: Option<&Document>) -> SchemaError {
+fn model_error(e: InferError, doc: Option<&Document>) -> SchemaError {
     match e {
         InferError::Load {
             model,

@@ -344,13 +344,12 @@ fn start_engines(
             Ok(engine) => {
                 engines.insert(name.clone(), Arc::new(engine));
             }
-            Err(e) => {
-                let mut error = proposal::load_error(e, named.document(Kind::Model, name));
-                if let Some(why) = proposal::loaded_for(changes, &model) {
-                    error.message.push_str(&why);
-                }
-                errors.push(error);
-            }
+            Err(e) => errors.push(proposal::load_error(
+                e,
+                named.document(Kind::Model, name),
+                changes,
+                &model,
+            )),
         }
     }
     if errors.is_empty() {

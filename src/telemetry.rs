@@ -88,9 +88,7 @@ impl Timings {
         }
         s
     }
-}
 
-impl Timings {
     /// The `Server-Timing` header value for a request that has only `stages` (V2 infer's), and `total`.
     pub fn server_timing_of(&self, stages: &[Stage]) -> Vec<u8> {
         let mut s = Vec::with_capacity(24 * (stages.len() + 1));
@@ -201,12 +199,10 @@ impl ViewStats {
         now != 0 && now != shape
     }
 
-    /// How long the view's policy keeps a found (or a not-found) entry of `shape` now, in milliseconds:
-    /// 0 for an entry of another shape.
-    pub fn keep_ms(&self, shape: u64, found: bool) -> u64 {
-        if shape != self.keep_shape.load(Relaxed) {
-            0
-        } else if found {
+    /// How long the view's policy keeps a found (or a not-found) entry of its shape now, in milliseconds
+    /// (0 until the view is registered); entries of another shape are [`of_another_shape`](Self::of_another_shape).
+    pub fn keep_ms(&self, found: bool) -> u64 {
+        if found {
             self.keep_found_ms.load(Relaxed)
         } else {
             self.keep_missing_ms.load(Relaxed)

@@ -116,10 +116,10 @@ async fn batched_results_equal_unbatched_results_row_for_row() {
     );
 }
 
-/// A run that one request's rows make fail (here an index past a table's end) fails only that request:
-/// the batch it rode in is run again in halves down to single requests, and every other request gets its own score.
-#[tokio::test]
-async fn a_request_that_fails_its_batch_fails_alone() {
+/// A gateway serving `ctr` with `tests/models/hour_table.onnx` (scores [0.1, 0.2, 0.3][the hour's
+/// bucket]; an evening hour's bucket, 3, is past the table, so its run fails) on one session that waits
+/// up to 5 ms for company: concurrent requests share runs. The schemas folder must outlive the app.
+async fn hour_table_app() -> (Arc<TestApp>, tempfile::TempDir) {
     let schemas = schemas_with_batching("batching:\n  max_batch_rows: 256\n  max_delay_us: 5000");
     let ctr = schemas.path().join("ctr.yaml");
     let table = common::root().join("tests/models/hour_table.onnx");
@@ -134,6 +134,14 @@ async fn a_request_that_fails_its_batch_fails_alone() {
     c.inference.default_sessions = 1;
     let (store, dir) = demo_store().await;
     let app = Arc::new(TestApp::spawn_with(c, store, Some(dir)).await);
+    (app, schemas)
+}
+
+/// A run that one request's rows make fail (here an index past a table's end) fails only that request:
+/// the batch it rode in is run again in halves down to single requests, and every other request gets its own score.
+#[tokio::test]
+async fn a_request_that_fails_its_batch_fails_alone() {
+    let (app, _schemas) = hour_table_app().await;
     // hour_table.onnx scores [0.1, 0.2, 0.3][the hour's bucket]: the evening's bucket, 3, is past the
     // table. One request in four is in the evening.
     let body = |i: usize| {
@@ -197,20 +205,7 @@ async fn a_request_that_fails_its_batch_fails_alone() {
 /// after a failed one in `hydrant_batch_reruns_total`.
 #[tokio::test]
 async fn a_failed_batch_costs_a_few_runs_not_one_per_request() {
-    let schemas = schemas_with_batching("batching:\n  max_batch_rows: 256\n  max_delay_us: 5000");
-    let ctr = schemas.path().join("ctr.yaml");
-    let table = common::root().join("tests/models/hour_table.onnx");
-    let text = std::fs::read_to_string(&ctr).expect("read");
-    std::fs::write(
-        &ctr,
-        text.replace("file: ctr.onnx", &format!("file: {}", table.display())),
-    )
-    .expect("write");
-    let mut c = test_config();
-    c.registry.schemas = schemas.path().to_owned();
-    c.inference.default_sessions = 1;
-    let (store, dir) = demo_store().await;
-    let app = Arc::new(TestApp::spawn_with(c, store, Some(dir)).await);
+    let (app, _schemas) = hour_table_app().await;
     // Hour 20 is past hour_table.onnx's table: request 16 fails its batch.
     let body = |i: usize| {
         let hour = if i == 16 { 20 } else { i % 18 };
