@@ -66,6 +66,16 @@ pub struct Auth {
     source: Texts,
 }
 
+impl Auth {
+    /// Whether `other` holds the same client and admin tokens, in any order.
+    fn same_tokens(&self, other: &Auth) -> bool {
+        let same = |a: &[Box<[u8]>], b: &[Box<[u8]>]| {
+            a.len() == b.len() && a.iter().all(|t| b.contains(t))
+        };
+        same(&self.clients, &other.clients) && same(&self.admins, &other.admins)
+    }
+}
+
 impl std::fmt::Debug for Auth {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the tokens themselves.
@@ -209,16 +219,21 @@ fn parse_tokens(
         return Ok(Vec::new());
     }
     let text = text.as_ref().map_err(Clone::clone)?;
-    let mut tokens = Vec::new();
+    let mut tokens: Vec<Box<[u8]>> = Vec::new();
     for (i, line) in text.lines().enumerate() {
-        let token = line.trim();
-        if token.is_empty() || token.starts_with('#') {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
             continue;
         }
+        // A comment may follow the token after a space: `TOKEN  # the billing service`.
+        let (token, rest) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
+        let rest = rest.trim_start();
         let at = format!("{key}: {} line {}", path.display(), i + 1);
-        if !token.bytes().all(|b| b.is_ascii_graphic()) {
+        if !(rest.is_empty() || rest.starts_with('#'))
+            || !token.bytes().all(|b| b.is_ascii_graphic())
+        {
             return Err(format!(
-                "{at}: a token is one word of visible ASCII characters (no spaces)"
+                "{at}: a token is one word of visible ASCII characters (no spaces; a `#` after a space starts a comment)"
             ));
         }
         if !(MIN_TOKEN_BYTES..=MAX_TOKEN_BYTES).contains(&token.len()) {
@@ -227,7 +242,10 @@ fn parse_tokens(
                 token.len()
             ));
         }
-        tokens.push(token.as_bytes().into());
+        // Listed twice (the old line kept beside a pasted new one) is one token.
+        if !tokens.iter().any(|t| **t == *token.as_bytes()) {
+            tokens.push(token.as_bytes().into());
+        }
     }
     if tokens.is_empty() {
         return Err(format!(
@@ -289,6 +307,11 @@ pub async fn watch_files(cfg: AuthConfig, tokens: Tokens, telemetry: Arc<Telemet
         let changed = Auth::from_texts(&cfg, &now)
             .and_then(|auth| auth.ok_or_else(|| "the token files hold no token".to_owned()));
         match changed {
+            // Only comments or the order of lines changed: the same tokens, nothing to apply.
+            Ok(auth) if tokens.load().same_tokens(&auth) => {
+                tracing::debug!("auth: the token files changed, but not their tokens");
+                in_force = now.clone();
+            }
             Ok(auth) => {
                 tracing::info!("auth: the token files changed; now in force: {auth:?}");
                 tokens.store(Arc::new(auth));
@@ -427,10 +450,18 @@ mod tests {
         let p = write("# ops\n\n  0123456789abcdef0123  \n");
         let tokens = read_tokens("auth.token_file", &p).expect("one token");
         assert_eq!(tokens.len(), 1);
+        // A comment after the token, and the same token twice, read as that one token.
+        let p = write("0123456789abcdef0123\t# billing\n0123456789abcdef0123 #again\n");
+        let again = read_tokens("auth.token_file", &p).expect("one token");
+        assert_eq!(again, tokens);
         for (text, says) in [
             ("short\n", "line 1: a token of 5 characters"),
             ("# nothing\n", "holds no token"),
             ("two words here 0123456789\n", "no spaces"),
+            (
+                "0123456789abcdef0123 billing\n",
+                "a `#` after a space starts a comment",
+            ),
         ] {
             let e = read_tokens("auth.token_file", &write(text)).expect_err(text);
             assert!(

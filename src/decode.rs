@@ -212,7 +212,7 @@ pub fn parse_body<T: DeserializeOwned + Positional>(
         return Err(ApiError::Malformed {
             code: "invalid_msgpack",
             message: format!(
-                "the body is not a MessagePack map (it starts with byte 0x{first:02x}{})",
+                "the body is not a MessagePack map or array (it starts with byte 0x{first:02x}{})",
                 if first == b'{' {
                     ", as JSON does: is it JSON sent as application/msgpack?"
                 } else {
@@ -351,6 +351,14 @@ fn parse_body_tracked<T: DeserializeOwned + Positional>(
                             .replace("unit value", "nil (null)")
                             .replace("newtype struct", "an extension value")
                             .replace("struct Options", "a map of options");
+                        // A row's time is not a feature value: say what it takes instead (a
+                        // MessagePack timestamp, the usual way to send a time, arrives as an extension).
+                        let m = match m.split_once(", expected") {
+                            Some((head, _)) if path.ends_with(".event_timestamp") => format!(
+                                "{head}, expected an RFC 3339 time (a string) or whole milliseconds since the Unix epoch; a MessagePack timestamp extension is not read"
+                            ),
+                            _ => m,
+                        };
                         malformed("invalid_field", field_message(&path, &m), path)
                     }
                     // 0xc1 is no value at all: the body is broken there, not a value of the wrong type.

@@ -1042,6 +1042,35 @@ async fn bad_requests_get_documented_errors_and_the_gateway_keeps_serving() {
             c.name
         );
     }
+    // A row's time sent as a MessagePack timestamp (extension -1): the answer says what it takes.
+    // {"rows": [{"user_id": "u_t", "event_timestamp": <timestamp 32: 1 s>}]}
+    let stamped = [
+        &[0x81, 0xa4][..],
+        b"rows",
+        &[0x91, 0x82, 0xa7],
+        b"user_id",
+        &[0xa3],
+        b"u_t",
+        &[0xaf],
+        b"event_timestamp",
+        &[0xd6, 0xff, 0, 0, 0, 1],
+    ]
+    .concat();
+    let r = app
+        .post(
+            "/v1/views/user_profile/rows",
+            "application/msgpack",
+            stamped,
+        )
+        .await;
+    assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
+    let e = r.json()["error"].clone();
+    assert_eq!(e["field"], "rows[0].event_timestamp", "{e}");
+    let message = e["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("expected an RFC 3339 time") && !message.contains("feature value"),
+        "{message}"
+    );
     // A huge unknown name comes back cut, once it is long past what names it.
     let name = "x".repeat(100_000);
     let r = app

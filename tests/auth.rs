@@ -294,4 +294,19 @@ async fn token_files_are_read_again_and_a_bad_change_keeps_the_tokens_in_force()
     replace(format!("{CLIENT}\n"));
     assert_eq!(status_becomes(&app, CLIENT, 200).await, 200);
     assert_eq!(auth_reloads(&app, "applied").await, 2);
+    // Comments added and the token listed twice: the same tokens, so nothing is applied or refused.
+    replace(format!("# billing\n{CLIENT}  # since 2026-11\n{CLIENT}\n"));
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    assert_eq!(
+        (
+            auth_reloads(&app, "applied").await,
+            auth_reloads(&app, "refused").await
+        ),
+        (2, 2),
+        "a change of comments is not a change of tokens"
+    );
+    assert_eq!(schemas_status(&app, Some(CLIENT)).await, 200);
+    replace(format!("{ROTATED}  # rotated back\n"));
+    assert_eq!(status_becomes(&app, ROTATED, 200).await, 200);
+    assert_eq!(auth_reloads(&app, "applied").await, 3);
 }
