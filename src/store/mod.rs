@@ -12,6 +12,7 @@
 mod cluster;
 pub mod embedded;
 pub mod redis;
+mod sentinel;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -116,6 +116,9 @@ pub struct RedisStore {
     unresponsive: Duration,
     /// Per pooled client, since when its reads have gone unanswered (see [`Stalls`]).
     stalls: Stalls,
+    /// The masters the sentinels announced (see [`super::sentinel`]): the invalidation subscriber
+    /// reconnects when it changes.
+    moves: super::sentinel::Moves,
 }
 
 /// Why the pool's last (re)connection attempt failed, kept for a while. Without it, a server that
@@ -212,7 +215,7 @@ impl RedisStore {
             }
             config.tls = Some(tls_trusting(&cfg.tls_ca_file)?.into());
         }
-        let mut builder = Builder::from_config(config);
+        let mut builder = Builder::from_config(config.clone());
         // How long a command may wait for its answer before its connection is taken for dead.
         let unresponsive = cfg.connect_timeout.max(UNRESPONSIVE);
         let ms = |d: Duration| u32::try_from(d.as_millis()).unwrap_or(u32::MAX);
@@ -274,6 +277,20 @@ impl RedisStore {
                             sentinel_service(&cfg.url).unwrap_or("?")
                         )
                     }
+                    ErrorKind::Sentinel if e.details().contains("NOAUTH") => {
+                        ": the sentinel asks for a password of its own, which hydrant does not send (the URL's credentials are the master's); reach sentinels that need none".to_owned()
+                    }
+                    // rustls refused the server's certificate.
+                    _ if e.details().contains("InvalidCertificate") => {
+                        if cfg.tls_ca_file.as_os_str().is_empty() {
+                            ": the server's TLS certificate is not signed by a CA this machine trusts; name the CA that signed it in store.redis.tls_ca_file (a PEM file)".to_owned()
+                        } else {
+                            format!(
+                                ": the server's TLS certificate is not signed by the CA in store.redis.tls_ca_file ({}), or does not name the host in the URL",
+                                cfg.tls_ca_file.display()
+                            )
+                        }
+                    }
                     _ => String::new(),
                 };
                 anyhow::bail!(
@@ -303,6 +320,12 @@ impl RedisStore {
             }
         }
         let clustered = pool.is_clustered();
+        if !clustered && cluster_node(&pool).await {
+            let _ = pool.quit().await;
+            anyhow::bail!(
+                "store.redis.url names a node of a Redis Cluster (its INFO says cluster_enabled:1) as a single server: use redis-cluster://HOST:PORT (rediss-cluster:// with TLS), so that each key is read from and written to the node that holds it"
+            );
+        }
         let failures = Arc::new(ConnectFailures::new());
         for client in pool.clients() {
             failures.watch(client);
@@ -310,6 +333,14 @@ impl RedisStore {
         let every = pool_heartbeat(&pool, cfg.connect_timeout).await;
         let stalls = Stalls::new(pool.clients().len(), unresponsive);
         let (heartbeat_stop, stop) = tokio::sync::watch::channel(false);
+        let moves = super::sentinel::Moves::new(None);
+        super::sentinel::follow(
+            &config,
+            cfg.connect_timeout,
+            pool.clone(),
+            moves.clone(),
+            heartbeat_stop.subscribe(),
+        );
         tokio::spawn(heartbeat(
             pool.clients().to_vec(),
             every,
@@ -345,6 +376,7 @@ impl RedisStore {
             heartbeat: heartbeat_stop,
             unresponsive,
             stalls,
+            moves,
         })
     }
 
@@ -515,12 +547,20 @@ impl RedisStore {
         let channel = self.channel.clone();
         let clustered = self.clustered;
         let mut stop = stop_rx;
+        let mut moves = self.moves.subscribe();
         tokio::spawn(async move {
             // The proof of the last resubscription, while it runs (aborted by the next reconnection).
             let mut proving: Option<tokio::task::JoinHandle<()>> = None;
             loop {
                 tokio::select! {
                     _ = stop.changed() => break,
+                    // The master moved (a Sentinel fail-over): the subscription is on the old one,
+                    // which no longer hears the writes. The reconnection (below) flushes.
+                    Ok(()) = moves.changed() => {
+                        if let Err(e) = task_sub.force_reconnection().await {
+                            tracing::warn!("invalidation channel: reconnecting to the new master failed (fred retries): {e}");
+                        }
+                    }
                     m = messages.recv() => match m {
                         Ok(m) => {
                             let keys = match m.value {
@@ -1192,6 +1232,18 @@ fn words(e: &FredError) -> String {
         _ => "",
     };
     format!("{message}{hint}")
+}
+
+/// Whether the server behind `pool` is a node of a Redis Cluster (INFO's `cluster_enabled:1`); not
+/// when INFO cannot be read (an ACL that refuses it).
+async fn cluster_node(pool: &Pool) -> bool {
+    let info = pool
+        .next()
+        .info::<String>(Some(fred::types::InfoKind::Cluster));
+    match tokio::time::timeout(Duration::from_secs(2), info).await {
+        Ok(Ok(text)) => text.lines().any(|l| l.trim() == "cluster_enabled:1"),
+        _ => false,
+    }
 }
 
 /// The master a sentinel URL follows (`sentinelServiceName`), which is no secret.
