@@ -69,8 +69,10 @@ pub struct Auth {
 impl Auth {
     /// Whether `other` holds the same client and admin tokens, in any order.
     fn same_tokens(&self, other: &Auth) -> bool {
+        // Each list holds a token once (`parse_tokens`).
         let same = |a: &[Box<[u8]>], b: &[Box<[u8]>]| {
-            a.len() == b.len() && a.iter().all(|t| b.contains(t))
+            let b: std::collections::HashSet<&[u8]> = b.iter().map(|t| &**t).collect();
+            a.len() == b.len() && a.iter().all(|t| b.contains(&**t))
         };
         same(&self.clients, &other.clients) && same(&self.admins, &other.admins)
     }
@@ -220,6 +222,7 @@ fn parse_tokens(
     }
     let text = text.as_ref().map_err(Clone::clone)?;
     let mut tokens: Vec<Box<[u8]>> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
@@ -243,7 +246,7 @@ fn parse_tokens(
             ));
         }
         // Listed twice (the old line kept beside a pasted new one) is one token.
-        if !tokens.iter().any(|t| **t == *token.as_bytes()) {
+        if seen.insert(token) {
             tokens.push(token.as_bytes().into());
         }
     }
@@ -309,7 +312,11 @@ pub async fn watch_files(cfg: AuthConfig, tokens: Tokens, telemetry: Arc<Telemet
         match changed {
             // Only comments or the order of lines changed: the same tokens, nothing to apply.
             Ok(auth) if tokens.load().same_tokens(&auth) => {
-                tracing::debug!("auth: the token files changed, but not their tokens");
+                if acted == in_force {
+                    tracing::debug!("auth: the token files changed, but not their tokens");
+                } else {
+                    tracing::info!("auth: the token files hold the tokens in force again");
+                }
                 in_force = now.clone();
             }
             Ok(auth) => {

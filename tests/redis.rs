@@ -856,9 +856,27 @@ async fn a_sentinel_url_with_its_first_sentinel_down_asks_the_next() {
 /// A master with a replica, a sentinel quick to fail over between them, the demo rows loaded through
 /// it and on the replica, and a ready gateway that knows only the sentinel.
 async fn ready_to_fail_over() -> (RedisServer, RedisServer, Sentinel, TestApp) {
-    let master = RedisServer::start();
-    let replica = RedisServer::start();
+    ready_to_fail_over_with(None).await
+}
+
+/// The same, with `password` required by the master, the replica and the sentinel when given.
+async fn ready_to_fail_over_with(
+    password: Option<&str>,
+) -> (RedisServer, RedisServer, Sentinel, TestApp) {
+    let (master, replica) = match password {
+        Some(p) => (
+            RedisServer::start_with_password(p),
+            RedisServer::start_with_password(p),
+        ),
+        None => (RedisServer::start(), RedisServer::start()),
+    };
     let port = master.port().to_string();
+    if let Some(p) = password {
+        // Either may be the master after a fail-over.
+        for node in [&master, &replica] {
+            node.cmd(&["CONFIG", "SET", "masterauth", p]);
+        }
+    }
     replica.cmd(&["REPLICAOF", "127.0.0.1", &port]);
     let sentinel = Sentinel::start_quick_to_fail_over(&master);
     let (c, store) = open_through_sentinel(&master, sentinel.url()).await;
@@ -981,7 +999,19 @@ async fn a_sentinel_failover_from_a_frozen_master_moves_the_gateway_too() {
 /// the switch is on the new master.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_ordered_through_the_sentinel_moves_writes_at_once() {
-    let (master, replica, sentinel, app) = ready_to_fail_over().await;
+    failover_ordered_through_the_sentinel(None).await;
+}
+
+/// The same where the master and the sentinel want a password: the sentinel's announcements are
+/// heard with the URL's credentials, as fred reaches the sentinels.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_ordered_through_sentinels_with_a_password_moves_writes_at_once() {
+    failover_ordered_through_the_sentinel(Some("s3ntinel-pw")).await;
+}
+
+async fn failover_ordered_through_the_sentinel(password: Option<&str>) {
+    let (master, replica, sentinel, app) = ready_to_fail_over_with(password).await;
+    let flushed_before = flushes(&app);
     let r = sentinel.cmd(&["SENTINEL", "FAILOVER", "mymaster"]);
     assert!(matches!(r, Ok(Reply::Status(_))), "{r:?}");
     let moved = eventually(
@@ -1012,8 +1042,12 @@ async fn a_failover_ordered_through_the_sentinel_moves_writes_at_once() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(landed >= 8, "only {landed} of 10 writes answered 200");
-    // Read back through the gateway: from the new master (the cache was flushed on the move).
     assert_eq!(ages(&app, &["u_moved_9"]).await.0, vec![39]);
+    // The invalidation subscriber moved too: its reconnection flushed the cache.
+    assert!(
+        flushes(&app) > flushed_before,
+        "the subscriber stayed on the old master"
+    );
     drop(master);
 }
 

@@ -62,7 +62,7 @@ const ONCE: Options = Options {
 /// while Redis exempts a subscribed connection from its idle `timeout`, it does not exempt the
 /// subscriber's connections to the other nodes of a cluster, whose closing reconnects the subscription
 /// and so flushes the cache. Redis counts the timeout in whole seconds.
-const SUBSCRIBER_HEARTBEAT: Duration = Duration::from_secs(1);
+pub(super) const SUBSCRIBER_HEARTBEAT: Duration = Duration::from_secs(1);
 
 /// How often each pooled connection is pinged when the server's idle `timeout` is off or cannot be
 /// read; a third of it when it is shorter (see [`pool_heartbeat`]).
@@ -116,8 +116,8 @@ pub struct RedisStore {
     unresponsive: Duration,
     /// Per pooled client, since when its reads have gone unanswered (see [`Stalls`]).
     stalls: Stalls,
-    /// The masters the sentinels announced (see [`super::sentinel`]): the invalidation subscriber
-    /// reconnects when it changes.
+    /// The pool's moves to a master the sentinels announced (see [`super::sentinel`]): the
+    /// invalidation subscriber reconnects at each.
     moves: super::sentinel::Moves,
 }
 
@@ -277,19 +277,28 @@ impl RedisStore {
                             sentinel_service(&cfg.url).unwrap_or("?")
                         )
                     }
-                    ErrorKind::Sentinel if e.details().contains("NOAUTH") => {
-                        ": the sentinel asks for a password of its own, which hydrant does not send (the URL's credentials are the master's); reach sentinels that need none".to_owned()
+                    // The URL's credentials go to the sentinels as well as to the master (fred's way).
+                    ErrorKind::Auth | ErrorKind::Sentinel
+                        if config.server.is_sentinel()
+                            && ["NOAUTH", "WRONGPASS", "invalid password"]
+                                .iter()
+                                .any(|w| e.details().contains(w)) =>
+                    {
+                        ": a sentinel or the master wants a password, or refused the URL's: the URL's credentials are sent to both, so sentinels with a password need the master's (`requirepass` as the master's)".to_owned()
                     }
                     // rustls refused the server's certificate.
-                    _ if e.details().contains("InvalidCertificate") => {
+                    _ if e.details().contains("UnknownIssuer") => {
                         if cfg.tls_ca_file.as_os_str().is_empty() {
                             ": the server's TLS certificate is not signed by a CA this machine trusts; name the CA that signed it in store.redis.tls_ca_file (a PEM file)".to_owned()
                         } else {
                             format!(
-                                ": the server's TLS certificate is not signed by the CA in store.redis.tls_ca_file ({}), or does not name the host in the URL",
+                                ": the server's TLS certificate is not signed by the CA in store.redis.tls_ca_file ({})",
                                 cfg.tls_ca_file.display()
                             )
                         }
+                    }
+                    _ if e.details().contains("NotValidForName") => {
+                        ": the server's TLS certificate does not name the host in the URL".to_owned()
                     }
                     _ => String::new(),
                 };
@@ -333,10 +342,11 @@ impl RedisStore {
         let every = pool_heartbeat(&pool, cfg.connect_timeout).await;
         let stalls = Stalls::new(pool.clients().len(), unresponsive);
         let (heartbeat_stop, stop) = tokio::sync::watch::channel(false);
-        let moves = super::sentinel::Moves::new(None);
+        let moves = super::sentinel::Moves::new(0);
         super::sentinel::follow(
             &config,
             cfg.connect_timeout,
+            unresponsive,
             pool.clone(),
             moves.clone(),
             heartbeat_stop.subscribe(),
@@ -1064,7 +1074,7 @@ async fn pool_heartbeat(pool: &Pool, limit: Duration) -> Duration {
 /// served degraded; the subscriber flushes the cache), and a connection that died silently would be
 /// found by a request's read timing out rather than by a ping, whose missing answer trips fred's
 /// unresponsive check after `unresponsive`, which reconnects.
-async fn heartbeat<C: ClientLike>(
+pub(super) async fn heartbeat<C: ClientLike>(
     clients: Vec<C>,
     every: Duration,
     unresponsive: Duration,

@@ -7,12 +7,19 @@
 //! them away when it resynchronises from the new master: writes answered 200 and lost.
 //!
 //! So every sentinel the URL names is subscribed to on `+switch-master`, which each publishes as it
-//! switches (`<name> <old-ip> <old-port> <new-ip> <new-port>`); a switch of the master the URL follows
-//! makes every pooled client reconnect, which asks the sentinels again and finds the new master, and
-//! the invalidation subscriber too ([`Moves`]), whose reconnection flushes the cache as any does.
-//! A sentinel that is down or cannot be subscribed to is tried again every second; while none can be,
-//! a fail-over is followed as before: when the old master's connections close or stop answering.
+//! switches (`<name> <old-ip> <old-port> <new-ip> <new-port>`). On a switch of the master the URL
+//! follows, every pooled client not connected to the new master reconnects, which asks the sentinels
+//! again; one that lands elsewhere (a sentinel that has not switched yet answered it) is made to
+//! reconnect again, a few times. Once the pool has moved, the invalidation subscriber is told
+//! ([`Moves`]) and reconnects too, which flushes the cache as any of its reconnections does. Several
+//! sentinels announce the same switch: the first moves the pool, and the others find it moved.
+//!
+//! Each sentinel's connection is pinged and timed out as the pool's are, so one that died silently is
+//! found and reconnected; one that is down, or refuses the subscription, is tried again every second,
+//! with a warning the first time. Meanwhile a fail-over is followed as without this: when the old
+//! master's connections close or stop answering.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use fred::clients::SubscriberClient;
@@ -20,24 +27,29 @@ use fred::prelude::{
     Builder, ClientLike, Config as FredConfig, EventInterface, Pool, PubsubInterface,
     ReconnectPolicy, Server, ServerConfig, Value,
 };
+use fred::types::config::UnresponsiveConfig;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::watch;
 
 /// The channel on which a sentinel announces a new master.
 const SWITCH_CHANNEL: &str = "+switch-master";
 
-/// How often a sentinel that cannot be reached is tried again.
+/// How often a sentinel that cannot be reached or subscribed to is tried again.
 const RETRY: Duration = Duration::from_secs(1);
 
-/// The latest master the sentinels announced, `host:port`; every announcement of a new one changes
-/// it once, whichever sentinel (of several, which all announce it) said so first.
-pub(super) type Moves = watch::Sender<Option<String>>;
+/// How many times a client that reconnected to another server than the announced master is made to
+/// reconnect again, [`RETRY`] / 5 apart.
+const MOVE_ATTEMPTS: u32 = 10;
+
+/// Counts the moves of the pool to a new master: the invalidation subscriber reconnects at each.
+pub(super) type Moves = watch::Sender<u64>;
 
 /// Subscribes to every sentinel of `config` (nothing when it is not a Sentinel configuration) until
-/// `stop` fires, and makes `pool` reconnect when one announces a new master for the URL's service.
+/// `stop` fires, and moves `pool` when one announces a new master for the URL's service.
 pub(super) fn follow(
     config: &FredConfig,
     connect_timeout: Duration,
+    unresponsive: Duration,
     pool: Pool,
     moves: Moves,
     stop: watch::Receiver<bool>,
@@ -50,14 +62,18 @@ pub(super) fn follow(
     else {
         return;
     };
+    // One switch handled at a time, so the sentinels that announce it after the first find it done.
+    let moving = Arc::new(tokio::sync::Mutex::new(()));
     for host in hosts {
         let sentinel = FredConfig {
             server: ServerConfig::Centralized {
                 server: host.clone(),
             },
-            // The sentinels are reached as the URL says: with TLS for `rediss-sentinel://`, and without
-            // the master's credentials, as fred reaches them.
+            // The sentinels are reached as fred reaches them: with the URL's TLS and credentials (fred
+            // sends the master's to the sentinels too; one that has no password drops them).
             tls: config.tls.clone(),
+            username: config.username.clone(),
+            password: config.password.clone(),
             fail_fast: false,
             ..FredConfig::default()
         };
@@ -67,6 +83,11 @@ pub(super) fn follow(
             .with_connection_config(|c| {
                 c.connection_timeout = connect_timeout;
                 c.internal_command_timeout = connect_timeout;
+                c.unresponsive = UnresponsiveConfig {
+                    max_timeout: Some(unresponsive),
+                    interval: unresponsive / 4,
+                };
+                c.tcp.user_timeout = Some(unresponsive);
             });
         let sub = match builder.build_subscriber_client() {
             Ok(sub) => sub,
@@ -78,14 +99,15 @@ pub(super) fn follow(
                 continue;
             }
         };
-        tokio::spawn(listen(
-            sub,
-            host.clone(),
-            service_name.clone(),
-            pool.clone(),
-            moves.clone(),
-            stop.clone(),
-        ));
+        let follower = Follower {
+            sentinel: host.clone(),
+            service: service_name.clone(),
+            pool: pool.clone(),
+            moves: moves.clone(),
+            moving: moving.clone(),
+            connect_timeout,
+        };
+        tokio::spawn(follower.listen(sub, unresponsive, stop.clone()));
     }
 }
 
@@ -93,74 +115,159 @@ fn millis(d: Duration) -> u32 {
     u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
 }
 
-async fn listen(
-    sub: SubscriberClient,
+struct Follower {
     sentinel: Server,
     service: String,
     pool: Pool,
     moves: Moves,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut messages = sub.message_rx();
-    // Taken before connecting: the first connection is announced here too, and subscribes.
-    let mut connected = sub.reconnect_rx();
-    let _connection = sub.connect();
-    loop {
-        tokio::select! {
-            _ = stop.changed() => break,
-            c = connected.recv() => match c {
-                Ok(_) | Err(RecvError::Lagged(_)) => {
-                    if let Err(e) = sub.subscribe(SWITCH_CHANNEL).await {
-                        tracing::warn!(
-                            sentinel = %sentinel,
-                            "cannot subscribe to this sentinel's fail-over announcements ({SWITCH_CHANNEL}): {e}"
-                        );
-                    }
-                }
-                Err(RecvError::Closed) => break,
-            },
-            m = messages.recv() => match m {
-                Ok(m) => {
-                    let text = match &m.value {
-                        Value::String(s) => s.to_string(),
-                        Value::Bytes(b) => String::from_utf8_lossy(b).into_owned(),
-                        _ => continue,
-                    };
-                    let Some((from, to)) = switch_of(&text, &service) else {
-                        continue;
-                    };
-                    // The first sentinel to tell moves the pool; the others' word is the same news.
-                    let news = moves.send_if_modified(|last| {
-                        if last.as_deref() == Some(to.as_str()) {
-                            return false;
-                        }
-                        *last = Some(to.clone());
-                        true
-                    });
-                    if news {
-                        tracing::warn!(
-                            sentinel = %sentinel,
-                            "Sentinel moved the master `{service}` from {from} to {to}: reconnecting to the new master"
-                        );
-                        reconnect(&pool).await;
-                    }
-                }
-                Err(RecvError::Lagged(_)) => {}
-                Err(RecvError::Closed) => break,
-            },
-        }
-    }
-    let _ = sub.quit().await;
+    moving: Arc<tokio::sync::Mutex<()>>,
+    connect_timeout: Duration,
 }
 
-/// Makes every pooled client reconnect, each through the sentinels.
-async fn reconnect(pool: &Pool) {
-    let all = pool.clients().iter().map(|c| c.force_reconnection());
-    for r in futures::future::join_all(all).await {
-        if let Err(e) = r {
-            tracing::warn!("reconnecting to the new master failed (fred retries): {e}");
+impl Follower {
+    async fn listen(
+        self,
+        sub: SubscriberClient,
+        unresponsive: Duration,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let sentinel = &self.sentinel;
+        let mut messages = sub.message_rx();
+        let mut errors = sub.error_rx();
+        // Taken before connecting: the first connection is announced here too, and subscribes.
+        let mut connected = sub.reconnect_rx();
+        let connection = sub.connect();
+        // A subscription has no command in flight: pinged, a dead connection is found.
+        let beat = tokio::spawn(super::redis::heartbeat(
+            vec![sub.clone()],
+            super::redis::SUBSCRIBER_HEARTBEAT,
+            unresponsive,
+            stop.clone(),
+        ));
+        // Whether this sentinel's trouble was logged and not yet its recovery.
+        let mut troubled = false;
+        loop {
+            tokio::select! {
+                _ = stop.changed() => break,
+                c = connected.recv() => match c {
+                    Ok(_) | Err(RecvError::Lagged(_)) => match sub.subscribe(SWITCH_CHANNEL).await {
+                        Ok(()) if troubled => {
+                            troubled = false;
+                            tracing::info!(sentinel = %sentinel, "following this sentinel's fail-over announcements again");
+                        }
+                        Ok(()) => {}
+                        Err(e) => {
+                            if !troubled {
+                                troubled = true;
+                                tracing::warn!(
+                                    sentinel = %sentinel,
+                                    "cannot subscribe to this sentinel's fail-over announcements ({SWITCH_CHANNEL}): {e}; trying again every {RETRY:?}"
+                                );
+                            }
+                            tokio::select! {
+                                _ = stop.changed() => break,
+                                () = tokio::time::sleep(RETRY) => {}
+                            }
+                            // Its reconnection comes back here and subscribes again.
+                            let _ = sub.force_reconnection().await;
+                        }
+                    },
+                    Err(RecvError::Closed) => break,
+                },
+                e = errors.recv() => match e {
+                    Ok((e, _)) => {
+                        if !troubled {
+                            troubled = true;
+                            tracing::warn!(
+                                sentinel = %sentinel,
+                                "cannot reach this sentinel to follow its fail-over announcements: {e}; trying again every {RETRY:?}"
+                            );
+                        }
+                    }
+                    Err(RecvError::Lagged(_)) => {}
+                    Err(RecvError::Closed) => break,
+                },
+                m = messages.recv() => match m {
+                    Ok(m) => {
+                        let text = match &m.value {
+                            Value::String(s) => s.to_string(),
+                            Value::Bytes(b) => String::from_utf8_lossy(b).into_owned(),
+                            _ => continue,
+                        };
+                        let Some((from, to)) = switch_of(&text, &self.service) else {
+                            continue;
+                        };
+                        tokio::select! {
+                            _ = stop.changed() => break,
+                            () = self.move_to(&from, &to) => {}
+                        }
+                    }
+                    Err(RecvError::Lagged(_)) => {}
+                    Err(RecvError::Closed) => break,
+                },
+            }
         }
+        beat.abort();
+        let _ = tokio::time::timeout(self.connect_timeout, sub.quit()).await;
+        connection.abort();
     }
+
+    /// Moves every pooled client that is not on `to` (`host:port`), then tells the subscriber.
+    async fn move_to(&self, from: &str, to: &str) {
+        let _one_at_a_time = self.moving.lock().await;
+        let service = &self.service;
+        let elsewhere = |c: &&fred::clients::Client| !on(c, to);
+        if !self.pool.clients().iter().any(|c| elsewhere(&c)) {
+            return;
+        }
+        tracing::warn!(
+            sentinel = %self.sentinel,
+            "Sentinel moved the master `{service}` from {from} to {to}: reconnecting to the new master"
+        );
+        for attempt in 1..=MOVE_ATTEMPTS {
+            let moving = self
+                .pool
+                .clients()
+                .iter()
+                .filter(elsewhere)
+                .map(|c| c.force_reconnection());
+            for r in futures::future::join_all(moving).await {
+                if let Err(e) = r {
+                    tracing::warn!("reconnecting to the new master failed (fred retries): {e}");
+                }
+            }
+            // Reconnected, but through a sentinel that had not switched yet: again, a little later.
+            let astray: Vec<String> = self
+                .pool
+                .clients()
+                .iter()
+                .flat_map(|c| c.active_connections())
+                .map(|s| s.to_string())
+                .filter(|s| s != to)
+                .collect();
+            if astray.is_empty() {
+                break;
+            }
+            if attempt == MOVE_ATTEMPTS {
+                tracing::warn!(
+                    "after {MOVE_ATTEMPTS} reconnections, connections are still on {} rather than the announced master {to}",
+                    astray.join(", ")
+                );
+                break;
+            }
+            tokio::time::sleep(RETRY / 5).await;
+        }
+        // The subscriber last, so that it does not listen on the new master while reads still go to
+        // the old one (a value read there in between could outlive a write's announcement).
+        self.moves.send_modify(|n| *n = n.wrapping_add(1));
+    }
+}
+
+/// Whether `client` is connected to `to` (`host:port`) as far as fred knows (it knows a connection's
+/// server once the connection's `CLIENT ID` was read; not knowing counts as not on it).
+fn on(client: &fred::clients::Client, to: &str) -> bool {
+    let servers = client.active_connections();
+    !servers.is_empty() && servers.iter().all(|s| s.to_string() == to)
 }
 
 /// `(old, new)` master addresses of a `+switch-master` message about `service`.

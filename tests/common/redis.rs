@@ -458,6 +458,8 @@ impl Drop for RedisServer {
 /// A Redis Sentinel (`redis-server --sentinel`) following `master` as `mymaster`; stopped when dropped.
 pub struct Sentinel {
     pub port: u16,
+    /// The master's password, which this sentinel requires too (fred sends the URL's to both).
+    password: Option<String>,
     child: Child,
     _dir: tempfile::TempDir,
 }
@@ -469,8 +471,13 @@ impl Sentinel {
 
     /// The `redis-sentinel://` URL that reaches the master this sentinel watches.
     pub fn url(&self) -> String {
+        let auth = self
+            .password
+            .as_ref()
+            .map(|p| format!(":{p}@"))
+            .unwrap_or_default();
         format!(
-            "redis-sentinel://127.0.0.1:{}/0?sentinelServiceName=mymaster",
+            "redis-sentinel://{auth}127.0.0.1:{}/0?sentinelServiceName=mymaster",
             self.port
         )
     }
@@ -488,10 +495,16 @@ impl Sentinel {
         let port = free_port();
         // Sentinel rewrites its config file, so it gets one of its own.
         let conf = dir.path().join("sentinel.conf");
+        // A master with a password: the sentinel uses it, and requires it of its own clients.
+        let auth = master
+            .password
+            .as_ref()
+            .map(|p| format!("sentinel auth-pass mymaster {p}\nrequirepass {p}\n"))
+            .unwrap_or_default();
         std::fs::write(
             &conf,
             format!(
-                "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor mymaster 127.0.0.1 {} 1\n{extra}",
+                "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor mymaster 127.0.0.1 {} 1\n{auth}{extra}",
                 dir.path().display(),
                 master.port
             ),
@@ -506,12 +519,13 @@ impl Sentinel {
             .expect("redis-server --sentinel");
         let s = Self {
             port,
+            password: master.password.clone(),
             child,
             _dir: dir,
         };
         let until = Instant::now() + Duration::from_secs(5);
         loop {
-            let answer = Conn::open(port, None)
+            let answer = Conn::open(port, s.password.as_deref())
                 .and_then(|mut c| c.call(&[b"SENTINEL", b"get-master-addr-by-name", b"mymaster"]));
             if matches!(answer, Ok(Reply::Array(ref a)) if a.len() == 2) {
                 return s;
@@ -527,7 +541,7 @@ impl Sentinel {
     /// A command to the sentinel.
     pub fn cmd(&self, args: &[&str]) -> Result<Reply, String> {
         let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
-        Conn::open(self.port, None)?.call(&args)
+        Conn::open(self.port, self.password.as_deref())?.call(&args)
     }
 
     /// The port of the master the sentinel names now.
