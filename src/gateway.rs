@@ -482,7 +482,7 @@ impl Gateway {
         format: Format,
         body: &[u8],
     ) -> Result<Response, ApiError> {
-        let v = &self.view(view)?;
+        let v = self.view(view)?;
         // A row the decoder refuses (a name given twice, NaN) is a bad row like the ones `parse_rows`
         // refuses, and answered the same way.
         let req: crate::loader::RowsRequest = parse_body(format, body).map_err(|e| match e {
@@ -498,13 +498,83 @@ impl Gateway {
             other => other,
         })?;
         crate::loader::check_row_count(req.rows.sent)?;
-        let writes = crate::loader::parse_rows(
-            v,
-            &self.config.store.prefix,
-            &req.rows,
-            crate::value::now_ms(),
-            &self.config.limits,
-        )?;
+        let started = tokio::time::Instant::now();
+        let limit = self.config.limits.request_timeout;
+        let mut v = v;
+        let mut rewrites = 0;
+        let written = loop {
+            let parsed = crate::loader::parse_rows(
+                &v,
+                &self.config.store.prefix,
+                &req.rows,
+                crate::value::now_ms(),
+                &self.config.limits,
+            );
+            let writes = match parsed {
+                Ok(w) => w,
+                Err(e) if rewrites == 0 => return Err(e),
+                Err(e) => {
+                    return Err(ApiError::Conflict {
+                        code: "view_changed",
+                        message: format!(
+                            "view `{view}` changed to version {} while these rows were written; they were stored under the version before, which it does not read, and do not fit version {}: {e}",
+                            v.version, v.version
+                        ),
+                    });
+                }
+            };
+            let written = self
+                .write_once(&v, writes, limit.saturating_sub(started.elapsed()))
+                .await?;
+            // A registration that changed the view's version or features while the rows were written
+            // leaves them stored in the shape before, which the view no longer reads: they would be
+            // served as defaults, after an answer of 200. Written again in the new shape instead.
+            match self.registry().views.get(view) {
+                Some(now) if now.shape() == v.shape() => break written,
+                Some(now) if rewrites < 3 => {
+                    tracing::info!(
+                        view,
+                        from = v.version,
+                        to = now.version,
+                        "the view changed while rows were written: writing them again in its new shape"
+                    );
+                    v = now.clone();
+                    rewrites += 1;
+                }
+                Some(_) => {
+                    return Err(ApiError::Conflict {
+                        code: "view_changed",
+                        message: format!(
+                            "view `{view}` kept changing while these rows were written (written {} times); send them again",
+                            rewrites + 1
+                        ),
+                    });
+                }
+                None => {
+                    return Err(ApiError::Conflict {
+                        code: "view_changed",
+                        message: format!(
+                            "view `{view}` was deleted while these rows were written; they are stored, but nothing reads them"
+                        ),
+                    });
+                }
+            }
+        };
+        Ok(axum::Json(serde_json::json!({
+            "written": written.rows,
+            "announced": written.announced,
+        }))
+        .into_response())
+    }
+
+    /// Writes `writes` of view `v` through the store, the cache and the announcement, answering within
+    /// `limit`.
+    async fn write_once(
+        &self,
+        v: &crate::schema::View,
+        writes: crate::store::Writes,
+        limit: std::time::Duration,
+    ) -> Result<crate::loader::Written, ApiError> {
         // The write, its local invalidation and its announcement run in their own task: a request that
         // times out or whose client goes away must not stop them halfway (written but not announced).
         let hydrator = self.hydrator.clone();
@@ -514,14 +584,14 @@ impl Gateway {
             crate::loader::write_through(&hydrator, writes, ttl).await
         }));
         // The answer is due within the request's limit; the write goes on either way.
-        let limit = self.config.limits.request_timeout;
         const MAY_HAVE_LANDED: &str =
             "the rows may have been written, and sending them again is safe";
-        let written = tokio::time::timeout(limit, task)
+        tokio::time::timeout(limit, task)
             .await
             .map_err(|_| {
                 ApiError::Timeout(format!(
-                    "the store did not confirm the write within the gateway's limit of {limit:?}: {MAY_HAVE_LANDED}"
+                    "the store did not confirm the write within the gateway's limit of {:?}: {MAY_HAVE_LANDED}",
+                    self.config.limits.request_timeout
                 ))
             })?
             .map_err(|e| ApiError::Internal(format!("the write task failed: {e}")))?
@@ -535,12 +605,7 @@ impl Gateway {
                     }
                     e => format!("the rows were not written: {e}"),
                 })
-            })?;
-        Ok(axum::Json(serde_json::json!({
-            "written": written.rows,
-            "announced": written.announced,
-        }))
-        .into_response())
+            })
     }
 }
 

@@ -2650,3 +2650,53 @@ async fn on_a_cluster_a_subscriber_reconnection_flushes_the_cache_once() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(flushes(&app), 1, "flushes");
 }
+
+/// Rows written while a registration moves their view to a new version: they were encoded under the
+/// version before, which the view no longer reads, so answered 200 they would be served as defaults.
+/// The write is held (Redis paused) while the registration lands; the gateway then writes the rows
+/// again in the view's new shape, and they are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_written_while_their_view_changes_version_are_written_again_in_its_new_shape() {
+    let redis = RedisServer::start();
+    let dir = common::schemas_with_ctr_edit("version: 1", "version: 1");
+    let schemas = dir.path().to_owned();
+    let app = Arc::new(
+        gateway(&redis, |c| {
+            c.registry.schemas = schemas;
+            c.registry.writes = true;
+        })
+        .await,
+    );
+    redis.pause();
+    let writer = app.clone();
+    let write = tokio::spawn(async move {
+        let body = json!({"rows": [{"user_id": "u_race", "age": 33, "country": "de", "is_premium": true}]});
+        writer.post_json("/v1/views/user_profile/rows", &body).await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let v1 = std::fs::read_to_string(dir.path().join("user_profile.yaml")).expect("view file");
+    assert!(v1.contains("version: 1"), "{v1}");
+    let v2 = v1.replacen("version: 1", "version: 2", 1);
+    let registered = app
+        .client
+        .put(format!("{}/v1/schemas/views/user_profile", app.addr))
+        .header("content-type", "application/yaml")
+        .body(v2)
+        .send()
+        .await
+        .expect("registration sent");
+    assert_eq!(registered.status(), 200, "{:?}", registered.text().await);
+    redis.resume();
+    let r = write.await.expect("write task");
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let body = json!({"entities": {"user_id": ["u_race"]}, "features": ["user_profile:age"]});
+    let j = app.post_json("/v1/features", &body).await.json();
+    assert_eq!(
+        (
+            &j["features"]["user_profile:age"]["values"][0],
+            &j["features"]["user_profile:age"]["statuses"][0]
+        ),
+        (&json!(33), &json!("PRESENT")),
+        "{j}"
+    );
+}
