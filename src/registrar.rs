@@ -189,7 +189,7 @@ fn apply(
     let reload = if gw.config.registry.reload_interval.is_zero() {
         "restart to load it, then register"
     } else {
-        "the folder watch loads it within registry.reload_interval; if the watch refused it (GET /v1/schemas shows why under `folder`), fix or revert the file; then register"
+        "the folder watch loads it once two of its reads, registry.reload_interval apart, find the folder the same (while another replica keeps registering more often than that, wait for it to stop); if the watch refused it (GET /v1/schemas shows why under `folder`), fix or revert the file; then register"
     };
     // A document that registers as it runs is not written: its file keeps its text (its comments, its
     // layout, YAML rather than the JSON it may have been sent as).
