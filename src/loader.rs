@@ -721,15 +721,21 @@ impl Report {
 }
 
 /// JSON Lines: one object per line; blank lines are skipped. A line that is not UTF-8 is a bad row, not
-/// the end of the file. Rows before `from_line` are counted but not parsed ([`unread`]).
+/// the end of the file. Rows before `from_line` are counted but not parsed ([`unread`]). A line with no
+/// line end is the last one read: the file ended there when it was read (a file still being written
+/// would otherwise have the rest of that line read as a row of its own).
 fn json_rows<R: BufRead>(
     mut reader: R,
     from_line: usize,
 ) -> impl Iterator<Item = std::io::Result<ParsedLine>> {
     let mut buf = Vec::new();
     let mut line = 0;
+    let mut ended_file = false;
     std::iter::from_fn(move || {
         loop {
+            if ended_file {
+                return None;
+            }
             buf.clear();
             let limit = MAX_LINE_BYTES as u64 + 1;
             match (&mut reader).take(limit).read_until(b'\n', &mut buf) {
@@ -749,6 +755,7 @@ fn json_rows<R: BufRead>(
                 let reason = format!("longer than {MAX_LINE_BYTES} bytes");
                 return Some(Ok((line, Err(reason))));
             }
+            ended_file = !ended;
             // A byte order mark (some Windows tools write one) is not part of the first row.
             let bytes = if line == 1 {
                 buf.strip_prefix(b"\xef\xbb\xbf").unwrap_or(&buf)
@@ -770,6 +777,10 @@ fn json_rows<R: BufRead>(
             let text = text.strip_suffix('\r').unwrap_or(text);
             let parsed = match serde_json::from_str::<FiniteRow>(text) {
                 Ok(FiniteRow(m)) => Ok(m),
+                Err(e) if ended_file && e.is_eof() => Err(format!(
+                    "{} (the file's last line has no line end: was the file still being written?)",
+                    json_rejection(text, &e)
+                )),
                 Err(e) => Err(json_rejection(text, &e)),
             };
             return Some(Ok((line, parsed)));
@@ -1403,6 +1414,52 @@ mod tests {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
         let r = Registry::load_dir(&root.join("schemas"), &root.join("models")).expect("schemas");
         r.views["user_profile"].clone()
+    }
+
+    /// A file still being written: each chunk is what one read finds; an empty chunk is the end of
+    /// the file as it was at that moment.
+    struct Growing(std::collections::VecDeque<&'static [u8]>);
+
+    impl std::io::Read for Growing {
+        fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+            let Some(chunk) = self.0.pop_front() else {
+                return Ok(0);
+            };
+            let n = chunk.len().min(out.len());
+            out[..n].copy_from_slice(&chunk[..n]);
+            if n < chunk.len() {
+                self.0.push_front(&chunk[n..]);
+            }
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn a_line_being_written_is_the_last_one_read_not_two_rows() {
+        let file = Growing(
+            [
+                &b"{\"user_id\": \"a\"}\n{\"user_id\": "[..],
+                b"",
+                b"\"b\"}\n{\"user_id\": \"c\"}\n",
+            ]
+            .into(),
+        );
+        let read: Vec<_> = json_rows(std::io::BufReader::new(file), 1)
+            .map(|r| r.expect("read"))
+            .collect();
+        assert_eq!(read.len(), 2, "{read:?}");
+        assert_eq!(read[0].0, 1);
+        assert!(read[0].1.is_ok(), "{read:?}");
+        assert_eq!(read[1].0, 2);
+        let reason = read[1].1.as_ref().expect_err("cut short");
+        assert!(reason.contains("no line end"), "{reason}");
+        // A whole last row without a line end is a row like any other.
+        let file = Growing([&b"{\"user_id\": \"a\"}\n{\"user_id\": \"b\"}"[..]].into());
+        let read: Vec<_> = json_rows(std::io::BufReader::new(file), 1)
+            .map(|r| r.expect("read"))
+            .collect();
+        assert_eq!(read.len(), 2, "{read:?}");
+        assert!(read.iter().all(|(_, r)| r.is_ok()), "{read:?}");
     }
 
     fn rows(v: serde_json::Value) -> Vec<serde_json::Map<String, serde_json::Value>> {

@@ -2203,6 +2203,52 @@ async fn one_views_hot_set_of_another_type_does_not_stop_the_others() {
     );
 }
 
+/// Replicas that sample different views: the one that decays halves every view's hot set, not only
+/// those it writes itself, so a view sampled only elsewhere does not keep growing.
+#[tokio::test]
+async fn the_decay_halves_the_hot_sets_other_replicas_write() {
+    let redis = RedisServer::start();
+    seeded(&redis).await;
+    let a = gateway(&redis, |c| c.prefetch.hot_sample_every = 1).await;
+    let b = gateway(&redis, |c| c.prefetch.hot_sample_every = 1).await;
+    // B samples only item_stats; its 60th flush decays (and lists item_stats as a hot view).
+    for _ in 0..60 {
+        features(&b, "item_id", &["i_9"], &["item_stats:price"], None).await;
+        hydrant::prefetch::flush_hot(&b.gateway.hydrator, 100).await;
+    }
+    assert_eq!(
+        redis.cmd(&["ZSCORE", "hy:hot:item_stats", "i_9"]).text(),
+        "30"
+    );
+    // A minute later (the lock let go), A, which samples only user_profile, decays.
+    redis.cmd(&["DEL", "hy:hot-decay"]);
+    for _ in 0..60 {
+        ages(&a, &["u_1"]).await;
+        hydrant::prefetch::flush_hot(&a.gateway.hydrator, 100).await;
+    }
+    assert_eq!(
+        redis.cmd(&["ZSCORE", "hy:hot:user_profile", "u_1"]).text(),
+        "30"
+    );
+    assert_eq!(
+        redis.cmd(&["ZSCORE", "hy:hot:item_stats", "i_9"]).text(),
+        "15",
+        "B's view halved by A's decay"
+    );
+    // A hot set gone is taken off the list at the next decay.
+    redis.cmd(&["DEL", "hy:hot-decay", "hy:hot:item_stats"]);
+    for _ in 0..60 {
+        ages(&a, &["u_1"]).await;
+        hydrant::prefetch::flush_hot(&a.gateway.hydrator, 100).await;
+    }
+    let listed = redis.cmd(&["SMEMBERS", "hy:hot-views"]);
+    assert_eq!(
+        listed,
+        Reply::Array(vec![Reply::Bulk(Some(b"user_profile".to_vec()))]),
+        "{listed:?}"
+    );
+}
+
 /// Hot-set members written by another tool that name no key a request could send (bytes that are not
 /// text, an empty or overlong key) are skipped at a warm start: the view's real hot keys are still
 /// warmed, and the junk takes no memory.

@@ -720,9 +720,19 @@ impl RedisStore {
     }
 
     /// Halves the hot sets' scores, so yesterday's hot keys give way; at most once per [`DECAY_LOCK`] across
-    /// all replicas (the first to set the lock key does it).
+    /// all replicas (the first to set the lock key does it). Every replica first adds the views whose
+    /// hot sets it writes to `{prefix}:hot-views`, and the one that decays halves every view listed
+    /// there: replicas that serve different views each sample their own, and one replica's decay must
+    /// not leave the others' sets growing. A set found gone is taken off the list.
     async fn decay_hot(&self) -> Result<(), StoreError> {
         let client = self.pool.next();
+        let listed = format!("{}:hot-views", self.prefix);
+        let mine: Vec<String> = self.hot_views.lock().iter().cloned().collect();
+        if !mine.is_empty() {
+            let mut args = vec![Value::from(listed.as_str())];
+            args.extend(mine.iter().map(|v| Value::from(v.as_str())));
+            one(cluster::run(client, &self.newcomers, &ONCE, &[Op::write("SADD", args)]).await)?;
+        }
         let lock = format!("{}:hot-decay", self.prefix);
         let px = i64::try_from(DECAY_LOCK.as_millis()).unwrap_or(i64::MAX);
         let take = Op::write(
@@ -740,7 +750,20 @@ impl RedisStore {
         if won.is_null() {
             return Ok(());
         }
-        let views: Vec<String> = self.hot_views.lock().iter().cloned().collect();
+        let members = Op::read("SMEMBERS", vec![Value::from(listed.as_str())]);
+        let mut views =
+            match one(cluster::run(client, &self.newcomers, &self.read, &[members]).await)? {
+                Value::Array(items) => items
+                    .into_iter()
+                    .filter_map(|v| v.into_string())
+                    .collect::<Vec<String>>(),
+                _ => Vec::new(),
+            };
+        for v in mine {
+            if !views.contains(&v) {
+                views.push(v);
+            }
+        }
         let halve = views
             .iter()
             .map(|view| {
@@ -757,10 +780,22 @@ impl RedisStore {
             .collect::<Vec<_>>();
         // As in the flush: one view's set of another type does not stop the others' decay.
         // Halving twice would halve too much: one attempt, as the flush's increments.
-        let failed = cluster::run(client, &self.newcomers, &ONCE, &halve)
-            .await
-            .into_iter()
-            .find_map(Result::err);
+        let results = cluster::run(client, &self.newcomers, &ONCE, &halve).await;
+        let mut failed = None;
+        let mut gone = vec![Value::from(listed.as_str())];
+        for (view, r) in views.iter().zip(results) {
+            match r {
+                // The union of a set that is gone is empty, and stores nothing.
+                Ok(Value::Integer(0)) => gone.push(Value::from(view.as_str())),
+                Ok(_) => {}
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        if gone.len() > 1 {
+            let _ = cluster::run(client, &self.newcomers, &ONCE, &[Op::write("SREM", gone)]).await;
+        }
         failed.map_or(Ok(()), |e| Err(store_error(e)))
     }
 
