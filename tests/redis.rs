@@ -1051,6 +1051,54 @@ async fn failover_ordered_through_the_sentinel(password: Option<&str>) {
     drop(master);
 }
 
+/// With two replicas, the sentinel leading the fail-over announces `+switch-master` only once the
+/// second follows the new master, seconds after the promotion; a URL naming only that sentinel moves
+/// on its `+promoted-slave` instead, so writes after the promotion are not left on the old master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_is_followed_from_the_promotion_when_the_leader_is_the_only_sentinel_named() {
+    let (master, replica, sentinel, app) = ready_to_fail_over().await;
+    let second = RedisServer::start();
+    second.cmd(&["REPLICAOF", "127.0.0.1", &master.port().to_string()]);
+    eventually(
+        Duration::from_secs(20),
+        "the sentinel sees both replicas",
+        || async {
+            matches!(
+                sentinel.cmd(&["SENTINEL", "replicas", "mymaster"]),
+                Ok(Reply::Array(ref r)) if r.len() == 2
+            )
+        },
+    )
+    .await;
+    let r = sentinel.cmd(&["SENTINEL", "FAILOVER", "mymaster"]);
+    assert!(matches!(r, Ok(Reply::Status(_))), "{r:?}");
+    let promoted = eventually(
+        Duration::from_secs(30),
+        "the sentinel promotes a replica",
+        || async { sentinel.master_port().is_some_and(|p| p != master.port()) },
+    )
+    .await;
+    let new = if sentinel.master_port() == Some(replica.port()) {
+        &replica
+    } else {
+        &second
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for i in 0..10 {
+        let user = format!("u_promoted_{i}");
+        let body = json!({"rows": [{"user_id": user, "age": 50 + i, "country": "fr", "is_premium": false}]});
+        let r = app.post_json("/v1/views/user_profile/rows", &body).await;
+        if r.status == 200 {
+            assert_eq!(
+                new.cmd(&["EXISTS", &format!("hy:user_profile:{user}")]),
+                Reply::Int(1),
+                "a write answered 200 {promoted:?} after the promotion went to the old master"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test]
 async fn a_cluster_node_named_as_a_single_server_is_refused_at_start_up() {
     let node = RedisServer::start_cluster();

@@ -7,7 +7,12 @@
 //! them away when it resynchronises from the new master: writes answered 200 and lost.
 //!
 //! So every sentinel the URL names is subscribed to on `+switch-master`, which each publishes as it
-//! switches (`<name> <old-ip> <old-port> <new-ip> <new-port>`). On a switch of the master the URL
+//! switches (`<name> <old-ip> <old-port> <new-ip> <new-port>`), and on `+promoted-slave`, which the
+//! sentinel leading the fail-over publishes as soon as the replica it chose answers as a master
+//! (`slave <ip:port> <ip> <port> @ <name> <old-ip> <old-port>`): the leader announces
+//! `+switch-master` itself only once every other replica follows the new master, seconds later, and
+//! a URL that names only the leader would otherwise wait for that. From then on the leader already
+//! names the promoted replica as the master. On a switch of the master the URL
 //! follows, every pooled client not connected to the new master reconnects, which asks the sentinels
 //! again; one that lands elsewhere (a sentinel that has not switched yet answered it) is made to
 //! reconnect again, a few times. Once the pool has moved, the invalidation subscriber is told
@@ -33,6 +38,9 @@ use tokio::sync::watch;
 
 /// The channel on which a sentinel announces a new master.
 const SWITCH_CHANNEL: &str = "+switch-master";
+
+/// The channel on which the sentinel leading a fail-over announces the replica it promoted.
+const PROMOTED_CHANNEL: &str = "+promoted-slave";
 
 /// How often a sentinel that cannot be reached or subscribed to is tried again.
 const RETRY: Duration = Duration::from_secs(1);
@@ -150,7 +158,7 @@ impl Follower {
             tokio::select! {
                 _ = stop.changed() => break,
                 c = connected.recv() => match c {
-                    Ok(_) | Err(RecvError::Lagged(_)) => match sub.subscribe(SWITCH_CHANNEL).await {
+                    Ok(_) | Err(RecvError::Lagged(_)) => match sub.subscribe(vec![SWITCH_CHANNEL, PROMOTED_CHANNEL]).await {
                         Ok(()) if troubled => {
                             troubled = false;
                             tracing::info!(sentinel = %sentinel, "following this sentinel's fail-over announcements again");
@@ -161,7 +169,7 @@ impl Follower {
                                 troubled = true;
                                 tracing::warn!(
                                     sentinel = %sentinel,
-                                    "cannot subscribe to this sentinel's fail-over announcements ({SWITCH_CHANNEL}): {e}; trying again every {RETRY:?}"
+                                    "cannot subscribe to this sentinel's fail-over announcements ({SWITCH_CHANNEL}, {PROMOTED_CHANNEL}): {e}; trying again every {RETRY:?}"
                                 );
                             }
                             tokio::select! {
@@ -194,7 +202,12 @@ impl Follower {
                             Value::Bytes(b) => String::from_utf8_lossy(b).into_owned(),
                             _ => continue,
                         };
-                        let Some((from, to)) = switch_of(&text, &self.service) else {
+                        let moved = if &*m.channel == PROMOTED_CHANNEL {
+                            promotion_of(&text, &self.service)
+                        } else {
+                            switch_of(&text, &self.service)
+                        };
+                        let Some((from, to)) = moved else {
                             continue;
                         };
                         tokio::select! {
@@ -284,9 +297,35 @@ fn switch_of(message: &str, service: &str) -> Option<(String, String)> {
     ))
 }
 
+/// `(old, new)` master addresses of a `+promoted-slave` message about `service`:
+/// `slave <ip:port> <ip> <port> @ <service> <old-ip> <old-port>`.
+fn promotion_of(message: &str, service: &str) -> Option<(String, String)> {
+    let words: Vec<&str> = message.split_ascii_whitespace().collect();
+    match words.as_slice() {
+        ["slave", _, ip, port, "@", name, old_ip, old_port] if *name == service => {
+            Some((format!("{old_ip}:{old_port}"), format!("{ip}:{port}")))
+        }
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_promotion_is_read_for_its_service_only() {
+        let m = "slave 127.0.0.1:6380 127.0.0.1 6380 @ mymaster 127.0.0.1 6379";
+        assert_eq!(
+            promotion_of(m, "mymaster"),
+            Some(("127.0.0.1:6379".to_owned(), "127.0.0.1:6380".to_owned()))
+        );
+        assert_eq!(promotion_of(m, "other"), None);
+        assert_eq!(
+            promotion_of("master mymaster 127.0.0.1 6379", "mymaster"),
+            None
+        );
+    }
 
     #[test]
     fn a_switch_is_read_for_its_service_only() {
