@@ -7,7 +7,10 @@ RUN cargo build --release --locked --bin hydrant && cargo build --release --lock
  && scripts/install-ort.sh cpu /opt/ort
 
 FROM debian:bookworm-slim
-RUN useradd --system --home /app hydrant
+# CA certificates: a `rediss://` Redis whose certificate a public CA signed is checked against them.
+RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends ca-certificates >/dev/null \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --system --home /app hydrant
 WORKDIR /app
 COPY --from=build /src/target/release/hydrant /src/target/release/loadtest /usr/local/bin/
 COPY --from=build /opt/ort /opt/ort

@@ -1000,6 +1000,13 @@ fn check_redis_url(url: &str) -> Result<(), String> {
 /// password.
 fn redis_url_problem(details: &str, has_credentials: bool) -> String {
     let d = details.to_ascii_lowercase();
+    // Reading a `rediss://` URL loads the system's TLS roots, which `SSL_CERT_FILE` or `SSL_CERT_DIR`
+    // can point elsewhere: a bad one is no fault of the URL's.
+    if d.contains("pem") || d.contains("certificate") || d.contains("ssl_cert") {
+        return format!(
+            "the URL asks for TLS, and the system's TLS roots cannot be read ({details}); check SSL_CERT_FILE and SSL_CERT_DIR in the environment (unset, the system's own roots are read)"
+        );
+    }
     let what = if d.contains("port") {
         "a port is not a number from 1 to 65535".to_owned()
     } else if ["ipv6", "ipv4", "host", "domain"]
@@ -1626,6 +1633,20 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{ok}: {e}"));
             assert_eq!(c.telemetry.log_level, ok);
         }
+    }
+
+    /// What the client says when `SSL_CERT_FILE` names no file (set by hand, the process's environment
+    /// would reach the other tests): the roots are blamed, not the URL.
+    #[test]
+    fn unreadable_tls_roots_are_not_called_a_bad_url() {
+        let details = r#"Error { context: "failed to read PEM from file", kind: Io { inner: Os { code: 2, kind: NotFound, message: "No such file or directory" }, path: "/nonexistent/ca.crt" } }"#;
+        let e = redis_url_problem(details, false);
+        assert!(
+            e.contains("SSL_CERT_FILE") && !e.contains("not a valid Redis URL"),
+            "{e}"
+        );
+        let e = redis_url_problem("Invalid port", false);
+        assert!(e.starts_with("not a valid Redis URL: a port"), "{e}");
     }
 
     #[test]

@@ -77,9 +77,16 @@ pub async fn register(
     commit: Option<BodyRead>,
 ) -> Result<serde_json::Value, ApiError> {
     if !gw.config.registry.writes {
+        let files = if gw.config.registry.reload_interval.is_zero() {
+            "change the files in registry.schemas and restart"
+        } else {
+            "change the files in registry.schemas: the folder watch takes them within registry.reload_interval"
+        };
         return Err(ApiError::Forbidden {
             code: "schema_writes_disabled",
-            message: "registering over HTTP is off (registry.writes = false): set registry.writes = true, or change the files in registry.schemas and restart".to_owned(),
+            message: format!(
+                "registering over HTTP is off (registry.writes = false): set registry.writes = true, or {files}"
+            ),
         });
     }
     let g = gw.clone();

@@ -473,12 +473,14 @@ pub struct ModelStats {
 }
 
 /// Upper bounds of the batch-size histogram buckets.
-pub const ROW_BUCKETS: [u64; 12] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096];
+pub const ROW_BUCKETS: [u64; 17] = [
+    1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536,
+];
 
 /// A Prometheus-style histogram of counts (rows per batch), lock-free.
 #[derive(Debug, Default)]
 pub struct CountHistogram {
-    counts: [AtomicU64; 13],
+    counts: [AtomicU64; ROW_BUCKETS.len() + 1],
     sum: AtomicU64,
 }
 
@@ -493,8 +495,8 @@ impl CountHistogram {
     }
 
     /// Cumulative counts per bucket (the last is +Inf), and the sum.
-    pub fn snapshot(&self) -> ([u64; 13], u64) {
-        let mut out = [0; 13];
+    pub fn snapshot(&self) -> ([u64; ROW_BUCKETS.len() + 1], u64) {
+        let mut out = [0; ROW_BUCKETS.len() + 1];
         let mut acc = 0;
         for (i, c) in self.counts.iter().enumerate() {
             acc += c.load(Relaxed);

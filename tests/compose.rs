@@ -108,6 +108,13 @@ fn docker_compose_config_accepts_the_file_and_it_has_every_service() {
         image.contains("HYDRANT_REGISTRY__WRITES=false"),
         "the image's registry writes"
     );
+    // The runtime stage trusts the public CAs, which a `rediss://` Redis's certificate is checked
+    // against when no `store.redis.tls_ca_file` is named.
+    let runtime = image
+        .rsplit_once("\nFROM ")
+        .map(|(_, stage)| stage)
+        .expect("a runtime stage");
+    assert!(runtime.contains("ca-certificates"), "{runtime}");
     // The Grafana dashboard shows stage latency beside the hit rate.
     let dash = std::fs::read_to_string(root().join("deploy/grafana/dashboards/hydrant.json"))
         .expect("dashboard");

@@ -484,7 +484,27 @@ async fn refused_changes_leave_the_gateway_and_the_files_as_they_were() {
         (r.status, r.code().as_str()),
         (403, "schema_writes_disabled")
     );
+    assert!(r.message().contains("and restart"), "{}", r.message());
     off.stop().await;
+    // With the folder watch on, edited files are taken without a restart, and the answer says so.
+    let watched = spawn_configured(&dir, |c| {
+        c.registry.writes = false;
+        c.registry.reload_interval = std::time::Duration::from_secs(2);
+    })
+    .await;
+    let r = put(
+        &watched,
+        "/v1/schemas/views/user_profile",
+        &schema_file("user_profile.yaml"),
+    )
+    .await;
+    assert_eq!(r.status, 403);
+    assert!(
+        r.message().contains("the folder watch takes them"),
+        "{}",
+        r.message()
+    );
+    watched.stop().await;
 
     let app = spawn(&dir, true).await;
     let before: Vec<(String, String)> = files(dir.path());

@@ -91,6 +91,12 @@ pub trait Store: Send + Sync + 'static {
         Box::pin(async { Ok(()) })
     }
 
+    /// Whether other replicas share the store, so a write is announced to them
+    /// ([`Store::publish_invalidations`]). An embedded file serves one process: nothing to announce.
+    fn shared(&self) -> bool {
+        false
+    }
+
     /// Whether the store keeps hot-key sets ([`Store::record_hot`], [`Store::hottest`]). When it does not,
     /// the gateway samples no lookups and runs no flusher.
     fn keeps_hot_keys(&self) -> bool {

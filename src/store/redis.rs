@@ -1317,6 +1317,10 @@ impl Store for RedisStore {
         true
     }
 
+    fn shared(&self) -> bool {
+        true
+    }
+
     fn background_announcements(&self) -> (u64, u64) {
         (
             self.announced.0.load(Relaxed),
