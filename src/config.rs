@@ -979,7 +979,15 @@ fn check_redis_url(url: &str) -> Result<(), String> {
             // file or variable, in words rather than the URL parser's.
             fred::types::config::Config::from_url(url)
                 .map(drop)
-                .map_err(|e| redis_url_problem(e.details(), url.contains('@')))
+                .map_err(|e| {
+                    // Reading a `rediss://` URL loads the system's TLS roots, which `SSL_CERT_FILE`
+                    // or `SSL_CERT_DIR` can point elsewhere: a bad one is no fault of the URL's.
+                    if *e.kind() == fred::error::ErrorKind::Tls {
+                        tls_roots_problem(e.details())
+                    } else {
+                        redis_url_problem(e.details(), url.contains('@'))
+                    }
+                })
         }
         Some((scheme, _))
             if !scheme.is_empty()
@@ -996,17 +1004,17 @@ fn check_redis_url(url: &str) -> Result<(), String> {
     }
 }
 
+/// The system's TLS roots, loaded for a `rediss://` URL, could not be read.
+fn tls_roots_problem(details: &str) -> String {
+    format!(
+        "the URL asks for TLS, and the system's TLS roots cannot be read ({details}); check SSL_CERT_FILE and SSL_CERT_DIR in the environment (unset, the system's own roots are read)"
+    )
+}
+
 /// What the Redis client's URL parser found wrong, in words. The URL is not echoed: it may hold a
 /// password.
 fn redis_url_problem(details: &str, has_credentials: bool) -> String {
     let d = details.to_ascii_lowercase();
-    // Reading a `rediss://` URL loads the system's TLS roots, which `SSL_CERT_FILE` or `SSL_CERT_DIR`
-    // can point elsewhere: a bad one is no fault of the URL's.
-    if d.contains("pem") || d.contains("certificate") || d.contains("ssl_cert") {
-        return format!(
-            "the URL asks for TLS, and the system's TLS roots cannot be read ({details}); check SSL_CERT_FILE and SSL_CERT_DIR in the environment (unset, the system's own roots are read)"
-        );
-    }
     let what = if d.contains("port") {
         "a port is not a number from 1 to 65535".to_owned()
     } else if ["ipv6", "ipv4", "host", "domain"]
@@ -1640,7 +1648,7 @@ mod tests {
     #[test]
     fn unreadable_tls_roots_are_not_called_a_bad_url() {
         let details = r#"Error { context: "failed to read PEM from file", kind: Io { inner: Os { code: 2, kind: NotFound, message: "No such file or directory" }, path: "/nonexistent/ca.crt" } }"#;
-        let e = redis_url_problem(details, false);
+        let e = tls_roots_problem(details);
         assert!(
             e.contains("SSL_CERT_FILE") && !e.contains("not a valid Redis URL"),
             "{e}"

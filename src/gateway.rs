@@ -498,114 +498,126 @@ impl Gateway {
             other => other,
         })?;
         crate::loader::check_row_count(req.rows.sent)?;
-        let started = tokio::time::Instant::now();
+        let prefix = self.config.store.prefix.clone();
+        let limits = self.config.limits.clone();
+        // Refused before anything is written, as it is.
+        let writes =
+            crate::loader::parse_rows(&v, &prefix, &req.rows, crate::value::now_ms(), &limits)?;
+        // The write, its local invalidation, its announcement and any write again in a view's new shape
+        // run in their own task: a request that times out or whose client goes away must not stop them
+        // halfway (written but not announced, or left in a shape the view no longer reads).
+        let hydrator = self.hydrator.clone();
+        let catalog = self.catalog.clone();
+        let view = view.to_owned();
+        // In the request's span (or tagged with its id), so that what the write logs names the request.
+        let task = tokio::spawn(crate::telemetry::in_request(async move {
+            write_in_shape(
+                &hydrator, &catalog, &view, v, &req.rows, writes, &prefix, &limits,
+            )
+            .await
+        }));
+        // The answer is due within the request's limit; the write goes on either way.
         let limit = self.config.limits.request_timeout;
-        let mut v = v;
-        let mut rewrites = 0;
-        let written = loop {
-            let parsed = crate::loader::parse_rows(
-                &v,
-                &self.config.store.prefix,
-                &req.rows,
-                crate::value::now_ms(),
-                &self.config.limits,
-            );
-            let writes = match parsed {
-                Ok(w) => w,
-                Err(e) if rewrites == 0 => return Err(e),
-                Err(e) => {
-                    return Err(ApiError::Conflict {
-                        code: "view_changed",
-                        message: format!(
-                            "view `{view}` changed to version {} while these rows were written; they were stored under the version before, which it does not read, and do not fit version {}: {e}",
-                            v.version, v.version
-                        ),
-                    });
-                }
-            };
-            let written = self
-                .write_once(&v, writes, limit.saturating_sub(started.elapsed()))
-                .await?;
-            // A registration that changed the view's version or features while the rows were written
-            // leaves them stored in the shape before, which the view no longer reads: they would be
-            // served as defaults, after an answer of 200. Written again in the new shape instead.
-            match self.registry().views.get(view) {
-                Some(now) if now.shape() == v.shape() => break written,
-                Some(now) if rewrites < 3 => {
-                    tracing::info!(
-                        view,
-                        from = v.version,
-                        to = now.version,
-                        "the view changed while rows were written: writing them again in its new shape"
-                    );
-                    v = now.clone();
-                    rewrites += 1;
-                }
-                Some(_) => {
-                    return Err(ApiError::Conflict {
-                        code: "view_changed",
-                        message: format!(
-                            "view `{view}` kept changing while these rows were written (written {} times); send them again",
-                            rewrites + 1
-                        ),
-                    });
-                }
-                None => {
-                    return Err(ApiError::Conflict {
-                        code: "view_changed",
-                        message: format!(
-                            "view `{view}` was deleted while these rows were written; they are stored, but nothing reads them"
-                        ),
-                    });
-                }
-            }
-        };
+        let written = tokio::time::timeout(limit, task)
+            .await
+            .map_err(|_| {
+                ApiError::Timeout(format!(
+                    "the store did not confirm the write within the gateway's limit of {limit:?}: {MAY_HAVE_LANDED}"
+                ))
+            })?
+            .map_err(|e| ApiError::Internal(format!("the write task failed: {e}")))??;
         Ok(axum::Json(serde_json::json!({
             "written": written.rows,
             "announced": written.announced,
         }))
         .into_response())
     }
+}
 
-    /// Writes `writes` of view `v` through the store, the cache and the announcement, answering within
-    /// `limit`.
-    async fn write_once(
-        &self,
-        v: &crate::schema::View,
-        writes: crate::store::Writes,
-        limit: std::time::Duration,
-    ) -> Result<crate::loader::Written, ApiError> {
-        // The write, its local invalidation and its announcement run in their own task: a request that
-        // times out or whose client goes away must not stop them halfway (written but not announced).
-        let hydrator = self.hydrator.clone();
-        let ttl = v.policy.key_ttl;
-        // In the request's span (or tagged with its id), so that what the write logs names the request.
-        let task = tokio::spawn(crate::telemetry::in_request(async move {
-            crate::loader::write_through(&hydrator, writes, ttl).await
-        }));
-        // The answer is due within the request's limit; the write goes on either way.
-        const MAY_HAVE_LANDED: &str =
-            "the rows may have been written, and sending them again is safe";
-        tokio::time::timeout(limit, task)
+const MAY_HAVE_LANDED: &str = "the rows may have been written, and sending them again is safe";
+
+/// Writes `writes` (`rows` parsed for `view` as `v`) through the store, the cache and the announcement;
+/// then, where a registration on this replica changed the view's version or features meanwhile, parses
+/// and writes the rows again in its new shape (up to three times): stored in the shape before, which the
+/// view no longer reads, they would be served as defaults after an answer of 200.
+#[allow(clippy::too_many_arguments)]
+async fn write_in_shape(
+    hydrator: &Arc<crate::hydrate::Hydrator>,
+    catalog: &Catalogs,
+    view: &str,
+    mut v: Arc<crate::schema::View>,
+    rows: &[serde_json::Map<String, serde_json::Value>],
+    mut writes: crate::store::Writes,
+    prefix: &str,
+    limits: &crate::config::LimitsConfig,
+) -> Result<crate::loader::Written, ApiError> {
+    let mut rewrites = 0;
+    loop {
+        let written = crate::loader::write_through(hydrator, writes, v.policy.key_ttl)
             .await
-            .map_err(|_| {
-                ApiError::Timeout(format!(
-                    "the store did not confirm the write within the gateway's limit of {:?}: {MAY_HAVE_LANDED}",
-                    self.config.limits.request_timeout
-                ))
-            })?
-            .map_err(|e| ApiError::Internal(format!("the write task failed: {e}")))?
             .map_err(|e| {
+                let again = if rewrites == 0 {
+                    ""
+                } else {
+                    " (written again in the view's new shape, after it changed during the write)"
+                };
                 ApiError::StoreUnavailable(match e {
                     crate::store::StoreError::Timeout => {
-                        format!("the store did not confirm the write in time ({e}): {MAY_HAVE_LANDED}")
+                        format!("the store did not confirm the write in time ({e}){again}: {MAY_HAVE_LANDED}")
                     }
                     crate::store::StoreError::Partial(detail) => {
-                        format!("the store wrote only some of the rows ({detail}); sending them all again is safe")
+                        format!("the store wrote only some of the rows ({detail}){again}; sending them all again is safe")
                     }
-                    e => format!("the rows were not written: {e}"),
+                    e if rewrites == 0 => format!("the rows were not written: {e}"),
+                    e => format!("the rows were written, but not again in the view's new shape after it changed during the write: {e}; send them again"),
                 })
-            })
+            })?;
+        let now = catalog.load().registry.views.get(view).cloned();
+        let changed = match now {
+            Some(now) if now.shape() == v.shape() => return Ok(written),
+            Some(now) if rewrites < 3 => now,
+            Some(_) => {
+                return Err(ApiError::Conflict {
+                    code: "view_changed",
+                    message: format!(
+                        "view `{view}` kept changing while these rows were written (written {} times); send them again",
+                        rewrites + 1
+                    ),
+                });
+            }
+            None => {
+                return Err(ApiError::Conflict {
+                    code: "view_changed",
+                    message: format!(
+                        "view `{view}` was deleted while these rows were written; they are stored, but nothing reads them"
+                    ),
+                });
+            }
+        };
+        tracing::info!(
+            view,
+            from = v.version,
+            to = changed.version,
+            "the view changed while rows were written: writing them again in its new shape"
+        );
+        v = changed;
+        rewrites += 1;
+        writes = crate::loader::parse_rows(&v, prefix, rows, crate::value::now_ms(), limits)
+            .map_err(|e| {
+                let why = match e {
+                    ApiError::Invalid { message, .. } => {
+                        message.replace("; nothing was written)", ")")
+                    }
+                    other => other.to_string(),
+                };
+                ApiError::Conflict {
+                    code: "view_changed",
+                    message: format!(
+                        "view `{view}` changed (now version {}) while these rows were written: they are stored in its shape before, which it no longer reads, and do not fit the new one: {why}",
+                        v.version
+                    ),
+                }
+            })?;
     }
 }
 

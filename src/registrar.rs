@@ -80,7 +80,7 @@ pub async fn register(
         let files = if gw.config.registry.reload_interval.is_zero() {
             "change the files in registry.schemas and restart"
         } else {
-            "change the files in registry.schemas: the folder watch takes them within registry.reload_interval"
+            "change the files in registry.schemas: the folder watch takes them once two of its reads, registry.reload_interval apart, find them the same"
         };
         return Err(ApiError::Forbidden {
             code: "schema_writes_disabled",

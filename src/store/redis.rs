@@ -728,10 +728,15 @@ impl RedisStore {
         let client = self.pool.next();
         let listed = format!("{}:hot-views", self.prefix);
         let mine: Vec<String> = self.hot_views.lock().iter().cloned().collect();
+        // Best effort: without the list, this replica still halves its own views below.
         if !mine.is_empty() {
             let mut args = vec![Value::from(listed.as_str())];
             args.extend(mine.iter().map(|v| Value::from(v.as_str())));
-            one(cluster::run(client, &self.newcomers, &ONCE, &[Op::write("SADD", args)]).await)?;
+            let added =
+                cluster::run(client, &self.newcomers, &ONCE, &[Op::write("SADD", args)]).await;
+            if let Err(e) = one(added) {
+                tracing::warn!("cannot list this replica's hot views in {listed}: {e}");
+            }
         }
         let lock = format!("{}:hot-decay", self.prefix);
         let px = i64::try_from(DECAY_LOCK.as_millis()).unwrap_or(i64::MAX);
@@ -751,14 +756,21 @@ impl RedisStore {
             return Ok(());
         }
         let members = Op::read("SMEMBERS", vec![Value::from(listed.as_str())]);
-        let mut views =
-            match one(cluster::run(client, &self.newcomers, &self.read, &[members]).await)? {
-                Value::Array(items) => items
-                    .into_iter()
-                    .filter_map(|v| v.into_string())
-                    .collect::<Vec<String>>(),
-                _ => Vec::new(),
-            };
+        let listing = cluster::run(client, &self.newcomers, &self.read, &[members]).await;
+        let mut views = match one(listing) {
+            Ok(Value::Array(items)) => items
+                .into_iter()
+                .filter_map(|v| v.into_string())
+                .collect::<Vec<String>>(),
+            Ok(_) => Vec::new(),
+            // This replica's own views are halved all the same.
+            Err(e) => {
+                tracing::warn!(
+                    "cannot read the hot views listed in {listed}: {e}; halving this replica's own"
+                );
+                Vec::new()
+            }
+        };
         for v in mine {
             if !views.contains(&v) {
                 views.push(v);

@@ -229,7 +229,9 @@ impl Follower {
     async fn move_to(&self, from: &str, to: &str) {
         let _one_at_a_time = self.moving.lock().await;
         let service = &self.service;
-        let elsewhere = |c: &&fred::clients::Client| !on(c, to);
+        // A client that is not connected reconnects through the sentinels by itself (fred's policy):
+        // forced too, it would only take away a connection that just came up.
+        let elsewhere = |c: &&fred::clients::Client| c.is_connected() && !on(c, to);
         if !self.pool.clients().iter().any(|c| elsewhere(&c)) {
             return;
         }
