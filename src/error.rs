@@ -107,6 +107,13 @@ pub enum ApiError {
     /// The request conflicts with the state of the server (a schema file edited since it was loaded).
     #[error("{message}")]
     Conflict { code: &'static str, message: String },
+    /// A rows write whose view changed under it in a way the rows cannot follow (409 `view_changed`);
+    /// `field` names the row's feature that does not fit the new shape, where one does not.
+    #[error("{message}")]
+    ViewChanged {
+        message: String,
+        field: Option<String>,
+    },
     /// The schemas folder cannot be read or written: nothing was registered.
     #[error("{0}")]
     RegistryUnwritable(String),
@@ -197,7 +204,7 @@ impl ApiError {
             Self::NotFound { .. } => StatusCode::NOT_FOUND,
             Self::Forbidden { .. } => StatusCode::FORBIDDEN,
             Self::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
-            Self::Conflict { .. } => StatusCode::CONFLICT,
+            Self::Conflict { .. } | Self::ViewChanged { .. } => StatusCode::CONFLICT,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType(_)
@@ -228,6 +235,7 @@ impl ApiError {
             | Self::Conflict { code, .. }
             | Self::TooLarge { code, .. } => code,
             Self::RegistryUnwritable(_) => "registry_unwritable",
+            Self::ViewChanged { .. } => "view_changed",
             Self::UnsupportedMediaType(_)
             | Self::UnsupportedSchemaType(_)
             | Self::ConflictingContentTypes(_)
@@ -254,6 +262,7 @@ impl ApiError {
             Self::Malformed { field, .. }
             | Self::Invalid { field, .. }
             | Self::TooLarge { field, .. }
+            | Self::ViewChanged { field, .. }
             | Self::Unscorable { field, .. } => field.as_deref(),
             // The field is the request's: a first problem in a registered file has none.
             Self::InvalidSchema(errors) => errors

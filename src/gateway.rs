@@ -556,6 +556,22 @@ async fn write_in_shape(
         let written = crate::loader::write_through(hydrator, writes, v.policy.key_ttl)
             .await
             .map_err(|e| {
+                // A write that may still land, in a shape the view no longer reads: its caller was
+                // told to send it again, but may have given up by now; the log says so.
+                let now = catalog.load().registry.views.get(view).map(|n| n.version);
+                if matches!(
+                    e,
+                    crate::store::StoreError::Timeout | crate::store::StoreError::Partial(_)
+                ) && now.is_some_and(|n| n != v.version)
+                {
+                    tracing::warn!(
+                        view,
+                        rows = rows.len(),
+                        "a rows write did not complete ({e}) and may still land under version {} of the view, which is now at version {}: those rows are served as defaults until written again",
+                        v.version,
+                        now.unwrap_or_default()
+                    );
+                }
                 let again = if rewrites == 0 {
                     ""
                 } else {
@@ -576,21 +592,24 @@ async fn write_in_shape(
         let changed = match now {
             Some(now) if now.shape() == v.shape() => return Ok(written),
             Some(now) if rewrites < 3 => now,
-            Some(_) => {
-                return Err(ApiError::Conflict {
-                    code: "view_changed",
+            Some(now) => {
+                return Err(ApiError::ViewChanged {
                     message: format!(
-                        "view `{view}` kept changing while these rows were written (written {} times); send them again",
-                        rewrites + 1
+                        "view `{view}` kept changing while these rows were written (written {} times, last under version {}, and it is now at version {}); send them again",
+                        rewrites + 1,
+                        v.version,
+                        now.version
                     ),
+                    field: None,
                 });
             }
             None => {
-                return Err(ApiError::Conflict {
-                    code: "view_changed",
+                return Err(ApiError::ViewChanged {
                     message: format!(
-                        "view `{view}` was deleted while these rows were written; they are stored, but nothing reads them"
+                        "view `{view}` was deleted while these rows were written (under version {}); they are stored, but nothing reads them",
+                        v.version
                     ),
+                    field: None,
                 });
             }
         };
@@ -600,22 +619,22 @@ async fn write_in_shape(
             to = changed.version,
             "the view changed while rows were written: writing them again in its new shape"
         );
-        v = changed;
+        let before = std::mem::replace(&mut v, changed);
         rewrites += 1;
         writes = crate::loader::parse_rows(&v, prefix, rows, crate::value::now_ms(), limits)
             .map_err(|e| {
-                let why = match e {
-                    ApiError::Invalid { message, .. } => {
-                        message.replace("; nothing was written)", ")")
+                let (why, field) = match e {
+                    ApiError::Invalid { message, field, .. } => {
+                        (message.replace("; nothing was written)", ")"), field)
                     }
-                    other => other.to_string(),
+                    other => (other.to_string(), None),
                 };
-                ApiError::Conflict {
-                    code: "view_changed",
+                ApiError::ViewChanged {
                     message: format!(
-                        "view `{view}` changed (now version {}) while these rows were written: they are stored in its shape before, which it no longer reads, and do not fit the new one: {why}",
-                        v.version
+                        "view `{view}` changed from version {} to {} while these rows were written: they are stored under version {}, which it no longer reads, and do not fit version {}: {why}",
+                        before.version, v.version, before.version, v.version
                     ),
+                    field,
                 }
             })?;
     }

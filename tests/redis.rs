@@ -2806,4 +2806,48 @@ async fn rows_written_while_their_view_changes_version_are_written_again_in_its_
         (&json!(33), &json!("PRESENT")),
         "{j}"
     );
+
+    // Version 3 adds `x`; version 4, registered while a row carrying `x` as an integer is written,
+    // makes it a string: the row cannot follow, and the answer says which field and which versions.
+    let v3 = v1.replacen("version: 1", "version: 3", 1).replacen(
+        "  - {name: age, dtype: int64, default: 30}\n",
+        "  - {name: age, dtype: int64, default: 30}\n  - {name: x, dtype: int64, default: 0}\n",
+        1,
+    );
+    let v4 = v3.replacen("version: 3", "version: 4", 1).replacen(
+        "{name: x, dtype: int64, default: 0}",
+        "{name: x, dtype: string, default: \"\"}",
+        1,
+    );
+    let register = |doc: String| {
+        let app = app.clone();
+        async move {
+            app.client
+                .put(format!("{}/v1/schemas/views/user_profile", app.addr))
+                .header("content-type", "application/yaml")
+                .body(doc)
+                .send()
+                .await
+                .expect("registration sent")
+        }
+    };
+    let r = register(v3).await;
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    redis.pause();
+    let writer = app.clone();
+    let write = tokio::spawn(async move {
+        let body = json!({"rows": [{"user_id": "u_x", "age": 34, "x": 7}]});
+        writer.post_json("/v1/views/user_profile/rows", &body).await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = register(v4).await;
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    redis.resume();
+    let r = write.await.expect("write task");
+    assert_eq!(r.status, 409, "{}", String::from_utf8_lossy(&r.body));
+    let e = r.json()["error"].clone();
+    assert_eq!(e["code"], "view_changed", "{e}");
+    assert_eq!(e["field"], "rows[0].x", "{e}");
+    let message = e["message"].as_str().unwrap_or_default();
+    assert!(message.contains("from version 3 to 4"), "{message}");
 }
