@@ -440,7 +440,7 @@ pub async fn load_until<R: BufRead>(
             if report.failed_in_a_row() >= GIVE_UP_AFTER {
                 let last = report.failed.last().map_or("", |b| b.reason.as_str());
                 report.gave_up = Some(format!(
-                    "stopped after line {line}: the store failed {GIVE_UP_AFTER} batches in a row (the last: {last}); the rest of the file was not read"
+                    "stopped after line {line}: the store failed {GIVE_UP_AFTER} batches in a row (the last: {last}); nothing after that line was read"
                 ));
                 break;
             }

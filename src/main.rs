@@ -62,7 +62,19 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // A usage error (an unknown flag, a missing value) could not start anything: exit status 1, as the
+    // commands' other start-up errors, not clap's 2, which `load` keeps for rows not written.
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
     match run(cli) {
         Ok(code) => code,
         Err(e) => {

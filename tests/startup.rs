@@ -1207,3 +1207,34 @@ fn background_store_failures_are_logged_once_per_period() {
     assert_eq!(refusals("ConnectionRefused"), 1, "{err}");
     assert_eq!(refusals("NOAUTH"), 1, "{err}");
 }
+
+/// A usage error starts nothing: exit status 1, as the other start-up errors, not 2, which `load`
+/// keeps for rows that were not written. Help is no error.
+#[test]
+fn usage_errors_exit_1_and_help_exits_0() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for args in [
+        &["load", "--bogus"][..],
+        &["load", "demo/rows/user_profile.jsonl"],
+        &[
+            "load",
+            "--view",
+            "user_profile",
+            "--from-line",
+            "abc",
+            "x.jsonl",
+        ],
+        &["frobnicate"],
+    ] {
+        let out = hydrant(root).args(args).output().expect("runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.starts_with("error:"), "{args:?}: {err}");
+    }
+    let out = hydrant(root)
+        .args(["load", "--help"])
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--from-line"));
+}
