@@ -534,6 +534,9 @@ impl Gateway {
     }
 }
 
+/// How many times a rows write is written again after its view changed under it, before 409.
+const MAX_REWRITES: u32 = 3;
+
 const MAY_HAVE_LANDED: &str = "the rows may have been written, and sending them again is safe";
 
 /// Writes `writes` (`rows` parsed for `view` as `v`) through the store, the cache and the announcement;
@@ -591,7 +594,7 @@ async fn write_in_shape(
         let now = catalog.load().registry.views.get(view).cloned();
         let changed = match now {
             Some(now) if now.shape() == v.shape() => return Ok(written),
-            Some(now) if rewrites < 3 => now,
+            Some(now) if rewrites < MAX_REWRITES => now,
             Some(now) => {
                 return Err(ApiError::ViewChanged {
                     message: format!(

@@ -887,19 +887,53 @@ async fn ready_to_fail_over_with(
     // Every row on the replica before the master goes, and the sentinel knows the replica.
     let synced = master.cmd(&["WAIT", "1", "5000"]);
     assert_eq!(synced, Reply::Int(1), "the replica did not catch up");
+    replicas_known(&sentinel, 1).await;
+    let app = gateway_over(c, store).await;
+    (master, replica, sentinel, app)
+}
+
+/// Waits until `sentinel` knows `n` replicas of its master.
+async fn replicas_known(sentinel: &Sentinel, n: usize) {
     eventually(
-        Duration::from_secs(15),
-        "the sentinel sees the replica",
+        Duration::from_secs(20),
+        &format!("the sentinel sees {n} replica(s)"),
         || async {
             matches!(
                 sentinel.cmd(&["SENTINEL", "replicas", "mymaster"]),
-                Ok(Reply::Array(ref r)) if r.len() == 1
+                Ok(Reply::Array(ref r)) if r.len() == n
             )
         },
     )
     .await;
-    let app = gateway_over(c, store).await;
-    (master, replica, sentinel, app)
+}
+
+/// Writes 10 rows `u_{name}_{i}` (age `age + i`) through `app`, 50 ms apart, and checks that each one
+/// answered 200 is on `master` (the new one, `since` the fail-over's `event`); the number answered 200.
+async fn writes_land_on(
+    app: &TestApp,
+    master: &RedisServer,
+    name: &str,
+    age: i64,
+    event: &str,
+    since: Duration,
+) -> usize {
+    let mut landed = 0;
+    for i in 0..10 {
+        let user = format!("u_{name}_{i}");
+        let body = json!({"rows": [{"user_id": user, "age": age + i, "country": "fr", "is_premium": false}]});
+        let r = app.post_json("/v1/views/user_profile/rows", &body).await;
+        // Refused writes are not lost: the caller is told.
+        if r.status == 200 {
+            landed += 1;
+            assert_eq!(
+                master.cmd(&["EXISTS", &format!("hy:user_profile:{user}")]),
+                Reply::Int(1),
+                "a write answered 200 {since:?} after the {event} went to the old master"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    landed
 }
 
 /// A sentinel failover: the master is killed, the sentinel promotes its replica, and the gateway,
@@ -1033,24 +1067,7 @@ async fn failover_ordered_through_the_sentinel(password: Option<&str>) {
     // The announcement and the reconnection take milliseconds; writes made in them may still reach
     // the old master, as with any client that follows the sentinels.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let mut landed = 0;
-    for i in 0..10 {
-        let user = format!("u_moved_{i}");
-        let body = json!({"rows": [{"user_id": user, "age": 30 + i, "country": "fr", "is_premium": false}]});
-        let r = app.post_json("/v1/views/user_profile/rows", &body).await;
-        if r.status != 200 {
-            // Refused writes are not lost: the caller is told.
-            continue;
-        }
-        landed += 1;
-        assert_eq!(
-            replica.cmd(&["EXISTS", &format!("hy:user_profile:{user}")]),
-            Reply::Int(1),
-            "a write answered 200 {:?} after the switch went to the old master",
-            moved
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let landed = writes_land_on(&app, &replica, "moved", 30, "switch", moved).await;
     assert!(landed >= 8, "only {landed} of 10 writes answered 200");
     assert_eq!(ages(&app, &["u_moved_9"]).await.0, vec![39]);
     // The invalidation subscriber moved too: its reconnection flushed the cache.
@@ -1069,17 +1086,7 @@ async fn a_failover_is_followed_from_the_promotion_when_the_leader_is_the_only_s
     let (master, replica, sentinel, app) = ready_to_fail_over().await;
     let second = RedisServer::start();
     second.cmd(&["REPLICAOF", "127.0.0.1", &master.port().to_string()]);
-    eventually(
-        Duration::from_secs(20),
-        "the sentinel sees both replicas",
-        || async {
-            matches!(
-                sentinel.cmd(&["SENTINEL", "replicas", "mymaster"]),
-                Ok(Reply::Array(ref r)) if r.len() == 2
-            )
-        },
-    )
-    .await;
+    replicas_known(&sentinel, 2).await;
     let r = sentinel.cmd(&["SENTINEL", "FAILOVER", "mymaster"]);
     assert!(matches!(r, Ok(Reply::Status(_))), "{r:?}");
     let promoted = eventually(
@@ -1094,21 +1101,7 @@ async fn a_failover_is_followed_from_the_promotion_when_the_leader_is_the_only_s
         &second
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let mut landed = 0;
-    for i in 0..10 {
-        let user = format!("u_promoted_{i}");
-        let body = json!({"rows": [{"user_id": user, "age": 50 + i, "country": "fr", "is_premium": false}]});
-        let r = app.post_json("/v1/views/user_profile/rows", &body).await;
-        if r.status == 200 {
-            landed += 1;
-            assert_eq!(
-                new.cmd(&["EXISTS", &format!("hy:user_profile:{user}")]),
-                Reply::Int(1),
-                "a write answered 200 {promoted:?} after the promotion went to the old master"
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let landed = writes_land_on(&app, new, "promoted", 50, "promotion", promoted).await;
     assert!(landed >= 8, "only {landed} of 10 writes answered 200");
 }
 

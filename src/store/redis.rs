@@ -218,17 +218,15 @@ impl RedisStore {
         let mut builder = Builder::from_config(config.clone());
         // How long a command may wait for its answer before its connection is taken for dead.
         let unresponsive = cfg.connect_timeout.max(UNRESPONSIVE);
-        let ms = |d: Duration| u32::try_from(d.as_millis()).unwrap_or(u32::MAX);
         builder
             .set_policy(ReconnectPolicy::new_exponential(
                 0,
-                ms(cfg.reconnect_min_delay),
-                ms(cfg.reconnect_max_delay),
+                millis(cfg.reconnect_min_delay),
+                millis(cfg.reconnect_max_delay),
                 2,
             ))
             .with_connection_config(|c| {
-                c.connection_timeout = cfg.connect_timeout;
-                c.internal_command_timeout = cfg.connect_timeout;
+                watch_connection(c, cfg.connect_timeout, unresponsive);
                 c.max_command_buffer_len = cfg.max_command_buffer;
                 // A command whose connection closes while it is in flight is not sent again after the
                 // reconnection. A write batch sent again could land after its caller was told it timed
@@ -237,19 +235,6 @@ impl RedisStore {
                 // attempt themselves.
                 c.max_command_attempts = 1;
                 cluster::configure(c);
-                // A connection that stops answering (a frozen server, a half-open socket) is closed and
-                // reconnected; for the subscriber this is how a dead subscription is noticed.
-                c.unresponsive = UnresponsiveConfig {
-                    max_timeout: Some(unresponsive),
-                    interval: unresponsive / 4,
-                };
-                // fred times a connection out from its latest write, so under steady traffic a
-                // connection to a host that is gone (crashed, partitioned away: nothing acknowledges)
-                // is never found by that check, and TCP would retry for some 15 minutes, backing off to
-                // tens of seconds between tries, so it stays stuck well after the path heals. The
-                // kernel's own bound on data left unacknowledged ends it after `unresponsive`; a busy or
-                // paused server still acknowledges, so it is not cut off by this.
-                c.tcp.user_timeout = Some(unresponsive);
             })
             .with_performance_config(|p| {
                 // Longer than `write_timeout`, which `write` enforces itself: a timed-out batch then always
@@ -1289,6 +1274,35 @@ fn words(e: &FredError) -> String {
         _ => "",
     };
     format!("{message}{hint}")
+}
+
+/// `d` in whole milliseconds, as fred's reconnect policies take it.
+pub(super) fn millis(d: Duration) -> u32 {
+    u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
+}
+
+/// The timeouts of every connection hydrant opens to Redis or a sentinel: `connect_timeout` to
+/// connect and for fred's own commands, and a connection taken for dead after `unresponsive`.
+pub(super) fn watch_connection(
+    c: &mut fred::types::config::ConnectionConfig,
+    connect_timeout: Duration,
+    unresponsive: Duration,
+) {
+    c.connection_timeout = connect_timeout;
+    c.internal_command_timeout = connect_timeout;
+    // A connection that stops answering (a frozen server, a half-open socket) is closed and
+    // reconnected; for a subscriber this is how a dead subscription is noticed.
+    c.unresponsive = UnresponsiveConfig {
+        max_timeout: Some(unresponsive),
+        interval: unresponsive / 4,
+    };
+    // fred times a connection out from its latest write, so under steady traffic a connection to a
+    // host that is gone (crashed, partitioned away: nothing acknowledges) is never found by that
+    // check, and TCP would retry for some 15 minutes, backing off to tens of seconds between tries,
+    // so it stays stuck well after the path heals. The kernel's own bound on data left
+    // unacknowledged ends it after `unresponsive`; a busy or paused server still acknowledges, so it
+    // is not cut off by this.
+    c.tcp.user_timeout = Some(unresponsive);
 }
 
 /// Whether the server behind `pool` is a node of a Redis Cluster (INFO's `cluster_enabled:1`); not

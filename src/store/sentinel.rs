@@ -32,7 +32,8 @@ use fred::prelude::{
     Builder, ClientLike, Config as FredConfig, EventInterface, Pool, PubsubInterface,
     ReconnectPolicy, Server, ServerConfig, Value,
 };
-use fred::types::config::UnresponsiveConfig;
+
+use super::redis::{millis, watch_connection};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::watch;
 
@@ -88,15 +89,7 @@ pub(super) fn follow(
         let mut builder = Builder::from_config(sentinel);
         builder
             .set_policy(ReconnectPolicy::new_constant(0, millis(RETRY)))
-            .with_connection_config(|c| {
-                c.connection_timeout = connect_timeout;
-                c.internal_command_timeout = connect_timeout;
-                c.unresponsive = UnresponsiveConfig {
-                    max_timeout: Some(unresponsive),
-                    interval: unresponsive / 4,
-                };
-                c.tcp.user_timeout = Some(unresponsive);
-            });
+            .with_connection_config(|c| watch_connection(c, connect_timeout, unresponsive));
         let sub = match builder.build_subscriber_client() {
             Ok(sub) => sub,
             Err(e) => {
@@ -117,10 +110,6 @@ pub(super) fn follow(
         };
         tokio::spawn(follower.listen(sub, unresponsive, stop.clone()));
     }
-}
-
-fn millis(d: Duration) -> u32 {
-    u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
 }
 
 struct Follower {
