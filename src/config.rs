@@ -469,7 +469,10 @@ impl Config {
                         line,
                         column,
                         key: key_at(&text, at),
-                        message: toml_message(e.message()),
+                        message: match e.message().trim_end() {
+                            "duplicate key" => given_twice(&text, at),
+                            other => toml_message(other),
+                        },
                     }
                 })?
             }
@@ -586,7 +589,7 @@ impl Config {
                 Err(e) => e,
             };
             let key = e.path().to_string();
-            let reason = e.inner().message().to_owned();
+            let reason = crate::decode::plain_types(e.inner().message());
             if let Some((_, first)) = retried.take().filter(|(k, _)| *k == key) {
                 let takes_strings = !reason.starts_with("invalid type: string");
                 return Err(invalid(
@@ -887,6 +890,29 @@ fn line_and_column(text: &str, offset: usize) -> (usize, usize) {
     let line = before.matches('\n').count() + 1;
     let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
     (line, column)
+}
+
+/// The TOML reader's "duplicate key", naming the key or table on the line at `offset`.
+fn given_twice(text: &str, offset: usize) -> String {
+    let start = text
+        .get(..offset)
+        .map_or(0, |b| b.rfind('\n').map_or(0, |i| i + 1));
+    let raw = text
+        .get(start..)
+        .and_then(|l| l.lines().next())
+        .unwrap_or("");
+    let line = raw.trim();
+    if line.starts_with('[') {
+        let header = line.split('#').next().unwrap_or(line).trim();
+        return format!("the table `{header}` is given twice: write its keys under one `{header}`");
+    }
+    match line
+        .split_once('=')
+        .and_then(|_| key_at(text, start + raw.len()))
+    {
+        Some(key) => format!("`{key}` is set twice: keep one of them"),
+        None => "duplicate key".to_owned(),
+    }
 }
 
 /// The key whose value starts before `offset` on its line (`key = value`), under the last `[table]`
@@ -1408,6 +1434,19 @@ mod tests {
     }
 
     #[test]
+    fn a_number_of_the_wrong_kind_is_named_in_words_not_rust_types() {
+        let e = load_err(&[("HYDRANT_LIMITS__MAX_CANDIDATES", "-5")]);
+        assert!(
+            e.contains("limits.max_candidates")
+                && e.contains("integer `-5`, expected a whole number, 0 or more"),
+            "{e}"
+        );
+        let e = load_err(&[("HYDRANT_LIMITS__MAX_CANDIDATES", "1.5")]);
+        assert!(e.contains("expected a whole number, 0 or more"), "{e}");
+        assert!(!e.contains("usize"), "{e}");
+    }
+
+    #[test]
     fn sizes_and_counts_are_bounded_above() {
         for (var, value, key, max) in [
             (
@@ -1766,6 +1805,24 @@ mod tests {
             .expect_err("header")
             .to_string();
         assert!(e.contains("line 1") && !e.contains("(key"), "{e}");
+        // Given twice: the table or the key is named, not only "duplicate key".
+        let (_dir, path) = config_file("[server]\nbind = \"127.0.0.1:1\"\n\n[server]  # again\n");
+        let e = Config::load(Some(&path), [])
+            .expect_err("table twice")
+            .to_string();
+        assert!(
+            e.contains("line 4") && e.contains("the table `[server]` is given twice"),
+            "{e}"
+        );
+        let (_dir, path) =
+            config_file("[server]\nbind = \"127.0.0.1:1\"\n  bind = \"127.0.0.1:2\"\n");
+        let e = Config::load(Some(&path), [])
+            .expect_err("key twice")
+            .to_string();
+        assert!(
+            e.contains("line 3") && e.contains("`server.bind` is set twice"),
+            "{e}"
+        );
     }
 
     #[test]

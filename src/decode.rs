@@ -754,6 +754,41 @@ pub(crate) fn strip_position(m: &str) -> String {
     }
 }
 
+/// serde's words for a number of the wrong kind name the Rust type it was read into (`invalid value:
+/// integer `-2`, expected usize`): those become words a person writing a file or a variable can act on.
+pub fn plain_types(m: &str) -> String {
+    const PLAIN: [(&str, &str); 12] = [
+        ("usize", "a whole number, 0 or more"),
+        ("u64", "a whole number, 0 or more"),
+        ("u32", "a whole number from 0 to 4294967295"),
+        ("u16", "a whole number from 0 to 65535"),
+        ("u8", "a whole number from 0 to 255"),
+        ("isize", "a whole number"),
+        ("i64", "a whole number"),
+        ("i32", "a whole number from -2147483648 to 2147483647"),
+        ("i16", "a whole number from -32768 to 32767"),
+        ("i8", "a whole number from -128 to 127"),
+        ("f64", "a number"),
+        ("f32", "a number"),
+    ];
+    let mut out = String::with_capacity(m.len() + 16);
+    let mut rest = m;
+    while let Some(i) = rest.find("expected ") {
+        let after = i + "expected ".len();
+        out.push_str(&rest[..after]);
+        rest = &rest[after..];
+        let word_end = rest
+            .find(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+            .unwrap_or(rest.len());
+        if let Some((_, plain)) = PLAIN.iter().find(|(t, _)| *t == &rest[..word_end]) {
+            out.push_str(plain);
+            rest = &rest[word_end..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 fn field_message(path: &str, msg: &str) -> String {
     if path.is_empty() || path == "." {
         msg.to_owned()
@@ -2094,6 +2129,23 @@ impl FeaturesRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rust_type_names_in_serde_messages_become_words() {
+        assert_eq!(
+            plain_types("invalid value: integer `-2`, expected usize"),
+            "invalid value: integer `-2`, expected a whole number, 0 or more"
+        );
+        assert_eq!(
+            plain_types("invalid type: string \"x\", expected u32"),
+            "invalid type: string \"x\", expected a whole number from 0 to 4294967295"
+        );
+        assert_eq!(plain_types("expected f64 here"), "expected a number here");
+        // Only whole words, and only Rust's number types.
+        assert_eq!(plain_types("expected u64s"), "expected u64s");
+        assert_eq!(plain_types("expected a boolean"), "expected a boolean");
+        assert_eq!(plain_types("expected "), "expected ");
+    }
 
     #[test]
     fn msgpack_map_keys_must_be_strings() {

@@ -466,6 +466,20 @@ fn open_session(
     };
     match std::fs::metadata(&model.path) {
         Err(_) => {
+            // A folder that is not there (a mistyped registry.models) is what to fix, not each file.
+            let folder = model.path.parent().filter(|p| !p.as_os_str().is_empty());
+            if let Some(folder) = folder.filter(|f| !f.is_dir()) {
+                return Err(format!(
+                    "the folder {} {} (`file:` is read from the models folder, registry.models{})",
+                    folder.display(),
+                    if folder.exists() {
+                        "is not a folder"
+                    } else {
+                        "does not exist"
+                    },
+                    crate::schema::relative_hint(folder)
+                ));
+            }
             return Err(format!(
                 "the ONNX file does not exist (`file:` is read from the models folder, registry.models{})",
                 crate::schema::relative_hint(&model.path)

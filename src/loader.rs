@@ -1140,6 +1140,16 @@ fn csv_rows<'a, R: BufRead + 'a>(
             feature_names(view)
         );
     }
+    // `user_id,,age`, or a line ending in a comma: a cell under no name could not be placed.
+    if let Some(i) = headers.iter().position(str::is_empty) {
+        anyhow::bail!(
+            "column {} of the CSV header has no name (the header: `{}`): each column names `{}`, `event_timestamp` or a feature of view `{}`",
+            i + 1,
+            headers.iter().collect::<Vec<_>>().join(","),
+            view.entity.name,
+            view.name
+        );
+    }
     if let Some(twice) = headers
         .iter()
         .enumerate()
@@ -2156,6 +2166,24 @@ mod tests {
             .expect_err("no key column")
             .to_string();
         assert!(e.contains("no `user_id` column"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_csv_column_with_no_name_is_named_by_its_place() {
+        let (_dir, store) = store();
+        for header in ["user_id,,age", "user_id,age,", "user_id, ,age"] {
+            let body = format!("{header}\na,x,31\n");
+            let e = load_users(&store, body.as_bytes(), true)
+                .await
+                .expect_err("nameless column")
+                .to_string();
+            let place = if header == "user_id,age," { 3 } else { 2 };
+            assert!(
+                e.starts_with(&format!("column {place} of the CSV header has no name")),
+                "{e}"
+            );
+        }
+        assert_eq!(age_of(&store, "a").await, None);
     }
 
     #[tokio::test]

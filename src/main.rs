@@ -25,6 +25,7 @@ use hydrant::config::Config;
 )]
 struct Cli {
     /// Config file (default: config/hydrant.toml when it exists). HYDRANT_SECTION__KEY variables override it.
+    /// Given once, before or after the subcommand.
     #[arg(long, global = true)]
     config: Option<PathBuf>,
     #[command(subcommand)]
@@ -95,7 +96,25 @@ fn load_config(path: Option<&Path>) -> anyhow::Result<Config> {
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    let config = load_config(cli.config.as_deref())?;
+    // Two files are not merged, and which one wins would be a guess: refused. clap takes a global option
+    // given before and after the subcommand as the later one, in silence, so the words are counted here.
+    let given = config_flags(std::env::args_os().skip(1));
+    if let [first, second, ..] = given.as_slice() {
+        anyhow::bail!(
+            "--config is given {} times ({} and {}); give it once (nothing was done)",
+            given.len(),
+            first.to_string_lossy(),
+            second.to_string_lossy()
+        );
+    }
+    let config_file = cli.config.as_deref();
+    let mut config = load_config(config_file)?;
+    if matches!(cli.command, Command::Load { .. }) {
+        // A load reports every batch the store failed in its own lines; the Redis client's warnings
+        // about the same connection (its errors broadcast, its commands dropped when the load quits)
+        // would bury them. A level that names the client itself is kept.
+        quiet_store_client(&mut config.telemetry.log_level);
+    }
     hydrant::telemetry::init_logging(&config.telemetry);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -161,7 +180,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             let from_line = from_line.unwrap_or(1);
             // What a message that tells the user to run `hydrant` again puts before the subcommand.
-            let global = match &cli.config {
+            let global = match config_file {
                 Some(c) => format!(" --config {}", shell_word(&c.to_string_lossy())),
                 None => String::new(),
             };
@@ -375,14 +394,17 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     )
                 };
                 let skipped = if report.skipped > 0 {
-                    format!(" ({} rows before line {from_line} skipped)", report.skipped)
+                    format!(
+                        " ({} before line {from_line} skipped)",
+                        count_rows(report.skipped)
+                    )
                 } else {
                     String::new()
                 };
                 println!(
-                    "{}: {} rows written to view `{view}`, {} rejected, {} not written, {} not confirmed{partial}{skipped}",
+                    "{}: {} written to view `{view}`, {} rejected, {} not written, {} not confirmed{partial}{skipped}",
                     file.display(),
-                    report.written,
+                    count_rows(report.written),
                     report.rejected_rows,
                     rows(&not_written),
                     rows(&unconfirmed)
@@ -427,6 +449,38 @@ fn open_rows(view: &hydrant::schema::View, file: &Path) -> Result<std::fs::File,
         std::io::Seek::rewind(&mut f).map_err(|e| format!("cannot read {name}: {e}"))?;
     }
     Ok(f)
+}
+
+/// The values of every `--config` on a command line (`--config F` and `--config=F`), up to a `--`.
+fn config_flags(mut args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let mut values = Vec::new();
+    while let Some(a) = args.next() {
+        let bytes = a.as_encoded_bytes();
+        if bytes == b"--" {
+            break;
+        } else if bytes == b"--config" {
+            values.push(args.next().unwrap_or_default());
+        } else if let Some(v) = a.to_str().and_then(|s| s.strip_prefix("--config=")) {
+            values.push(v.into());
+        }
+    }
+    values
+}
+
+/// `n rows`, or `1 row`.
+fn count_rows(n: usize) -> String {
+    if n == 1 {
+        "1 row".to_owned()
+    } else {
+        format!("{n} rows")
+    }
+}
+
+/// Adds `fred=error` to a log filter that does not name the Redis client (`fred`) itself.
+fn quiet_store_client(filter: &mut String) {
+    if !filter.contains("fred") {
+        filter.push_str(",fred=error");
+    }
 }
 
 /// `word` as one word for a POSIX shell, to be pasted from a message: as it is when it holds only

@@ -105,9 +105,10 @@ fn parse_request(body: &[u8]) -> Result<InferRequest, OipError> {
                 bad(format!("invalid infer request: {what}"))
             };
         }
-        let what = crate::decode::strip_position(&what)
-            .replace("expected i64", "expected an integer")
-            .replace("expected a sequence", "expected a list");
+        let what =
+            crate::decode::strip_position(&what).replace("expected i64", "expected an integer");
+        let what =
+            crate::decode::plain_types(&what).replace("expected a sequence", "expected a list");
         if !named {
             bad(format!("invalid infer request: {what}"))
         } else {

@@ -830,7 +830,7 @@ fn parse_doc<T: serde::de::DeserializeOwned>(
                 .iter()
                 .any(|s| matches!(s, serde_path_to_error::Segment::Unknown));
             let path = if path == "." { "" } else { &path };
-            let mut message = e.inner().to_string();
+            let mut message = crate::decode::plain_types(&e.inner().to_string());
             if about_key {
                 message.push_str(" (as a map key: keys are names, written as text)");
             }
@@ -1922,6 +1922,18 @@ features:
         let e = compile_view(v).expect_err("duration");
         assert!(
             e.to_string().contains("max_age") && e.to_string().contains("not a valid duration"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_number_of_the_wrong_kind_is_named_in_words() {
+        let e = compile_view(VIEW.replace("version: 1", "version: -1")).expect_err("version");
+        assert_eq!(e.0[0].path, "version", "{e}");
+        assert!(
+            e.0[0]
+                .message
+                .ends_with("expected a whole number from 0 to 4294967295"),
             "{e}"
         );
     }

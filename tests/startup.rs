@@ -494,7 +494,7 @@ fn a_bad_csv_header_in_a_later_file_loads_nothing() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     let said = String::from_utf8_lossy(&out.stdout);
-    assert!(said.contains("later.csv: 1 rows written"), "{said}");
+    assert!(said.contains("later.csv: 1 row written"), "{said}");
     // Logs written to a pipe or a file carry no terminal colour codes.
     assert!(
         err.contains("created a new, empty embedded store") && !err.contains('\u{1b}'),
@@ -531,7 +531,7 @@ fn a_load_resumed_from_a_line_writes_only_the_rows_from_it_on() {
         "line 4 is still bad: {said} {err}"
     );
     assert!(
-        said.contains("1 rows written to view `user_profile`, 1 rejected")
+        said.contains("1 row written to view `user_profile`, 1 rejected")
             && said.contains("(2 rows before line 3 skipped)"),
         "{said}"
     );
@@ -682,7 +682,7 @@ fn a_compressed_data_file_is_refused_before_the_store_is_created() {
         "{said} {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(said.contains("1 rows written"), "{said}");
+    assert!(said.contains("1 row written"), "{said}");
 }
 
 #[test]
@@ -720,6 +720,42 @@ fn the_binary_reports_a_bad_config_with_file_key_and_reason() {
         err.contains("h.toml")
             && err.contains("limits.request_timeout")
             && err.contains("not a valid duration"),
+        "{err}"
+    );
+}
+
+#[test]
+fn config_given_twice_is_refused_naming_both_files() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (a, b) = (dir.path().join("a.toml"), dir.path().join("b.toml"));
+    std::fs::write(&a, "").expect("write");
+    std::fs::write(&b, "").expect("write");
+    // Before and after the subcommand, as clap takes a global option in either place.
+    let out = hydrant(&root())
+        .arg("--config")
+        .arg(&a)
+        .args(["validate", "--no-models", "--config"])
+        .arg(&b)
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--config is given 2 times")
+            && err.contains("a.toml")
+            && err.contains("b.toml"),
+        "{err}"
+    );
+}
+
+#[test]
+fn validate_at_a_models_folder_that_is_not_there_names_the_folder() {
+    let err =
+        fails(hydrant(&root()).args(["validate", "--models", "/nonexistent/models", "schemas"]));
+    assert!(
+        err.contains("the folder /nonexistent/models does not exist")
+            && err.contains("--models")
+            && !err.contains("registry.models"),
         "{err}"
     );
 }

@@ -289,7 +289,7 @@ impl RedisStore {
                 };
                 anyhow::bail!(
                     "cannot connect to Redis (store.redis.url): {}{hint}",
-                    words(&e)
+                    words(&e, true)
                 );
             }
             Err(_) => {
@@ -1238,16 +1238,16 @@ fn store_error(e: FredError) -> StoreError {
         ErrorKind::Timeout => StoreError::Timeout,
         // Canceled: fail-fast while disconnected; Backpressure: the command buffer is full.
         ErrorKind::Canceled | ErrorKind::Backpressure | ErrorKind::IO => {
-            StoreError::Unavailable(words(&e))
+            StoreError::Unavailable(words(&e, false))
         }
-        _ => StoreError::Io(words(&e)),
+        _ => StoreError::Io(words(&e, false)),
     }
 }
 
 /// `e` in words. The client carries a system error as its `Debug` text (`IO Error: Os { code: 111,
 /// kind: ConnectionRefused, message: "Connection refused" }`): that becomes its message, with what the
 /// usual ones mean for a Redis URL.
-fn words(e: &FredError) -> String {
+fn words(e: &FredError, connecting: bool) -> String {
     let d = e.details();
     if *e.kind() != ErrorKind::IO {
         return e.to_string();
@@ -1268,9 +1268,11 @@ fn words(e: &FredError) -> String {
         Some("ConnectionRefused") => {
             ": nothing listens at that host and port; is redis-server running there?"
         }
-        Some("ConnectionReset") => {
+        // On a connection that was answering (a restart, a shutdown, `CLIENT KILL`), TLS is no suspect.
+        Some("ConnectionReset") if connecting => {
             ": the server closed the connection; if it speaks TLS only, use rediss://"
         }
+        Some("ConnectionReset") => ": the server closed the connection",
         _ => "",
     };
     format!("{message}{hint}")
@@ -1505,21 +1507,26 @@ mod tests {
     fn system_errors_are_put_in_words_with_what_they_mean_for_the_url() {
         let refused = FredError::from(std::io::Error::from_raw_os_error(111));
         assert_eq!(
-            words(&refused),
+            words(&refused, true),
             "Connection refused: nothing listens at that host and port; is redis-server running there?"
         );
         let reset = FredError::from(std::io::Error::from_raw_os_error(104));
         assert_eq!(
-            words(&reset),
+            words(&reset, true),
             "Connection reset by peer: the server closed the connection; if it speaks TLS only, use rediss://"
         );
+        // A command on a connection that was answering: no TLS hint.
+        assert_eq!(
+            words(&reset, false),
+            "Connection reset by peer: the server closed the connection"
+        );
         let custom = FredError::from(std::io::Error::other("tls handshake eof"));
-        assert_eq!(words(&custom), "tls handshake eof");
+        assert_eq!(words(&custom, true), "tls handshake eof");
         let bare = FredError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
-        assert_eq!(words(&bare), "TimedOut");
+        assert_eq!(words(&bare, true), "TimedOut");
         // Anything else keeps the client's words.
         let other = FredError::new(ErrorKind::Auth, "WRONGPASS invalid username-password pair");
-        assert_eq!(words(&other), other.to_string());
+        assert_eq!(words(&other, true), other.to_string());
     }
 
     #[test]
