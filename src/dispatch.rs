@@ -22,6 +22,9 @@
 //! - An awake session takes its share of the queue in one step: what is queued divided among the sessions
 //!   that are awake, up to the room left in its batch.
 //! - A session that is gathering a batch for `max_delay_us` is woken by every push, as it waits for company.
+//! - The reaper, which sheds what no session took in time, sleeps until the earliest expiry among the
+//!   queued jobs (or until a push, while the queue is empty). A push wakes it only when the new job expires
+//!   before that: a request with a tight `deadline_ms`, not the steady stream of jobs under load.
 //!
 //! Every change to who is asleep, searching or gathering is made under the one lock, together with the
 //! look at the queue that decided it, so a push cannot slip between a session's last look and its sleep.
@@ -44,9 +47,22 @@ pub const SEARCH_SPINS: usize = 64;
 /// more under `wrk`; 32 yields instead of 8 made no difference.
 pub const SEARCH_YIELDS: usize = 8;
 
-/// What the queue needs to know of a job: how many rows it adds to a batch.
+/// What the queue needs to know of a job: how many rows it adds to a batch, and when it must be shed if
+/// no session has taken it.
 pub trait Rows {
     fn rows(&self) -> usize;
+    fn expires(&self) -> Instant;
+}
+
+/// What the reaper is doing, as a push needs to know it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reaper {
+    /// Looking at the queue: it sees any job pushed now before it sleeps.
+    Awake,
+    /// Asleep until a push (the queue was empty).
+    Idle,
+    /// Asleep until this instant, the earliest expiry it saw.
+    Until(Instant),
 }
 
 /// Why a push was refused; the job comes back.
@@ -68,8 +84,8 @@ struct State<T> {
     woken: Vec<bool>,
     /// A session is looking for work before it sleeps: a push need wake nobody.
     searching: bool,
-    /// The reaper sleeps until a push.
-    reaper_asleep: bool,
+    /// The reaper's state: whether a push must wake it.
+    reaper: Reaper,
     /// Sessions whose thread still runs.
     alive: usize,
     closed: bool,
@@ -87,7 +103,7 @@ pub struct Dispatch<T> {
     state: Mutex<State<T>>,
     /// One per session, so a push wakes exactly the session it chose.
     bells: Box<[Condvar]>,
-    /// The reaper's, rung by the first push after it went to sleep.
+    /// The reaper's, rung by a push it would otherwise sleep past.
     reaper_bell: Condvar,
     capacity: usize,
     /// Jobs queued now, readable without the lock.
@@ -112,7 +128,7 @@ impl<T: Rows> Dispatch<T> {
                 gathering: Vec::with_capacity(workers),
                 woken: vec![false; workers],
                 searching: false,
-                reaper_asleep: false,
+                reaper: Reaper::Awake,
                 alive: workers,
                 closed: false,
             }),
@@ -184,11 +200,19 @@ impl<T: Rows> Dispatch<T> {
         if s.jobs.len() >= self.capacity {
             return Err(PushError::Full(job));
         }
+        let expires = job.expires();
         s.rows += job.rows();
         s.jobs.push_back(job);
         self.len.store(s.jobs.len(), Relaxed);
-        if std::mem::take(&mut s.reaper_asleep) {
-            // Rare under load: the reaper sleeps only after the queue has been empty for a while.
+        let sooner = match s.reaper {
+            Reaper::Awake => false,
+            Reaper::Idle => true,
+            Reaper::Until(at) => expires < at,
+        };
+        if sooner {
+            // Rare under load: the queued jobs expire in the order they came, unless a caller set a
+            // tighter deadline than those before it.
+            s.reaper = Reaper::Awake;
             self.reaper_bell.notify_one();
         }
         let wake = if let Some(w) = s.gathering.pop() {
@@ -216,49 +240,52 @@ impl<T: Rows> Dispatch<T> {
         self.bells[w].notify_one();
     }
 
-    /// Moves the queued jobs `expired` picks into `out`, keeping the others in order. Answers how many are
-    /// left, or `None` once the queue is closed.
-    pub fn withdraw_all(
-        &self,
-        mut expired: impl FnMut(&T) -> bool,
-        out: &mut Vec<T>,
-    ) -> Option<usize> {
-        let mut s = self.lock();
-        if s.closed {
-            return None;
-        }
-        if s.jobs.iter().any(&mut expired) {
-            let mut kept = VecDeque::with_capacity(s.jobs.len());
-            for job in s.jobs.drain(..) {
-                if expired(&job) {
-                    out.push(job);
-                } else {
-                    kept.push_back(job);
-                }
-            }
-            s.jobs = kept;
-            s.rows = s.jobs.iter().map(Rows::rows).sum();
-            self.len.store(s.jobs.len(), Relaxed);
-        }
-        Some(s.jobs.len())
-    }
-
-    /// The reaper's sleep: blocks until a job is queued (at once if one is). Answers false once the queue
-    /// is closed.
-    pub fn reaper_wait(&self) -> bool {
+    /// The reaper's round: sleeps until a queued job expires (a job pushed meanwhile that expires sooner
+    /// wakes it), then moves every job that has expired into `out`, keeping the others in order. Answers
+    /// false once the queue is closed.
+    pub fn reap(&self, out: &mut Vec<T>) -> bool {
         let mut s = self.lock();
         loop {
+            s.reaper = Reaper::Awake;
             if s.closed {
                 return false;
             }
-            if !s.jobs.is_empty() {
+            let now = Instant::now();
+            let mut next: Option<Instant> = None;
+            let mut due = false;
+            for e in s.jobs.iter().map(Rows::expires) {
+                due |= e <= now;
+                next = Some(next.map_or(e, |n| n.min(e)));
+            }
+            if due {
+                let mut kept = VecDeque::with_capacity(s.jobs.len());
+                for job in s.jobs.drain(..) {
+                    if job.expires() <= now {
+                        out.push(job);
+                    } else {
+                        kept.push_back(job);
+                    }
+                }
+                s.jobs = kept;
+                s.rows = s.jobs.iter().map(Rows::rows).sum();
+                self.len.store(s.jobs.len(), Relaxed);
                 return true;
             }
-            s.reaper_asleep = true;
-            s = self
-                .reaper_bell
-                .wait(s)
-                .unwrap_or_else(PoisonError::into_inner);
+            s = match next {
+                None => {
+                    s.reaper = Reaper::Idle;
+                    self.reaper_bell
+                        .wait(s)
+                        .unwrap_or_else(PoisonError::into_inner)
+                }
+                Some(at) => {
+                    s.reaper = Reaper::Until(at);
+                    self.reaper_bell
+                        .wait_timeout(s, at.saturating_duration_since(now))
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0
+                }
+            };
         }
     }
 
@@ -416,6 +443,64 @@ mod tests {
         fn rows(&self) -> usize {
             self.0
         }
+        fn expires(&self) -> Instant {
+            Instant::now() + Duration::from_secs(3600)
+        }
+    }
+
+    /// A job that expires at a given instant, for the reaper.
+    #[derive(Debug)]
+    struct Timed(usize, Instant);
+
+    impl Rows for Timed {
+        fn rows(&self) -> usize {
+            1
+        }
+        fn expires(&self) -> Instant {
+            self.1
+        }
+    }
+
+    #[test]
+    fn the_reaper_sleeps_until_the_first_expiry_and_a_sooner_one_wakes_it() {
+        let q = Arc::new(Dispatch::<Timed>::new(8, 1, 64));
+        let (tx, rx) = mpsc::channel();
+        let reaper = {
+            let q = q.clone();
+            std::thread::spawn(move || {
+                let mut out = Vec::new();
+                while q.reap(&mut out) {
+                    for Timed(id, expires) in out.drain(..) {
+                        tx.send((id, expires, Instant::now())).expect("collector");
+                    }
+                }
+            })
+        };
+        let t0 = Instant::now();
+        // The reaper sleeps until job 1 expires, two seconds on; job 2, pushed after, expires first.
+        q.push(Timed(1, t0 + Duration::from_secs(2)))
+            .expect("queued");
+        std::thread::sleep(Duration::from_millis(50));
+        q.push(Timed(2, t0 + Duration::from_millis(100)))
+            .expect("queued");
+        q.push(Timed(3, t0 + Duration::from_secs(60)))
+            .expect("queued");
+        let (id, expires, at) = rx.recv_timeout(WAIT).expect("reaped");
+        assert_eq!(id, 2);
+        assert!(at >= expires, "reaped before it expired");
+        assert!(
+            at < t0 + Duration::from_secs(1),
+            "reaped {:?} after its expiry: the push did not wake the reaper",
+            at - expires
+        );
+        let (id, expires, at) = rx.recv_timeout(WAIT).expect("reaped");
+        assert_eq!(id, 1);
+        assert!(at >= expires, "reaped before it expired");
+        // Job 3 is still queued, in place; closing ends the reaper.
+        assert_eq!(q.len(), 1);
+        q.close();
+        reaper.join().expect("reaper thread");
+        assert!(rx.try_recv().is_err(), "job 3 was reaped before it expired");
     }
 
     fn start(

@@ -172,14 +172,18 @@ struct Job {
     rows: usize,
     input: Vec<f32>,
     output: OutputRows,
-    enqueued: Instant,
     deadline: Instant,
+    /// When it is shed if still queued: its deadline, or `inference.queue_timeout` after it was queued.
+    expires: Instant,
     reply: oneshot::Sender<Result<InferOutput, InferError>>,
 }
 
 impl Rows for Job {
     fn rows(&self) -> usize {
         self.rows
+    }
+    fn expires(&self) -> Instant {
+        self.expires
     }
 }
 
@@ -192,6 +196,7 @@ pub struct Engine {
     buffers: ArrayQueue<Vec<f32>>,
     out_buffers: ArrayQueue<OutputRows>,
     stats: Arc<ModelStats>,
+    queue_timeout: Duration,
     /// [`file_digest`] of the ONNX file the sessions were loaded from.
     digest: u64,
 }
@@ -317,6 +322,7 @@ impl Engine {
             buffers: ArrayQueue::new(256),
             out_buffers: ArrayQueue::new(256),
             stats,
+            queue_timeout: cfg.queue_timeout,
             digest,
         })
     }
@@ -362,7 +368,7 @@ impl Engine {
 
     /// Queues `rows` rows (`input` is `rows × width`, row-major) and waits for their outputs. A request whose
     /// `deadline` passes while queued, or that waits longer than `inference.queue_timeout`, is not run: it
-    /// is answered then (within [`REAP_EVERY`]), even while every session is busy with a long run.
+    /// is answered then (by the engine's reaper), even while every session is busy with a long run.
     pub async fn infer(
         &self,
         rows: usize,
@@ -376,8 +382,8 @@ impl Engine {
             rows,
             input,
             output: self.out_buffers.pop().unwrap_or_default(),
-            enqueued,
             deadline,
+            expires: deadline.min(enqueued + self.queue_timeout),
             reply,
         };
         match self.queue.push(job) {
@@ -615,14 +621,6 @@ struct Worker {
     batching: bool,
 }
 
-/// How often the reaper looks for queued requests past their bounds while the queue is in use.
-pub const REAP_EVERY: Duration = Duration::from_millis(1);
-
-/// How long the queue stays empty before the reaper sleeps until the next push: under steady load it
-/// keeps its tick rather than being woken by a push (a system call on the request's path) each time the
-/// queue empties.
-const REAPER_IDLE: Duration = Duration::from_millis(100);
-
 /// Sheds the requests that no session took within their deadline or `inference.queue_timeout`: a session
 /// sheds what it takes late, but while every session is busy with a long run (a slow model, a large
 /// batch) the requests behind it would otherwise wait for the run to end, past any bound.
@@ -636,35 +634,20 @@ struct Reaper {
 impl Reaper {
     fn run(self) {
         let mut expired = Vec::new();
-        while self.queue.reaper_wait() {
-            let mut empty_since: Option<Instant> = None;
-            loop {
-                std::thread::sleep(REAP_EVERY);
-                let now = Instant::now();
-                let left = self
-                    .queue
-                    .withdraw_all(|j| overdue(j, now, self.queue_timeout), &mut expired);
-                for job in expired.drain(..) {
-                    shed(job, now, self.queue_timeout, &self.model.name, &self.stats);
-                }
-                match left {
-                    None => return,
-                    Some(0) => {
-                        let since = *empty_since.get_or_insert(now);
-                        if now.duration_since(since) >= REAPER_IDLE {
-                            break;
-                        }
-                    }
-                    Some(_) => empty_since = None,
-                }
+        // It sleeps until the earliest expiry among the queued jobs, so under steady load, where jobs are
+        // taken long before their bounds, it wakes a few times a second rather than ticking.
+        while self.queue.reap(&mut expired) {
+            let now = Instant::now();
+            for job in expired.drain(..) {
+                shed(job, now, self.queue_timeout, &self.model.name, &self.stats);
             }
         }
     }
 }
 
-/// Whether `job` must not run at `now`: its deadline passed, or it waited longer than `queue_timeout`.
-fn overdue(job: &Job, now: Instant, queue_timeout: Duration) -> bool {
-    job.deadline <= now || now.duration_since(job.enqueued) > queue_timeout
+/// Whether `job` must not run at `now`: its deadline passed, or it waited longer than `inference.queue_timeout`.
+fn overdue(job: &Job, now: Instant) -> bool {
+    job.expires <= now
 }
 
 /// Answers an [`overdue`] job without running it (its caller has given up, or should retry elsewhere),
@@ -810,7 +793,7 @@ impl Worker {
     fn shed_overdue(&self, jobs: &mut Vec<Job>, now: Instant) {
         let mut i = 0;
         while i < jobs.len() {
-            if overdue(&jobs[i], now, self.queue_timeout) {
+            if overdue(&jobs[i], now) {
                 let job = jobs.swap_remove(i);
                 shed(job, now, self.queue_timeout, &self.model.name, &self.stats);
             } else {
