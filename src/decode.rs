@@ -1265,7 +1265,8 @@ impl<'de> Deserialize<'de> for ContextValue {
                 self,
                 mut seq: A,
             ) -> Result<ContextValue, A::Error> {
-                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(65_536));
+                // A declared length (MessagePack) is a claim: room for a modest list, grown as it arrives.
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1024));
                 while let Some(e) = seq.next_element::<Element>()? {
                     let kind = match e {
                         Element::Number(x) => match to_float32(x) {
@@ -1481,7 +1482,9 @@ pub(crate) fn read_capped<'de, T: Deserialize<'de>, A: de::SeqAccess<'de>>(
     cap: usize,
 ) -> Result<(Vec<T>, usize), A::Error> {
     let hint = seq.size_hint().unwrap_or(0);
-    let mut kept = Vec::with_capacity(hint.min(cap).min(1024));
+    // A declared length (MessagePack) is a claim, not bytes that back it: room for a few, grown as they
+    // arrive.
+    let mut kept = Vec::with_capacity(hint.min(cap).min(64));
     while kept.len() < cap {
         match seq.next_element::<T>()? {
             Some(x) => kept.push(x),

@@ -972,7 +972,9 @@ impl<'de> serde::de::Visitor<'de> for FiniteVisitor {
         Ok(FiniteJson(serde_json::Value::String(s)))
     }
     fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<FiniteJson, A::Error> {
-        let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+        // A MessagePack list declares its length, which is a claim, not bytes that back it: with up to 128
+        // levels of lists open at once, reserving what each claims cost 16 MB for a 647-byte body.
+        let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(16));
         while let Some(FiniteJson(v)) = seq.next_element()? {
             out.push(v);
         }

@@ -13,7 +13,8 @@ use std::fmt;
 
 use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, Deserializer, Visitor};
-use serde_json::Value as Json_;
+
+use crate::decode::Checked;
 
 thread_local! {
     /// The model's rows while a tensor's `data` is read on this thread: the most numbers it holds, and
@@ -145,27 +146,149 @@ impl<'de> Deserialize<'de> for TensorData {
     }
 }
 
-/// A visitor's methods for the values that are neither numbers nor lists: each builds the JSON value it
-/// was given (for a message) and hands it to `$on`.
+/// A visitor's methods for the values that are neither numbers nor lists: each quotes the value it was
+/// given (for a message, see [`Preview`]) and hands the text to `$on`.
 macro_rules! as_json {
     ($on:expr) => {
         fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
-            Ok($on(self, Json_::Bool(v)))
+            Ok($on(self, v.to_string()))
         }
         fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-            Ok($on(self, Json_::String(v.to_owned())))
+            let mut text = String::new();
+            Preview(&mut text).visit_str::<E>(v)?;
+            Ok($on(self, text))
         }
         fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-            Ok($on(self, Json_::Null))
+            Ok($on(self, "null".to_owned()))
         }
         fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-            Ok($on(self, Json_::Null))
+            Ok($on(self, "null".to_owned()))
         }
         fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-            let v = Json_::deserialize(de::value::MapAccessDeserializer::new(map))?;
-            Ok($on(self, v))
+            let mut text = String::new();
+            Preview(&mut text).visit_map(map)?;
+            Ok($on(self, text))
         }
     };
+}
+
+/// How much of a wrong value a message quotes, in bytes of JSON text: past it, the value is read and
+/// checked, not kept, and the quote ends in `…`. A whole list or object quoted as a JSON tree cost 17
+/// times the body's size in memory, and a message as long as the body.
+const PREVIEW: usize = 64;
+
+/// Writes the value it reads into its string as JSON text, up to about [`PREVIEW`] bytes.
+struct Preview<'a>(&'a mut String);
+
+impl Preview<'_> {
+    fn room(&self) -> bool {
+        self.0.len() < PREVIEW
+    }
+
+    fn push(&mut self, text: &str) {
+        if self.room() {
+            self.0.push_str(text);
+        }
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for Preview<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Preview<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a value")
+    }
+    fn visit_bool<E: de::Error>(mut self, v: bool) -> Result<(), E> {
+        self.push(if v { "true" } else { "false" });
+        Ok(())
+    }
+    fn visit_i64<E: de::Error>(mut self, v: i64) -> Result<(), E> {
+        self.push(&v.to_string());
+        Ok(())
+    }
+    fn visit_u64<E: de::Error>(mut self, v: u64) -> Result<(), E> {
+        self.push(&v.to_string());
+        Ok(())
+    }
+    fn visit_f64<E: de::Error>(mut self, v: f64) -> Result<(), E> {
+        self.push(&serde_json::Value::from(v).to_string());
+        Ok(())
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
+        if self.room() {
+            let mut end = v.len().min(PREVIEW);
+            while !v.is_char_boundary(end) {
+                end -= 1;
+            }
+            let quoted = if end < v.len() {
+                serde_json::Value::from(format!("{}…", &v[..end])).to_string()
+            } else {
+                serde_json::Value::from(v).to_string()
+            };
+            self.0.push_str(&quoted);
+        }
+        Ok(())
+    }
+    fn visit_unit<E: de::Error>(mut self) -> Result<(), E> {
+        self.push("null");
+        Ok(())
+    }
+    fn visit_none<E: de::Error>(self) -> Result<(), E> {
+        self.visit_unit()
+    }
+    fn visit_seq<A: de::SeqAccess<'de>>(mut self, mut seq: A) -> Result<(), A::Error> {
+        self.push("[");
+        let mut first = true;
+        while self.room() {
+            // The comma goes in before the element is known to exist, and is taken back after the last.
+            let mark = self.0.len();
+            if !first {
+                self.0.push(',');
+            }
+            if seq.next_element_seed(Preview(&mut *self.0))?.is_none() {
+                self.0.truncate(mark);
+                self.0.push(']');
+                return Ok(());
+            }
+            first = false;
+        }
+        let mut more = false;
+        while seq.next_element::<Checked>()?.is_some() {
+            more = true;
+        }
+        self.0.push_str(if more { ",…]" } else { "]" });
+        Ok(())
+    }
+    fn visit_map<A: de::MapAccess<'de>>(mut self, mut map: A) -> Result<(), A::Error> {
+        self.push("{");
+        let mut first = true;
+        while self.room() {
+            let mark = self.0.len();
+            if !first {
+                self.0.push(',');
+            }
+            if map.next_key_seed(Preview(&mut *self.0))?.is_none() {
+                self.0.truncate(mark);
+                self.0.push('}');
+                return Ok(());
+            }
+            self.0.push(':');
+            map.next_value_seed(Preview(&mut *self.0))?;
+            first = false;
+        }
+        let mut more = false;
+        while map.next_entry::<Checked, Checked>()?.is_some() {
+            more = true;
+        }
+        self.0.push_str(if more { ",…}" } else { "}" });
+        Ok(())
+    }
 }
 
 /// A visitor's methods for numbers: each hands the number, as f64, to `$on`.
@@ -187,8 +310,8 @@ macro_rules! as_number {
 struct Top<'a>(&'a mut TensorData);
 
 impl Top<'_> {
-    fn not_a_list(self, v: Json_) {
-        self.0.problem = Some((0, Problem::NotAList(v.to_string())));
+    fn not_a_list(self, v: String) {
+        self.0.problem = Some((0, Problem::NotAList(v)));
     }
 }
 
@@ -200,15 +323,15 @@ impl<'de> Visitor<'de> for Top<'_> {
     as_json!(Top::not_a_list);
     // A number is quoted as it was sent (`1`, not `1.0`).
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
-        self.not_a_list(v.into());
+        self.not_a_list(v.to_string());
         Ok(())
     }
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
-        self.not_a_list(v.into());
+        self.not_a_list(v.to_string());
         Ok(())
     }
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
-        self.not_a_list(v.into());
+        self.not_a_list(serde_json::Value::from(v).to_string());
         Ok(())
     }
     fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
@@ -255,12 +378,12 @@ impl<'de> DeserializeSeed<'de> for Item<'_> {
 
 impl Item<'_> {
     /// A value that is not a list, given as JSON.
-    fn not_a_list(self, v: Json_) {
+    fn not_a_list(self, v: String) {
         let before = self.data.numbers;
         if *self.rows.get_or_insert(false) {
             self.data.problem = Some((before, Problem::RowNotAList(self.index)));
         } else {
-            self.data.problem = Some((before, Problem::NotANumber(v.to_string())));
+            self.data.problem = Some((before, Problem::NotANumber(v)));
         }
     }
 
@@ -283,8 +406,9 @@ impl<'de> Visitor<'de> for Item<'_> {
     fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         if !*self.rows.get_or_insert(true) {
             // A list inside a flat list of numbers.
-            let v = Json_::deserialize(de::value::SeqAccessDeserializer::new(seq))?;
-            self.not_a_list(v);
+            let mut text = String::new();
+            Preview(&mut text).visit_seq(seq)?;
+            self.not_a_list(text);
             return Ok(());
         }
         // A row: its numbers, and its first problem, which stands only if the row has the width (a
@@ -353,8 +477,8 @@ impl<'de> DeserializeSeed<'de> for Element<'_> {
 }
 
 impl Element<'_> {
-    fn not_a_number(self, v: Json_) {
-        *self.problem = Some((self.data.numbers, Problem::NotANumber(v.to_string())));
+    fn not_a_number(self, v: String) {
+        *self.problem = Some((self.data.numbers, Problem::NotANumber(v)));
     }
 
     fn number(self, x: f64) {
@@ -372,8 +496,9 @@ impl<'de> Visitor<'de> for Element<'_> {
     as_json!(Element::not_a_number);
     as_number!(Element::number);
     fn visit_seq<A: de::SeqAccess<'de>>(self, seq: A) -> Result<(), A::Error> {
-        let v = Json_::deserialize(de::value::SeqAccessDeserializer::new(seq))?;
-        self.not_a_number(v);
+        let mut text = String::new();
+        Preview(&mut text).visit_seq(seq)?;
+        self.not_a_number(text);
         Ok(())
     }
 }

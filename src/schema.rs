@@ -628,7 +628,9 @@ impl Registry {
                 }
                 let mut body = value;
                 if let Some(m) = body.as_mapping_mut() {
-                    m.remove("kind");
+                    // In place: `remove` swaps the last key into its slot, and the first unknown key
+                    // reported would then be the file's last.
+                    m.shift_remove("kind");
                 }
                 let name = body.get("name").and_then(|n| n.as_str()).map(str::to_owned);
                 match kind.as_str() {
@@ -830,7 +832,18 @@ fn parse_doc<T: serde::de::DeserializeOwned>(
                 .iter()
                 .any(|s| matches!(s, serde_path_to_error::Segment::Unknown));
             let path = if path == "." { "" } else { &path };
-            let mut message = crate::decode::plain_types(&e.inner().to_string());
+            let message = e.inner().to_string();
+            // A field left out is the field to fix: its name goes in the path, as for any other field.
+            let missing = message
+                .strip_prefix("missing field `")
+                .and_then(|m| m.split('`').next());
+            let path = match missing {
+                Some(field) if path.is_empty() => field.to_owned(),
+                Some(field) => format!("{path}.{field}"),
+                None => path.to_owned(),
+            };
+            let path = path.as_str();
+            let mut message = crate::decode::plain_types(&message);
             if about_key {
                 message.push_str(" (as a map key: keys are names, written as text)");
             }
@@ -1936,6 +1949,26 @@ features:
                 .ends_with("expected a whole number from 0 to 4294967295"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_first_unknown_key_in_the_file_is_the_one_named() {
+        let e = Registry::compile(
+            &[(
+                PathBuf::from("e.yaml"),
+                "kind: entity\nname: x\ndtype: string\nalpha: 1\nbeta: 1\n".into(),
+            )],
+            Path::new("."),
+        )
+        .expect_err("unknown keys");
+        assert_eq!(e.0[0].path, "alpha", "{e}");
+    }
+
+    #[test]
+    fn a_missing_field_is_named_in_the_path() {
+        let e = compile_view(VIEW.replace("entity: user_id\n", "")).expect_err("no entity");
+        assert_eq!(e.0[0].path, "entity", "{e}");
+        assert!(e.0[0].message.contains("missing field `entity`"), "{e}");
     }
 
     #[test]

@@ -304,7 +304,8 @@ impl<'de> Visitor<'de> for ValueVisitor {
         Ok(Value::Str(s.into()))
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
-        let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(65_536));
+        // A declared length (MessagePack, a stored record) is a claim that a damaged record can make too.
+        let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
         while let Some(ListNumber(x)) = seq.next_element()? {
             out.push(list_element(out.len(), x).map_err(de::Error::custom)?);
         }

@@ -271,3 +271,92 @@ fn rows_past_the_limit_are_refused_without_holding_them() {
         "{held} bytes held at most while refusing the rows"
     );
 }
+
+/// MessagePack declares each list's length before its elements: a length is a claim, not bytes that back
+/// it, so a few bytes that claim four billion elements, in lists nested 128 deep, are refused holding
+/// memory in proportion to the body, not to the claims (16 MB for 647 bytes of nested rows before).
+#[test]
+fn declared_messagepack_lengths_reserve_no_memory_the_body_does_not_hold() {
+    let (rt, gw, _dir) = demo_gateway();
+    let huge = [0xdd, 0xff, 0xff, 0xff, 0xff];
+    // {"rows": [{"age": [[[... 127 lists, each declaring 2^32 - 1 elements, then the body ends.
+    let mut rows = vec![
+        0x81, 0xa4, b'r', b'o', b'w', b's', 0x91, 0x81, 0xa3, b'a', b'g', b'e',
+    ];
+    for _ in 0..127 {
+        rows.extend_from_slice(&huge);
+    }
+    let (status, message, held) =
+        refused(|| outcome(rt.block_on(gw.write_rows("user_profile", Format::Msgpack, &rows))));
+    assert_eq!(status, 400, "{message}");
+    assert!(
+        held < 256 << 10,
+        "{held} bytes held for a {}-byte body",
+        rows.len()
+    );
+    // {"context": {"x": [<2^32 - 1 numbers>...]}} and {"candidates": [<2^32 - 1 objects>...]}.
+    let mut context = vec![0x81, 0xa7];
+    context.extend_from_slice(b"context");
+    context.extend_from_slice(&[0x81, 0xa1, b'x']);
+    context.extend_from_slice(&huge);
+    let mut candidates = vec![0x81, 0xaa];
+    candidates.extend_from_slice(b"candidates");
+    candidates.extend_from_slice(&huge);
+    for body in [context, candidates] {
+        let engine = gw.engine("ctr").expect("ctr");
+        let (status, message, held) = refused(|| {
+            outcome(rt.block_on(gw.predict(
+                &engine,
+                Format::Msgpack,
+                Format::Json,
+                &body,
+                Instant::now(),
+            )))
+        });
+        assert_eq!(status, 400, "{message}");
+        assert!(
+            held < 64 << 10,
+            "{held} bytes held for a {}-byte body",
+            body.len()
+        );
+    }
+}
+
+/// A V2 infer request whose flat `data` holds a list is refused quoting the start of that list, read
+/// past and not kept: built as a JSON tree for the message, a 1 MiB list took 17 times its size.
+#[test]
+fn a_v2_list_where_a_number_belongs_is_quoted_in_part_and_not_held() {
+    let (rt, gw, _dir) = demo_gateway();
+    let engine = gw.engine("ctr").expect("ctr");
+    let n = 250_000;
+    let body = format!(
+        r#"{{"inputs": [{{"name": "features", "shape": [1, 27], "datatype": "FP32", "data": [0, [{}]]}}]}}"#,
+        vec!["0"; n].join(",")
+    );
+    let mut result = None;
+    let info = allocation_counter::measure(|| {
+        result = Some(rt.block_on(hydrant::oip::infer(
+            &gw,
+            &engine,
+            body.as_bytes(),
+            Instant::now(),
+        )))
+    });
+    let Some(Err(hydrant::oip::OipError(status, message))) = result else {
+        panic!("expected a refusal");
+    };
+    // The message is quoted only in part when this fails: it could be as long as the body.
+    let head: String = message.chars().take(300).collect();
+    assert_eq!(status, 400, "{head}");
+    assert!(
+        message.contains("element 1 is not a number: found [0,0,0") && message.ends_with(",…]"),
+        "{head}"
+    );
+    assert!(message.len() < 256, "{} bytes of message", message.len());
+    assert!(
+        info.bytes_max < 1 << 20,
+        "{} bytes held for a {}-byte body",
+        info.bytes_max,
+        body.len()
+    );
+}
