@@ -821,7 +821,7 @@ fn parse_doc<T: serde::de::DeserializeOwned>(
     file: &Path,
     body: serde_yaml::Value,
 ) -> Option<T> {
-    match serde_path_to_error::deserialize::<_, T>(body) {
+    match serde_path_to_error::deserialize::<_, T>(&body) {
         Ok(d) => Some(d),
         Err(e) => {
             // A map key that is no string (`1: x`, `~: x`, `[a, b]: x`) has no name: the field is its
@@ -843,13 +843,64 @@ fn parse_doc<T: serde::de::DeserializeOwned>(
                 None => path.to_owned(),
             };
             let path = path.as_str();
-            let mut message = crate::decode::plain_types(&message);
+            let mut message = crate::decode::plain_types(&message)
+                .replace("expected field identifier", "expected a field name");
             if about_key {
-                message.push_str(" (as a map key: keys are names, written as text)");
+                match key_not_text(&body, e.path()) {
+                    Some(key) => message.push_str(&format!(
+                        " (as a map key: the key `{key}` is not a name; keys are names, written as text)"
+                    )),
+                    None => message.push_str(" (as a map key: keys are names, written as text)"),
+                }
             }
             errs.push(file, path, message);
             None
         }
+    }
+}
+
+/// The first key of the map at `path` in `body` that is not text, as YAML writes it (`[a, b]`, `1`, `~`):
+/// the key a "map key" error is about, which the error's path cannot name.
+fn key_not_text(body: &serde_yaml::Value, path: &serde_path_to_error::Path) -> Option<String> {
+    use serde_path_to_error::Segment;
+    let mut at = body;
+    for segment in path.iter() {
+        at = match segment {
+            Segment::Seq { index } => at.as_sequence()?.get(*index)?,
+            Segment::Map { key } => at.as_mapping()?.get(key.as_str())?,
+            Segment::Enum { .. } => at,
+            Segment::Unknown => break,
+        };
+    }
+    let key = at.as_mapping()?.keys().find(|k| !k.is_string())?;
+    let text = flow(key);
+    // A key can be a whole list: the message quotes its start.
+    Some(match text.char_indices().nth(80) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text,
+    })
+}
+
+/// `v` in YAML's flow style, on one line (`[a, b]`, `{a: 1}`, `~`), for a message.
+fn flow(v: &serde_yaml::Value) -> String {
+    use serde_yaml::Value as Y;
+    match v {
+        Y::Null => "~".to_owned(),
+        Y::Bool(b) => b.to_string(),
+        Y::Number(n) => n.to_string(),
+        Y::String(s) => s.clone(),
+        Y::Sequence(items) => format!(
+            "[{}]",
+            items.iter().map(flow).collect::<Vec<_>>().join(", ")
+        ),
+        Y::Mapping(m) => format!(
+            "{{{}}}",
+            m.iter()
+                .map(|(k, v)| format!("{}: {}", flow(k), flow(v)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        Y::Tagged(t) => format!("{} {}", t.tag, flow(&t.value)),
     }
 }
 
@@ -1749,7 +1800,14 @@ features:
         assert_ne!(view, VIEW);
         let e = compile_view(view).expect_err("a list as a key");
         assert_eq!(e.0[0].path, "features[0]", "{e}");
-        assert!(e.0[0].message.contains("as a map key"), "{e}");
+        assert!(
+            e.0[0].message.contains("the key `[a, b]` is not a name"),
+            "{e}"
+        );
+        // At the top of a document too, where the path is empty: the key itself is quoted.
+        let e = compile_view(format!("{VIEW}7: x\n")).expect_err("a number as a key");
+        assert_eq!(e.0[0].path, "", "{e}");
+        assert!(e.0[0].message.contains("the key `7` is not a name"), "{e}");
     }
 
     #[test]
