@@ -23,8 +23,9 @@
 //!   that are awake, up to the room left in its batch.
 //! - A session that is gathering a batch for `max_delay_us` is woken by every push, as it waits for company.
 //! - The reaper, which sheds what no session took in time, sleeps until the earliest expiry among the
-//!   queued jobs (or until a push, while the queue is empty). A push wakes it only when the new job expires
-//!   before that: a request with a tight `deadline_ms`, not the steady stream of jobs under load.
+//!   queued jobs, or for [`REAPER_LINGER`] when the queue is empty, and until a push only when it was
+//!   empty that long. A push wakes it only when the new job expires before its wake-up time: a request
+//!   with a tight `deadline_ms`, not the steady stream of jobs under load or a light load's sparse ones.
 //!
 //! Every change to who is asleep, searching or gathering is made under the one lock, together with the
 //! look at the queue that decided it, so a push cannot slip between a session's last look and its sleep.
@@ -46,6 +47,9 @@ pub const SEARCH_SPINS: usize = 64;
 /// waiting for the core is taken without a wake-up. Sleeping at once cost 8 µs of CPU per hot-path request
 /// more under `wrk`; 32 yields instead of 8 made no difference.
 pub const SEARCH_YIELDS: usize = 8;
+
+/// How long the reaper keeps a timed sleep after it found the queue empty, before it sleeps until a push.
+pub const REAPER_LINGER: Duration = Duration::from_millis(100);
 
 /// What the queue needs to know of a job: how many rows it adds to a batch, and when it must be shed if
 /// no session has taken it.
@@ -245,6 +249,10 @@ impl<T: Rows> Dispatch<T> {
     /// false once the queue is closed.
     pub fn reap(&self, out: &mut Vec<T>) -> bool {
         let mut s = self.lock();
+        // Whether the queue was empty a whole [`REAPER_LINGER`] ago too: only then does the reaper sleep
+        // until a push, so that under light load, where sessions take each job at once, a push does not
+        // wake it every time (a system call on the request's path).
+        let mut lingered = false;
         loop {
             s.reaper = Reaper::Awake;
             if s.closed {
@@ -271,22 +279,38 @@ impl<T: Rows> Dispatch<T> {
                 self.len.store(s.jobs.len(), Relaxed);
                 return true;
             }
-            s = match next {
+            let until = match next {
+                Some(at) => {
+                    lingered = false;
+                    at
+                }
+                None if !lingered => {
+                    lingered = true;
+                    now + REAPER_LINGER
+                }
                 None => {
                     s.reaper = Reaper::Idle;
-                    self.reaper_bell
+                    s = self
+                        .reaper_bell
                         .wait(s)
-                        .unwrap_or_else(PoisonError::into_inner)
-                }
-                Some(at) => {
-                    s.reaper = Reaper::Until(at);
-                    self.reaper_bell
-                        .wait_timeout(s, at.saturating_duration_since(now))
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .0
+                        .unwrap_or_else(PoisonError::into_inner);
+                    lingered = false;
+                    continue;
                 }
             };
+            s.reaper = Reaper::Until(until);
+            s = self
+                .reaper_bell
+                .wait_timeout(s, until.saturating_duration_since(now))
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
         }
+    }
+
+    /// Whether the reaper sleeps until a push (a push would wake it).
+    #[cfg(test)]
+    fn reaper_idle(&self) -> bool {
+        self.lock().reaper == Reaper::Idle
     }
 
     /// Refuses further pushes and wakes every session: each takes what is still queued, then [`next`]
@@ -459,6 +483,45 @@ mod tests {
         fn expires(&self) -> Instant {
             self.1
         }
+    }
+
+    #[test]
+    fn an_empty_queue_keeps_the_reaper_on_a_timer_for_a_while_before_a_push_would_wake_it() {
+        let q = Arc::new(Dispatch::<Timed>::new(8, 1, 64));
+        let reaper = {
+            let q = q.clone();
+            std::thread::spawn(move || {
+                let mut out = Vec::new();
+                while q.reap(&mut out) {
+                    out.clear();
+                }
+            })
+        };
+        let idle_within = |bound: Duration| {
+            let until = Instant::now() + bound + WAIT;
+            while !q.reaper_idle() {
+                assert!(Instant::now() < until, "the reaper never went to sleep");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        // An empty queue from the start: after the linger, it sleeps until a push.
+        idle_within(REAPER_LINGER);
+        // A push wakes it, and the job is taken at once, as a searching session takes it under light
+        // load (most often before the reaper looks).
+        q.push(Timed(1, Instant::now() + Duration::from_millis(300)))
+            .expect("queued");
+        let mut batch = Vec::new();
+        assert!(q.next(0, 16, &mut batch));
+        assert_eq!(batch.len(), 1);
+        std::thread::sleep(Duration::from_millis(20));
+        // Finding the queue empty again, it keeps a timer: the next sparse push need not wake it.
+        assert!(
+            !q.reaper_idle(),
+            "the next push would wake the reaper again"
+        );
+        idle_within(Duration::from_millis(300) + REAPER_LINGER);
+        q.close();
+        reaper.join().expect("reaper thread");
     }
 
     #[test]
