@@ -906,10 +906,7 @@ fn given_twice(text: &str, offset: usize) -> String {
         let header = line.split('#').next().unwrap_or(line).trim();
         return format!("the table `{header}` is given twice: write its keys under one `{header}`");
     }
-    match line
-        .split_once('=')
-        .and_then(|_| key_at(text, start + raw.len()))
-    {
+    match key_at(text, start + raw.len()) {
         Some(key) => format!("`{key}` is set twice: keep one of them"),
         None => "duplicate key".to_owned(),
     }

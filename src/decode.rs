@@ -755,7 +755,8 @@ pub(crate) fn strip_position(m: &str) -> String {
 }
 
 /// serde's words for a number of the wrong kind name the Rust type it was read into (`invalid value:
-/// integer `-2`, expected usize`): those become words a person writing a file or a variable can act on.
+/// integer `-2`, expected usize`), and a field's name a "field identifier": those become words a person
+/// writing a file or a variable can act on.
 pub fn plain_types(m: &str) -> String {
     const PLAIN: [(&str, &str); 12] = [
         ("usize", "a whole number, 0 or more"),
@@ -786,7 +787,8 @@ pub fn plain_types(m: &str) -> String {
         }
     }
     out.push_str(rest);
-    out
+    // serde's word for the name of a struct's field, which a map key that is no text fails to be.
+    out.replace("expected field identifier", "expected a field name")
 }
 
 fn field_message(path: &str, msg: &str) -> String {

@@ -65,7 +65,7 @@ enum Reaper {
     Awake,
     /// Asleep until a push (the queue was empty).
     Idle,
-    /// Asleep until this instant, the earliest expiry it saw.
+    /// Asleep until this instant: the earliest expiry it saw, or the end of its linger on an empty queue.
     Until(Instant),
 }
 

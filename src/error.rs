@@ -320,20 +320,22 @@ impl Shape {
 pub(crate) const MAX_MESSAGE_BYTES: usize = 4096;
 const MAX_FIELD_BYTES: usize = 512;
 
+/// The first `max` bytes of `text`, cut back to a character boundary; all of it when shorter.
+pub(crate) fn head(text: &str, max: usize) -> &str {
+    let mut end = max.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
 /// `text`, or its first `max` bytes (at a character boundary) and how many more there were.
 pub(crate) fn bounded(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
     if text.len() <= max {
         return std::borrow::Cow::Borrowed(text);
     }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    std::borrow::Cow::Owned(format!(
-        "{}… ({} more bytes)",
-        &text[..end],
-        text.len() - end
-    ))
+    let kept = head(text, max);
+    std::borrow::Cow::Owned(format!("{kept}… ({} more bytes)", text.len() - kept.len()))
 }
 
 impl ApiError {

@@ -1402,11 +1402,7 @@ fn excerpt(s: &str) -> std::borrow::Cow<'_, str> {
     if s.len() <= SHOWN {
         return s.into();
     }
-    let mut end = SHOWN;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}… ({} bytes)", &s[..end], s.len()).into()
+    format!("{}… ({} bytes)", crate::error::head(s, SHOWN), s.len()).into()
 }
 
 /// Whether `path` is read as CSV (by its extension).

@@ -151,25 +151,66 @@ impl<'de> Deserialize<'de> for TensorData {
 macro_rules! as_json {
     ($on:expr) => {
         fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
-            Ok($on(self, v.to_string()))
+            Ok($on(self, quote(|p| p.visit_bool::<E>(v))?))
         }
         fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-            let mut text = String::new();
-            Preview(&mut text).visit_str::<E>(v)?;
-            Ok($on(self, text))
+            Ok($on(self, quote(|p| p.visit_str::<E>(v))?))
         }
         fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-            Ok($on(self, "null".to_owned()))
+            Ok($on(self, quote(|p| p.visit_unit::<E>())?))
         }
         fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-            Ok($on(self, "null".to_owned()))
+            Ok($on(self, quote(|p| p.visit_none::<E>())?))
         }
         fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-            let mut text = String::new();
-            Preview(&mut text).visit_map(map)?;
-            Ok($on(self, text))
+            Ok($on(self, quote(|p| p.visit_map(map))?))
         }
     };
+}
+
+/// The text [`Preview`] writes of one value.
+fn quote<E>(write: impl FnOnce(Preview<'_>) -> Result<(), E>) -> Result<String, E> {
+    let mut text = String::new();
+    write(Preview(&mut text))?;
+    Ok(text)
+}
+
+/// Writes a list or a map into `out` between `open` and `close`: its elements while there is room, each
+/// written by `next(Some(out))` (false once there are no more), then the rest read past by `next(None)`
+/// and shown as `,…`. With no room left even for `open`, the whole of it is read past and shown as `…`.
+fn elements<E>(
+    out: &mut String,
+    (open, close): (char, char),
+    mut next: impl FnMut(Option<&mut String>) -> Result<bool, E>,
+) -> Result<(), E> {
+    if out.len() >= PREVIEW {
+        while next(None)? {}
+        out.push('…');
+        return Ok(());
+    }
+    out.push(open);
+    let first = out.len();
+    while out.len() < PREVIEW {
+        // The comma goes in before the element is known to exist, and is taken back after the last.
+        let mark = out.len();
+        if mark > first {
+            out.push(',');
+        }
+        if !next(Some(&mut *out))? {
+            out.truncate(mark);
+            out.push(close);
+            return Ok(());
+        }
+    }
+    let mut more = false;
+    while next(None)? {
+        more = true;
+    }
+    if more {
+        out.push_str(",…");
+    }
+    out.push(close);
+    Ok(())
 }
 
 /// How much of a wrong value a message quotes, in bytes of JSON text: past it, the value is read and
@@ -222,12 +263,9 @@ impl<'de> Visitor<'de> for Preview<'_> {
     }
     fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
         if self.room() {
-            let mut end = v.len().min(PREVIEW);
-            while !v.is_char_boundary(end) {
-                end -= 1;
-            }
-            let quoted = if end < v.len() {
-                serde_json::Value::from(format!("{}…", &v[..end])).to_string()
+            let shown = crate::error::head(v, PREVIEW);
+            let quoted = if shown.len() < v.len() {
+                serde_json::Value::from(format!("{shown}…")).to_string()
             } else {
                 serde_json::Value::from(v).to_string()
             };
@@ -242,52 +280,24 @@ impl<'de> Visitor<'de> for Preview<'_> {
     fn visit_none<E: de::Error>(self) -> Result<(), E> {
         self.visit_unit()
     }
-    fn visit_seq<A: de::SeqAccess<'de>>(mut self, mut seq: A) -> Result<(), A::Error> {
-        self.push("[");
-        let mut first = true;
-        while self.room() {
-            // The comma goes in before the element is known to exist, and is taken back after the last.
-            let mark = self.0.len();
-            if !first {
-                self.0.push(',');
-            }
-            if seq.next_element_seed(Preview(&mut *self.0))?.is_none() {
-                self.0.truncate(mark);
-                self.0.push(']');
-                return Ok(());
-            }
-            first = false;
-        }
-        let mut more = false;
-        while seq.next_element::<Checked>()?.is_some() {
-            more = true;
-        }
-        self.0.push_str(if more { ",…]" } else { "]" });
-        Ok(())
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        elements(self.0, ('[', ']'), |out| match out {
+            Some(out) => Ok(seq.next_element_seed(Preview(out))?.is_some()),
+            None => Ok(seq.next_element::<Checked>()?.is_some()),
+        })
     }
-    fn visit_map<A: de::MapAccess<'de>>(mut self, mut map: A) -> Result<(), A::Error> {
-        self.push("{");
-        let mut first = true;
-        while self.room() {
-            let mark = self.0.len();
-            if !first {
-                self.0.push(',');
+    fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        elements(self.0, ('{', '}'), |out| match out {
+            Some(out) => {
+                if map.next_key_seed(Preview(&mut *out))?.is_none() {
+                    return Ok(false);
+                }
+                out.push(':');
+                map.next_value_seed(Preview(out))?;
+                Ok(true)
             }
-            if map.next_key_seed(Preview(&mut *self.0))?.is_none() {
-                self.0.truncate(mark);
-                self.0.push('}');
-                return Ok(());
-            }
-            self.0.push(':');
-            map.next_value_seed(Preview(&mut *self.0))?;
-            first = false;
-        }
-        let mut more = false;
-        while map.next_entry::<Checked, Checked>()?.is_some() {
-            more = true;
-        }
-        self.0.push_str(if more { ",…}" } else { "}" });
-        Ok(())
+            None => Ok(map.next_entry::<Checked, Checked>()?.is_some()),
+        })
     }
 }
 
@@ -323,15 +333,15 @@ impl<'de> Visitor<'de> for Top<'_> {
     as_json!(Top::not_a_list);
     // A number is quoted as it was sent (`1`, not `1.0`).
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
-        self.not_a_list(v.to_string());
+        self.not_a_list(quote(|p| p.visit_i64::<E>(v))?);
         Ok(())
     }
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
-        self.not_a_list(v.to_string());
+        self.not_a_list(quote(|p| p.visit_u64::<E>(v))?);
         Ok(())
     }
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
-        self.not_a_list(serde_json::Value::from(v).to_string());
+        self.not_a_list(quote(|p| p.visit_f64::<E>(v))?);
         Ok(())
     }
     fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
@@ -406,9 +416,7 @@ impl<'de> Visitor<'de> for Item<'_> {
     fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         if !*self.rows.get_or_insert(true) {
             // A list inside a flat list of numbers.
-            let mut text = String::new();
-            Preview(&mut text).visit_seq(seq)?;
-            self.not_a_list(text);
+            self.not_a_list(quote(|p| p.visit_seq(seq))?);
             return Ok(());
         }
         // A row: its numbers, and its first problem, which stands only if the row has the width (a
@@ -496,9 +504,7 @@ impl<'de> Visitor<'de> for Element<'_> {
     as_json!(Element::not_a_number);
     as_number!(Element::number);
     fn visit_seq<A: de::SeqAccess<'de>>(self, seq: A) -> Result<(), A::Error> {
-        let mut text = String::new();
-        Preview(&mut text).visit_seq(seq)?;
-        self.not_a_number(text);
+        self.not_a_number(quote(|p| p.visit_seq(seq))?);
         Ok(())
     }
 }

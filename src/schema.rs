@@ -831,20 +831,18 @@ fn parse_doc<T: serde::de::DeserializeOwned>(
                 .path()
                 .iter()
                 .any(|s| matches!(s, serde_path_to_error::Segment::Unknown));
-            let path = if path == "." { "" } else { &path };
             let message = e.inner().to_string();
             // A field left out is the field to fix: its name goes in the path, as for any other field.
             let missing = message
                 .strip_prefix("missing field `")
                 .and_then(|m| m.split('`').next());
-            let path = match missing {
-                Some(field) if path.is_empty() => field.to_owned(),
-                Some(field) => format!("{path}.{field}"),
-                None => path.to_owned(),
+            let path = match (path.as_str(), missing) {
+                ("." | "", Some(field)) => field.to_owned(),
+                (path, Some(field)) => format!("{path}.{field}"),
+                (".", None) => String::new(),
+                (path, None) => path.to_owned(),
             };
-            let path = path.as_str();
-            let mut message = crate::decode::plain_types(&message)
-                .replace("expected field identifier", "expected a field name");
+            let mut message = crate::decode::plain_types(&message);
             if about_key {
                 match key_not_text(&body, e.path()) {
                     Some(key) => message.push_str(&format!(
@@ -853,7 +851,7 @@ fn parse_doc<T: serde::de::DeserializeOwned>(
                     None => message.push_str(" (as a map key: keys are names, written as text)"),
                 }
             }
-            errs.push(file, path, message);
+            errs.push(file, &path, message);
             None
         }
     }
@@ -875,9 +873,11 @@ fn key_not_text(body: &serde_yaml::Value, path: &serde_path_to_error::Path) -> O
     let key = at.as_mapping()?.keys().find(|k| !k.is_string())?;
     let text = flow(key);
     // A key can be a whole list: the message quotes its start.
-    Some(match text.char_indices().nth(80) {
-        Some((end, _)) => format!("{}…", &text[..end]),
-        None => text,
+    let shown = crate::error::head(&text, 80);
+    Some(if shown.len() < text.len() {
+        format!("{shown}…")
+    } else {
+        text
     })
 }
 
