@@ -19,9 +19,11 @@ start_redis
 "$bin/hydrant" load --view user_profile demo/rows/user_profile.jsonl
 "$bin/hydrant" load --view item_stats demo/rows/item_stats.jsonl
 
-# gateway (the compose `hydrant` service)
+# gateway (the compose `hydrant` service), on WORKERS async workers (default 1): the load tester shares
+# the machine, and the in-process floor runs on as many threads as the gateway's /v1/stats says it runs
 port="$(free_port)"
 HYDRANT_SERVER__BIND="127.0.0.1:$port" HYDRANT_TELEMETRY__LOG_LEVEL="${LOG_LEVEL:-warn}" \
+  HYDRANT_SERVER__WORKERS="${WORKERS:-1}" \
   setsid "$bin/hydrant" serve >"$work/hydrant.log" 2>&1 &
 pids+=($!)
 wait_ready "$port" "$work/hydrant.log"

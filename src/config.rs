@@ -20,6 +20,8 @@ pub const ENV_PREFIX: &str = "HYDRANT_";
 
 /// Most sessions in one model's pool (`inference.default_sessions`, a model's `sessions`).
 pub const MAX_SESSIONS: usize = 256;
+/// Most async worker threads (`server.workers`).
+pub const MAX_WORKERS: usize = 1024;
 /// Most ONNX Runtime intra-op threads per session (`inference.intra_threads`).
 pub const MAX_INTRA_THREADS: usize = 256;
 /// Most threads one model's pool may run: sessions × intra-op threads. Each session is a thread of its own,
@@ -96,6 +98,9 @@ pub struct ServerConfig {
     /// Client connections open at once; more wait in the accept queue until one closes. Kept below the
     /// process's open-files limit at start-up.
     pub max_connections: usize,
+    /// Async worker threads, which read requests, hydrate, assemble and answer (the models' sessions run
+    /// on threads of their own); 0 means one per core.
+    pub workers: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -250,6 +255,7 @@ impl Default for ServerConfig {
             shutdown_grace: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(75),
             max_connections: 10_000,
+            workers: 0,
         }
     }
 }
@@ -680,6 +686,12 @@ impl Config {
                 count(self.server.max_connections),
                 1,
                 1_000_000,
+            ),
+            (
+                "server.workers",
+                count(self.server.workers),
+                0,
+                count(MAX_WORKERS),
             ),
             (
                 "store.redis.max_command_buffer",

@@ -116,7 +116,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         quiet_store_client(&mut config.telemetry.log_level);
     }
     hydrant::telemetry::init_logging(&config.telemetry);
-    let rt = tokio::runtime::Builder::new_multi_thread()
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if config.server.workers > 0 {
+        rt.worker_threads(config.server.workers);
+    }
+    let rt = rt
         .enable_all()
         // The blocking pool hands each task to its idle threads in turn, so the folder watch (every
         // `registry.reload_interval`, 2 s) alone kept a thread alive per 2 s of tokio's 10 s keep-alive:

@@ -515,6 +515,8 @@ pub fn stats(gw: &Gateway) -> Json {
     json!({
         "uptime_s": t.uptime_s(),
         "window_s": millis(window_s.unwrap_or_else(|| t.window_s())),
+        // The async workers serving requests (`server.workers`): a load tester runs its floor with as many.
+        "workers": tokio::runtime::Handle::try_current().map_or(0, |h| h.metrics().num_workers()),
         "store": gw.hydrator.store().backend(),
         "stores": stores,
         "prefetch": {

@@ -86,6 +86,9 @@ fn docker_compose_config_accepts_the_file_and_it_has_every_service() {
     // with the same settings, so the two topologies' figures compare.
     assert_eq!(env["HYDRANT_TELEMETRY__LOG_LEVEL"].as_str(), Some("warn"));
     assert!(local.contains("HYDRANT_TELEMETRY__LOG_LEVEL=\"${LOG_LEVEL:-warn}\""));
+    // And on as many async workers, which the load tester's floor then runs on too.
+    assert_eq!(env["HYDRANT_SERVER__WORKERS"].as_str(), Some("1"));
+    assert!(local.contains("HYDRANT_SERVER__WORKERS=\"${WORKERS:-1}\""));
     let redis = serde_yaml::to_string(&doc["services"]["redis"]["command"]).expect("yaml");
     let lib = std::fs::read_to_string(root().join("scripts/lib.sh")).expect("lib.sh");
     for flag in ["--save", "--appendonly", "--maxmemory-policy"] {

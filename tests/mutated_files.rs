@@ -30,6 +30,7 @@ const CONFIG_NAMES: &[&str] = &[
     "shutdown_grace",
     "idle_timeout",
     "max_connections",
+    "workers",
     "store",
     "prefix",
     "embedded",

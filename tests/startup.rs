@@ -833,6 +833,7 @@ fn the_binary_refuses_absurd_sizes_without_panicking() {
         ("HYDRANT_PREFETCH__MAX_CONCURRENT", "9223372036854775807"),
         ("HYDRANT_INFERENCE__INTRA_THREADS", "100000"),
         ("HYDRANT_STORE__REDIS__POOL_SIZE", "100000"),
+        ("HYDRANT_SERVER__WORKERS", "100000"),
         ("HYDRANT_LIMITS__REQUEST_TIMEOUT", "500000000d"),
         (
             "HYDRANT_LIMITS__REQUEST_TIMEOUT",
@@ -1047,6 +1048,57 @@ fn serve_embedded(dir: &Path, level: &str) -> (std::process::Child, u16) {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     (child, port)
+}
+
+/// `GET path` with `connection: close`: the whole answer, status line to body.
+fn get(port: u16, path: &str) -> String {
+    use std::io::{Read as _, Write as _};
+
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nhost: h\r\nconnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).expect("read");
+    answer
+}
+
+/// The async workers are as many as `server.workers` says, one per core when it is 0, and `/v1/stats`
+/// says how many (a load tester runs its floor with as many).
+#[test]
+fn the_async_workers_are_as_many_as_server_workers_says() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for (workers, expected) in [(Some("3"), 3), (None, cores)] {
+        let port = free_port();
+        let mut cmd = hydrant(&root());
+        cmd.env("HYDRANT_SERVER__BIND", format!("127.0.0.1:{port}"))
+            .env("HYDRANT_STORE__EMBEDDED__PATH", dir.path().join("s.redb"))
+            .env("HYDRANT_TELEMETRY__LOG_LEVEL", "warn")
+            // tokio's own variable would set the count that 0 leaves to it.
+            .env_remove("TOKIO_WORKER_THREADS")
+            .arg("serve")
+            .stderr(std::process::Stdio::piped());
+        if let Some(w) = workers {
+            cmd.env("HYDRANT_SERVER__WORKERS", w);
+        }
+        let child = cmd.spawn().expect("starts");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the server did not start"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let answer = get(port, "/v1/stats");
+        terminate(child);
+        let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        let stats: serde_json::Value = serde_json::from_str(body).expect("stats JSON");
+        assert_eq!(stats["workers"], expected, "{workers:?}: {stats}");
+    }
 }
 
 #[test]

@@ -141,6 +141,12 @@ pub struct RunResult {
     /// Hydrant throughput / floor throughput (same basis as `floor_rps`).
     pub ratio_to_floor: Option<f64>,
     pub latency_ratio_to_floor: Option<LatencyRatio>,
+    /// The gateway's async worker threads, as its `/v1/stats` said before the run.
+    #[serde(default)]
+    pub gateway_workers: Option<u64>,
+    /// Worker threads of the in-process floor (none for a floor at `floor.url`).
+    #[serde(default)]
+    pub floor_threads: Option<usize>,
     /// A plain Redis GET round trip measured in the same run (with `--redis-url`).
     #[serde(default)]
     pub redis_get: Option<crate::redis_probe::RedisGet>,

@@ -24,7 +24,7 @@ use crate::report::{
     ratio, rps_ratio, us_or_nan,
 };
 use crate::sample::stream_seed;
-use crate::scenario::{Mode, Scenario, TargetUrl};
+use crate::scenario::{DEFAULT_FLOOR_THREADS, MAX_FLOOR_THREADS, Mode, Scenario, TargetUrl};
 use crate::stats::{self, Stats};
 use crate::workload::Workload;
 
@@ -420,6 +420,13 @@ pub async fn run(
     let hydrant_pool = pool(&scenario.target)?;
     wait_ready(&hydrant_pool, scenario.ready_timeout, &cancel).await?;
     probe_model(&hydrant_pool, &scenario, &cancel).await?;
+    // The floor runs on as many threads as the gateway's async workers, unless the scenario says.
+    let gateway_workers = stats::fetch(&hydrant_pool)
+        .await
+        .ok()
+        .map(|s| s.workers)
+        .filter(|&w| w > 0);
+    let mut floor_threads = None;
 
     let mut floor_server = None;
     let floor_pool = match &scenario.floor {
@@ -429,7 +436,9 @@ pub async fn run(
                 Some(u) => u.clone(),
                 None => {
                     let bind = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
-                    let h = FloorHandle::spawn(bind, f.scores, f.threads)
+                    let threads = floor_threads_for(f.threads, gateway_workers);
+                    floor_threads = Some(threads);
+                    let h = FloorHandle::spawn(bind, f.scores, threads)
                         .map_err(|e| RunError::Floor(e.to_string()))?;
                     let url = TargetUrl {
                         addr: h.addr,
@@ -515,6 +524,8 @@ pub async fn run(
         cancel.is_cancelled(),
     );
 
+    result.gateway_workers = gateway_workers;
+    result.floor_threads = floor_threads;
     if opts.redis_url.is_some() && cancel.is_cancelled() {
         result
             .warnings
@@ -551,6 +562,17 @@ pub async fn run(
     }
 
     write_outputs(result, &opts.out_dir)
+}
+
+/// The in-process floor's worker threads: the scenario's `floor.threads`, else as many as the gateway's
+/// async workers (at most [`MAX_FLOOR_THREADS`]), else [`DEFAULT_FLOOR_THREADS`] for a gateway that does
+/// not say.
+fn floor_threads_for(set: Option<usize>, gateway_workers: Option<u64>) -> usize {
+    set.unwrap_or_else(|| {
+        gateway_workers.map_or(DEFAULT_FLOOR_THREADS, |w| {
+            usize::try_from(w).map_or(MAX_FLOOR_THREADS, |w| w.clamp(1, MAX_FLOOR_THREADS))
+        })
+    })
 }
 
 /// Writes the JSON and HTML files for `result` into `out_dir`; on failure the error carries the
@@ -1215,6 +1237,8 @@ fn assemble(
         floor_rps,
         ratio_to_floor,
         latency_ratio_to_floor,
+        gateway_workers: None,
+        floor_threads: None,
         redis_get: None,
         floor,
         steps,
@@ -1229,6 +1253,14 @@ fn assemble(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_floor_takes_the_scenarios_threads_else_the_gateways_workers_else_two() {
+        assert_eq!(floor_threads_for(Some(5), Some(3)), 5);
+        assert_eq!(floor_threads_for(None, Some(3)), 3);
+        assert_eq!(floor_threads_for(None, Some(1_000)), MAX_FLOOR_THREADS);
+        assert_eq!(floor_threads_for(None, None), DEFAULT_FLOOR_THREADS);
+    }
+
     use super::*;
 
     fn seg(which: Which, rps: u64) -> Segment {

@@ -492,6 +492,12 @@ pub struct Candidates {
     pub distinct: bool,
 }
 
+/// Most worker threads of the in-process floor.
+pub const MAX_FLOOR_THREADS: usize = 64;
+
+/// Worker threads of the in-process floor when neither the scenario nor the gateway says how many.
+pub const DEFAULT_FLOOR_THREADS: usize = 2;
+
 /// The floor: the cheapest server on hydrant's own HTTP stack, driven with the same mix, for comparison.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Floor {
@@ -499,8 +505,9 @@ pub struct Floor {
     pub url: Option<TargetUrl>,
     /// Scores in the floor's fixed answer (so its size is like a real one).
     pub scores: usize,
-    /// Worker threads of the in-process floor's runtime.
-    pub threads: usize,
+    /// Worker threads of the in-process floor's runtime; `None`: as many as the gateway's async workers
+    /// (`workers` in its `/v1/stats`), so that both servers run the same stack on as many threads.
+    pub threads: Option<usize>,
 }
 
 /// A validated scenario.
@@ -1112,7 +1119,12 @@ fn validate(
                 1,
                 MAX_CANDIDATES as i64,
             )? as usize;
-            let threads = c.int_in("floor.threads", f.threads.unwrap_or(2), 1, 64)? as usize;
+            let threads = match f.threads {
+                Some(t) => {
+                    Some(c.int_in("floor.threads", t, 1, MAX_FLOOR_THREADS as i64)? as usize)
+                }
+                None => None,
+            };
             Some(Floor {
                 url,
                 scores,

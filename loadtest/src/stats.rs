@@ -24,6 +24,8 @@ pub const FETCH_TIMEOUT: Duration = Duration::from_secs(2);
 pub struct Stats {
     pub uptime_s: f64,
     pub window_s: f64,
+    /// The gateway's async worker threads (`server.workers`); 0 from a gateway that does not say.
+    pub workers: u64,
     pub models: BTreeMap<String, ModelStats>,
     pub views: BTreeMap<String, ViewStats>,
 }

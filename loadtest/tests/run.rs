@@ -106,6 +106,49 @@ async fn max_then_fraction_with_floor_writes_json_and_html() {
     }
 }
 
+/// The in-process floor runs on as many threads as the gateway says it runs async workers, unless the
+/// scenario sets `floor.threads`; on 2 without either. The result and the summary say which.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_floor_runs_on_as_many_threads_as_the_gateways_workers() {
+    let load = "mode = \"closed-loop\"\nconcurrency = [2]\nduration_s = 0.5\nwarm_up_s = 0";
+    for (workers, floor, expected, says) in [
+        (
+            Some(3),
+            "",
+            3,
+            "both servers on 3 threads (the gateway's server.workers)",
+        ),
+        (
+            Some(3),
+            "\nthreads = 1",
+            1,
+            "gateway on 3 threads (server.workers), floor on 1 thread (floor.threads)",
+        ),
+        (
+            None,
+            "",
+            2,
+            "floor on 2 threads (the gateway's /v1/stats does not say its workers)",
+        ),
+    ] {
+        let gw = FakeGateway::start(FakeConfig {
+            delay: Duration::from_millis(1),
+            stats: true,
+            workers,
+            ..FakeConfig::default()
+        })
+        .await;
+        let s = scenario(&gw.url(), load, &format!("[floor]\nenabled = true{floor}"));
+        let dir = temp_dir(&format!("floor-threads-{expected}"));
+        let out = run(s, &quiet(dir), Cancel::new()).await.expect("run");
+        let v = result_json(&out);
+        assert_eq!(v["floor_threads"], expected, "{workers:?} {floor:?}");
+        assert_eq!(v["gateway_workers"], serde_json::json!(workers));
+        let summary = loadtest::report::table::render(&out.result);
+        assert!(summary.contains(says), "{summary}");
+    }
+}
+
 /// A max-then-fraction run (`load`) against a fake gateway (`fake`) whose open-loop phase does not run:
 /// the result and the failure it reports, which is also among its warnings.
 async fn without_open_loop(

@@ -282,6 +282,9 @@ pub fn render(r: &RunResult) -> String {
                 .map_or_else(|| "-".into(), fmt_rate),
             r.floor_rps.map_or_else(|| "-".into(), fmt_rate)
         );
+        if let Some(line) = super::table::threads_line(r) {
+            let _ = write!(out, "<p class=\"note\">{}.</p>", esc(&line));
+        }
     }
 
     // Latency over time.

@@ -86,6 +86,9 @@ pub fn render(r: &RunResult) -> String {
                 let _ = write!(out, " (floor {}, ratio {:.2})", fmt_rate(f), ratio);
             }
             out.push('\n');
+            if let Some(line) = threads_line(r) {
+                let _ = writeln!(out, "  {line}");
+            }
         }
     }
 
@@ -260,4 +263,27 @@ pub fn render(r: &RunResult) -> String {
         let _ = writeln!(out, "\nwarning: {w}");
     }
     out
+}
+
+/// What each server ran on: the gateway's async workers and the in-process floor's threads.
+pub fn threads_line(r: &RunResult) -> Option<String> {
+    let floor = r.floor_threads?;
+    let threads = |n: u64| format!("{n} thread{}", if n == 1 { "" } else { "s" });
+    Some(match r.gateway_workers {
+        Some(g) if g == floor as u64 => {
+            format!(
+                "both servers on {} (the gateway's server.workers)",
+                threads(g)
+            )
+        }
+        Some(g) => format!(
+            "gateway on {} (server.workers), floor on {} (floor.threads)",
+            threads(g),
+            threads(floor as u64)
+        ),
+        None => format!(
+            "floor on {} (the gateway's /v1/stats does not say its workers)",
+            threads(floor as u64)
+        ),
+    })
 }

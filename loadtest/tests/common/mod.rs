@@ -30,6 +30,8 @@ pub struct FakeConfig {
     pub serial: bool,
     /// Serve `/v1/stats` (404 otherwise).
     pub stats: bool,
+    /// The async workers `/v1/stats` says the gateway runs (left out when `None`).
+    pub workers: Option<u64>,
     /// The models served (predict for any other answers 404 `unknown_model`, as hydrant does);
     /// `None` serves every model.
     pub models: Option<Vec<String>>,
@@ -237,14 +239,17 @@ async fn stats(State(st): State<Arc<Fake>>) -> Response {
     let hits = st.hits.load(Ordering::Relaxed);
     let misses = st.misses.load(Ordering::Relaxed);
     let stage = serde_json::json!({"p50_us": 5, "p95_us": 9, "p99_us": 12});
-    axum::Json(serde_json::json!({
+    let mut doc = serde_json::json!({
         "uptime_s": st.started.elapsed().as_secs_f64(),
         "window_s": 60,
         "models": {"ctr": {"requests": st.requests.load(Ordering::Relaxed), "errors": 0,
             "stages": {"decode": stage, "hydrate": stage, "total": stage}}},
         "views": {"user_profile": {"hits": hits, "stale": 0, "misses": misses, "negative": 0}}
-    }))
-    .into_response()
+    });
+    if let Some(w) = st.cfg.workers {
+        doc["workers"] = w.into();
+    }
+    axum::Json(doc).into_response()
 }
 
 /// A fresh, empty directory for one test's files, under Cargo's scratch folder for integration tests
