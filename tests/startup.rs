@@ -1030,15 +1030,24 @@ fn free_port() -> u16 {
 /// `hydrant serve` on a free port over an embedded store in `dir`, logging at `level` to a pipe, once it
 /// listens; with its port.
 fn serve_embedded(dir: &Path, level: &str) -> (std::process::Child, u16) {
+    serve_embedded_with(dir, level, |_| {})
+}
+
+/// [`serve_embedded`], with `more` set on the command first (more variables, say).
+fn serve_embedded_with(
+    dir: &Path,
+    level: &str,
+    more: impl FnOnce(&mut std::process::Command),
+) -> (std::process::Child, u16) {
     let port = free_port();
-    let child = hydrant(&root())
-        .env("HYDRANT_SERVER__BIND", format!("127.0.0.1:{port}"))
+    let mut cmd = hydrant(&root());
+    cmd.env("HYDRANT_SERVER__BIND", format!("127.0.0.1:{port}"))
         .env("HYDRANT_STORE__EMBEDDED__PATH", dir.join("s.redb"))
         .env("HYDRANT_TELEMETRY__LOG_LEVEL", level)
         .arg("serve")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("starts");
+        .stderr(std::process::Stdio::piped());
+    more(&mut cmd);
+    let child = cmd.spawn().expect("starts");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(
@@ -1072,27 +1081,13 @@ fn the_async_workers_are_as_many_as_server_workers_says() {
     let dir = tempfile::tempdir().expect("tempdir");
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     for (workers, expected) in [(Some("3"), 3), (None, cores)] {
-        let port = free_port();
-        let mut cmd = hydrant(&root());
-        cmd.env("HYDRANT_SERVER__BIND", format!("127.0.0.1:{port}"))
-            .env("HYDRANT_STORE__EMBEDDED__PATH", dir.path().join("s.redb"))
-            .env("HYDRANT_TELEMETRY__LOG_LEVEL", "warn")
+        let (child, port) = serve_embedded_with(dir.path(), "warn", |cmd| {
             // tokio's own variable would set the count that 0 leaves to it.
-            .env_remove("TOKIO_WORKER_THREADS")
-            .arg("serve")
-            .stderr(std::process::Stdio::piped());
-        if let Some(w) = workers {
-            cmd.env("HYDRANT_SERVER__WORKERS", w);
-        }
-        let child = cmd.spawn().expect("starts");
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the server did not start"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
+            cmd.env_remove("TOKIO_WORKER_THREADS");
+            if let Some(w) = workers {
+                cmd.env("HYDRANT_SERVER__WORKERS", w);
+            }
+        });
         let answer = get(port, "/v1/stats");
         terminate(child);
         let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
