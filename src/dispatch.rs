@@ -259,13 +259,8 @@ impl<T: Rows> Dispatch<T> {
                 return false;
             }
             let now = Instant::now();
-            let mut next: Option<Instant> = None;
-            let mut due = false;
-            for e in s.jobs.iter().map(Rows::expires) {
-                due |= e <= now;
-                next = Some(next.map_or(e, |n| n.min(e)));
-            }
-            if due {
+            let next = s.jobs.iter().map(Rows::expires).min();
+            if next.is_some_and(|at| at <= now) {
                 let mut kept = VecDeque::with_capacity(s.jobs.len());
                 for job in s.jobs.drain(..) {
                     if job.expires() <= now {

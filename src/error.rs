@@ -329,6 +329,16 @@ pub(crate) fn head(text: &str, max: usize) -> &str {
     &text[..end]
 }
 
+/// `text`, or its [`head`] and `…` when it is longer than `max` bytes.
+pub(crate) fn clipped(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    let kept = head(text, max);
+    if kept.len() < text.len() {
+        std::borrow::Cow::Owned(format!("{kept}…"))
+    } else {
+        std::borrow::Cow::Borrowed(text)
+    }
+}
+
 /// `text`, or its first `max` bytes (at a character boundary) and how many more there were.
 pub(crate) fn bounded(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
     if text.len() <= max {

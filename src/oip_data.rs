@@ -263,12 +263,7 @@ impl<'de> Visitor<'de> for Preview<'_> {
     }
     fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
         if self.room() {
-            let shown = crate::error::head(v, PREVIEW);
-            let quoted = if shown.len() < v.len() {
-                serde_json::Value::from(format!("{shown}…")).to_string()
-            } else {
-                serde_json::Value::from(v).to_string()
-            };
+            let quoted = serde_json::Value::from(&*crate::error::clipped(v, PREVIEW)).to_string();
             self.0.push_str(&quoted);
         }
         Ok(())

@@ -871,14 +871,8 @@ fn key_not_text(body: &serde_yaml::Value, path: &serde_path_to_error::Path) -> O
         };
     }
     let key = at.as_mapping()?.keys().find(|k| !k.is_string())?;
-    let text = flow(key);
     // A key can be a whole list: the message quotes its start.
-    let shown = crate::error::head(&text, 80);
-    Some(if shown.len() < text.len() {
-        format!("{shown}…")
-    } else {
-        text
-    })
+    Some(crate::error::clipped(&flow(key), 80).into_owned())
 }
 
 /// `v` in YAML's flow style, on one line (`[a, b]`, `{a: 1}`, `~`), for a message.

@@ -420,13 +420,8 @@ pub async fn run(
     let hydrant_pool = pool(&scenario.target)?;
     wait_ready(&hydrant_pool, scenario.ready_timeout, &cancel).await?;
     probe_model(&hydrant_pool, &scenario, &cancel).await?;
-    // The floor runs on as many threads as the gateway's async workers, unless the scenario says.
-    let gateway_workers = stats::fetch(&hydrant_pool)
-        .await
-        .ok()
-        .map(|s| s.workers)
-        .filter(|&w| w > 0);
-    let mut floor_threads = None;
+    // What the in-process floor runs on, and the gateway's async workers it goes by.
+    let (mut gateway_workers, mut floor_threads) = (None, None);
 
     let mut floor_server = None;
     let floor_pool = match &scenario.floor {
@@ -436,6 +431,12 @@ pub async fn run(
                 Some(u) => u.clone(),
                 None => {
                     let bind = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+                    // As many threads as the gateway's async workers, unless the scenario says.
+                    gateway_workers = stats::fetch(&hydrant_pool)
+                        .await
+                        .ok()
+                        .map(|s| s.workers)
+                        .filter(|&w| w > 0);
                     let threads = floor_threads_for(f.threads, gateway_workers);
                     floor_threads = Some(threads);
                     let h = FloorHandle::spawn(bind, f.scores, threads)
@@ -1253,6 +1254,8 @@ fn assemble(
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn the_floor_takes_the_scenarios_threads_else_the_gateways_workers_else_two() {
         assert_eq!(floor_threads_for(Some(5), Some(3)), 5);
@@ -1260,8 +1263,6 @@ mod tests {
         assert_eq!(floor_threads_for(None, Some(1_000)), MAX_FLOOR_THREADS);
         assert_eq!(floor_threads_for(None, None), DEFAULT_FLOOR_THREADS);
     }
-
-    use super::*;
 
     fn seg(which: Which, rps: u64) -> Segment {
         let mut s = Segment::new(which, "step", true);

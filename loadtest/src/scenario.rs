@@ -1119,12 +1119,11 @@ fn validate(
                 1,
                 MAX_CANDIDATES as i64,
             )? as usize;
-            let threads = match f.threads {
-                Some(t) => {
-                    Some(c.int_in("floor.threads", t, 1, MAX_FLOOR_THREADS as i64)? as usize)
-                }
-                None => None,
-            };
+            let threads = f
+                .threads
+                .map(|t| c.int_in("floor.threads", t, 1, MAX_FLOOR_THREADS as i64))
+                .transpose()?
+                .map(|t| t as usize);
             Some(Floor {
                 url,
                 scores,
