@@ -141,7 +141,8 @@ pub struct RunResult {
     /// Hydrant throughput / floor throughput (same basis as `floor_rps`).
     pub ratio_to_floor: Option<f64>,
     pub latency_ratio_to_floor: Option<LatencyRatio>,
-    /// The gateway's async worker threads, as its `/v1/stats` said before the run.
+    /// The gateway's async worker threads, as its `/v1/stats` said before the run (asked only when the
+    /// in-process floor starts).
     #[serde(default)]
     pub gateway_workers: Option<u64>,
     /// Worker threads of the in-process floor (none for a floor at `floor.url`).
