@@ -130,9 +130,18 @@ fn check(path: &std::path::Path) -> ExitCode {
             concurrency,
             fraction,
             step,
+            confirm,
         } => format!(
-            "closed-loop sweep {concurrency:?} ({:.1} s per step), then open loop at {fraction} x max",
-            step.as_secs_f64()
+            "closed-loop sweep {concurrency:?} ({:.1} s per step){}, then open loop at {fraction} x max",
+            step.as_secs_f64(),
+            if confirm.is_zero() {
+                String::new()
+            } else {
+                format!(
+                    ", the best steps run again for {:.1} s",
+                    confirm.as_secs_f64()
+                )
+            }
         ),
     };
     loadtest::outln!(

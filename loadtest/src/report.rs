@@ -63,6 +63,20 @@ pub struct StepResult {
     pub floor: Option<LatencySummary>,
 }
 
+/// Hydrant and the floor run again after the sweep, each at the concurrency of its best step: their
+/// rates are the run's maxima. The sweep's best steps are kept beside them for comparison.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConfirmResult {
+    pub duration_s: f64,
+    pub concurrency: usize,
+    pub floor_concurrency: Option<usize>,
+    pub hydrant: LatencySummary,
+    pub floor: Option<LatencySummary>,
+    pub sweep_max_rps: Option<f64>,
+    pub sweep_floor_rps: Option<f64>,
+    pub sweep_ratio_to_floor: Option<f64>,
+}
+
 /// When a segment ran, for the shaded bands of the time charts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SegmentSpan {
@@ -133,10 +147,12 @@ pub struct RunResult {
     pub stats_note: Option<String>,
     /// Things that make the numbers less trustworthy (late schedule, refused sends...).
     pub warnings: Vec<String>,
+    /// Hydrant's maximum throughput in sweep modes: its best step's, or, with `load.confirm_s`, the
+    /// rate of its best step run again (`confirm`).
     pub max_rps: Option<f64>,
     pub fraction: Option<f64>,
-    /// The floor's throughput that `ratio_to_floor` divides by: its sweep maximum in sweep modes,
-    /// its achieved rate in open-loop mode.
+    /// The floor's throughput that `ratio_to_floor` divides by: its maximum in sweep modes (as
+    /// `max_rps` is hydrant's), its achieved rate in open-loop mode.
     pub floor_rps: Option<f64>,
     /// Hydrant throughput / floor throughput (same basis as `floor_rps`).
     pub ratio_to_floor: Option<f64>,
@@ -151,6 +167,9 @@ pub struct RunResult {
     /// A plain Redis GET round trip measured in the same run (with `--redis-url`).
     #[serde(default)]
     pub redis_get: Option<crate::redis_probe::RedisGet>,
+    /// The best sweep steps run again (`load.confirm_s`), which give `max_rps` and `floor_rps`.
+    #[serde(default)]
+    pub confirm: Option<ConfirmResult>,
     /// The floor over the headline phase (same load shape).
     pub floor: Option<LatencySummary>,
     pub steps: Vec<StepResult>,

@@ -626,8 +626,22 @@ struct Executed {
     max_rps: Option<f64>,
     floor_max_rps: Option<f64>,
     fraction: Option<f64>,
+    /// The best steps run again (`load.confirm_s`), whose rates are `max_rps` and `floor_max_rps`.
+    confirm: Option<Confirmed>,
     /// Warnings found while running (beside those read off the numbers).
     warnings: Vec<String>,
+}
+
+/// Hydrant and the floor run again, each at the concurrency of its best sweep step.
+struct Confirmed {
+    duration: Duration,
+    concurrency: usize,
+    floor_concurrency: Option<usize>,
+    hydrant: Segment,
+    floor: Option<Segment>,
+    /// The sweep's best steps, which chose the concurrencies.
+    sweep_max_rps: Option<f64>,
+    sweep_floor_max_rps: Option<f64>,
 }
 
 /// Whether a segment's load ran at all (a segment opened after Ctrl-C is empty).
@@ -712,6 +726,7 @@ impl Runner {
                 concurrency,
                 fraction,
                 step,
+                confirm,
             } => {
                 ex.sweep = true;
                 ex.fraction = Some(*fraction);
@@ -725,9 +740,32 @@ impl Runner {
                     ex.phases.push(p);
                 }
                 let best = best_index(&ex.phases, Which::Hydrant);
+                let floor_best = best_index(&ex.phases, Which::Floor);
                 ex.max_rps = best.map(|b| b.1);
-                ex.floor_max_rps = best_index(&ex.phases, Which::Floor).map(|b| b.1);
+                ex.floor_max_rps = floor_best.map(|b| b.1);
                 ex.headline = best.map(|b| b.0);
+                let step_of = |i: usize| match ex.phases.get(i).map(|p| p.shape) {
+                    Some(Shape::Closed(c)) => Some(c),
+                    _ => None,
+                };
+                if let Some(c) = best.and_then(|b| step_of(b.0))
+                    && !confirm.is_zero()
+                    && !self.cancel.is_cancelled()
+                {
+                    let floor_c = floor_best.and_then(|b| step_of(b.0));
+                    let again = self.confirm(c, floor_c, *confirm).await;
+                    // Cut short by Ctrl-C, the runs are partial and the open loop does not run: the
+                    // sweep's maxima stand.
+                    if !self.cancel.is_cancelled() {
+                        ex.max_rps = again.hydrant.achieved_rps();
+                        ex.floor_max_rps = again.floor.as_ref().and_then(Segment::achieved_rps);
+                    }
+                    ex.confirm = Some(Confirmed {
+                        sweep_max_rps: best.map(|b| b.1),
+                        sweep_floor_max_rps: floor_best.map(|b| b.1),
+                        ..again
+                    });
+                }
                 let max = ex.max_rps.unwrap_or(0.0);
                 let rate = max * fraction;
                 let sends = rate * s.load.duration.as_secs_f64();
@@ -737,8 +775,13 @@ impl Runner {
                     // No step is the measured phase: the report's top-level numbers stay empty.
                     ex.headline = None;
                     ex.warnings.push(format!(
-                        "{}: no request succeeded in the sweep, so it gave no maximum throughput to take load.fraction of",
+                        "{}: no request succeeded in the {}, so it gave no maximum throughput to take load.fraction of",
                         report::NO_OPEN_LOOP,
+                        if ex.confirm.is_some() {
+                            "run of the sweep's best step again (load.confirm_s)"
+                        } else {
+                            "sweep"
+                        },
                     ));
                 } else if sends < 1.0 {
                     ex.headline = None;
@@ -776,6 +819,47 @@ impl Runner {
             }
         }
         ex
+    }
+
+    /// Hydrant at concurrency `c` and the floor at `floor_c` (each its best sweep step) for `duration`
+    /// each, hydrant in halves around the floor as in a phase. Picking the best of several noisy steps
+    /// overstates a level curve's maximum (the floor's, level from a few connections on) more than a
+    /// rising one's (hydrant's, best at its last steps); a run chosen by the sweep but measured apart
+    /// from it does not.
+    async fn confirm(&mut self, c: usize, floor_c: Option<usize>, duration: Duration) -> Confirmed {
+        let label = |c: usize| format!("best step again, concurrency {c}");
+        let shape = Shape::Closed(c);
+        let (hydrant, floor) = match floor_c.filter(|_| self.floor.is_some()) {
+            Some(fc) => {
+                let half = duration / 2;
+                let mut h = self
+                    .segment(Which::Hydrant, &label(c), shape, half, true)
+                    .await;
+                let f = self
+                    .segment(Which::Floor, &label(fc), Shape::Closed(fc), duration, true)
+                    .await;
+                let h2 = self
+                    .segment(Which::Hydrant, &label(c), shape, duration - half, true)
+                    .await;
+                h.merge(&h2);
+                (h, ran(&f).then_some(f))
+            }
+            None => {
+                let h = self
+                    .segment(Which::Hydrant, &label(c), shape, duration, true)
+                    .await;
+                (h, None)
+            }
+        };
+        Confirmed {
+            duration,
+            concurrency: c,
+            floor_concurrency: floor.as_ref().and(floor_c),
+            hydrant,
+            floor,
+            sweep_max_rps: None,
+            sweep_floor_max_rps: None,
+        }
     }
 
     async fn phase(&mut self, label: String, shape: Shape, duration: Duration) -> Phase {
@@ -1145,6 +1229,29 @@ fn assemble(
             }
         }
     }
+    let confirm = ex.confirm.as_ref().map(|c| {
+        let (h, f) = (summary(&c.hydrant), c.floor.as_ref().map(summary));
+        let note =
+            "; the max throughput, and the ratio to the floor's, count only the successful answers";
+        for (who, sum) in std::iter::once(("hydrant", &h)).chain(f.iter().map(|f| ("floor", f))) {
+            let who = format!("{who}, best step run again");
+            if let Some(w) = failure_warning(&who, sum, note) {
+                warnings.push(w);
+            }
+        }
+        report::ConfirmResult {
+            duration_s: c.duration.as_secs_f64(),
+            concurrency: c.concurrency,
+            floor_concurrency: c.floor_concurrency,
+            hydrant: h,
+            floor: f,
+            sweep_max_rps: c.sweep_max_rps,
+            sweep_floor_rps: c.sweep_floor_max_rps,
+            sweep_ratio_to_floor: c
+                .sweep_max_rps
+                .and_then(|m| ratio(m, c.sweep_floor_max_rps?)),
+        }
+    });
     // A floor that fails is no floor: the ratios to it compare against errors.
     if let Some(f) = &floor
         && f.requests > 0
@@ -1241,6 +1348,7 @@ fn assemble(
         gateway_workers: None,
         floor_threads: None,
         redis_get: None,
+        confirm,
         floor,
         steps,
         segments: runner.spans.clone(),

@@ -314,6 +314,7 @@ struct RawLoad {
     duration_s: f64,
     warm_up_s: Option<f64>,
     step_s: Option<f64>,
+    confirm_s: Option<f64>,
     max_in_flight: Option<i64>,
     late_threshold_ms: Option<f64>,
 }
@@ -457,11 +458,14 @@ pub enum Mode {
     /// One measured step per concurrency.
     ClosedLoop { concurrency: Vec<usize> },
     /// Closed-loop sweep (`step` per concurrency) to find the max throughput, then open loop at
-    /// `fraction` of it for the run's duration.
+    /// `fraction` of it for the run's duration. With a non-zero `confirm`, hydrant and the floor are
+    /// each run again at the concurrency of their best step for that long, and those runs, not the
+    /// sweep's best steps, give the maximum (see `load.confirm_s` in the load tester's README).
     MaxThenFraction {
         concurrency: Vec<usize>,
         fraction: f64,
         step: Duration,
+        confirm: Duration,
     },
 }
 
@@ -891,8 +895,9 @@ impl Scenario {
         let d = Duration::from_secs_f64(s);
         self.load.duration = d;
         self.load.warm_up = self.load.warm_up.min(d);
-        if let Mode::MaxThenFraction { step, .. } = &mut self.load.mode {
+        if let Mode::MaxThenFraction { step, confirm, .. } = &mut self.load.mode {
             *step = (*step).min(d);
+            *confirm = (*confirm).min(d);
         }
         self.note_override(&format!("--duration-s {s}"));
         Ok(())
@@ -919,8 +924,11 @@ impl Scenario {
             Mode::OpenLoop { .. } => self.load.duration,
             Mode::ClosedLoop { concurrency } => self.load.duration * concurrency.len() as u32,
             Mode::MaxThenFraction {
-                concurrency, step, ..
-            } => *step * concurrency.len() as u32 + self.load.duration,
+                concurrency,
+                step,
+                confirm,
+                ..
+            } => *step * concurrency.len() as u32 + *confirm + self.load.duration,
         };
         self.load.warm_up + floor_warm + measured * floor_factor
     }
@@ -999,6 +1007,7 @@ fn validate(
             c.unused("load.concurrency", &l.concurrency, mode)?;
             c.unused("load.fraction", &l.fraction, mode)?;
             c.unused("load.step_s", &l.step_s, mode)?;
+            c.unused("load.confirm_s", &l.confirm_s, mode)?;
             let Some(rate) = l.rate else {
                 return c.fail("load.rate", "is required when load.mode = \"open-loop\"");
             };
@@ -1014,6 +1023,7 @@ fn validate(
             c.unused("load.rate", &l.rate, mode)?;
             c.unused("load.fraction", &l.fraction, mode)?;
             c.unused("load.step_s", &l.step_s, mode)?;
+            c.unused("load.confirm_s", &l.confirm_s, mode)?;
             // A closed loop sends when the previous answer arrives: there is no schedule to be late for.
             c.unused("load.late_threshold_ms", &l.late_threshold_ms, mode)?;
             Mode::ClosedLoop {
@@ -1035,10 +1045,13 @@ fn validate(
                 l.step_s.unwrap_or(duration_s.min(5.0)),
                 3_600.0,
             )?;
+            let confirm_s =
+                c.non_negative_f64("load.confirm_s", l.confirm_s.unwrap_or(0.0), 3_600.0)?;
             Mode::MaxThenFraction {
                 concurrency,
                 fraction,
                 step: Duration::from_secs_f64(step_s),
+                confirm: Duration::from_secs_f64(confirm_s),
             }
         }
     };
@@ -1315,11 +1328,29 @@ keys = 2000
             Mode::MaxThenFraction {
                 concurrency: vec![1, 2],
                 fraction: 0.5,
-                step: Duration::from_secs(2)
+                step: Duration::from_secs(2),
+                confirm: Duration::ZERO,
             }
         );
         let (key, _) = invalid(&ok.replace("fraction = 0.5", "fraction = 1.5"));
         assert_eq!(key, "load.fraction");
+        // The confirming runs: a length of time, in this mode only.
+        let confirmed =
+            parse(&ok.replace("step_s = 2", "step_s = 2\nconfirm_s = 6")).expect("confirm_s");
+        assert!(matches!(
+            confirmed.load.mode,
+            Mode::MaxThenFraction { confirm, .. } if confirm == Duration::from_secs(6)
+        ));
+        assert_eq!(
+            confirmed.planned_duration(),
+            parse(&ok).expect("max-then-fraction").planned_duration() + Duration::from_secs(6)
+        );
+        let (key, why) = invalid(&ok.replace("step_s = 2", "step_s = 2\nconfirm_s = -1"));
+        assert_eq!(key, "load.confirm_s");
+        assert!(why.contains("0"), "{why}");
+        let (key, why) = invalid(&BASE.replace("rate = 100", "rate = 100\nconfirm_s = 5"));
+        assert_eq!(key, "load.confirm_s");
+        assert!(why.contains("open-loop"), "{why}");
     }
 
     #[test]

@@ -774,6 +774,143 @@ async fn a_sweep_keeps_its_floor_ratio_when_the_open_loop_phase_is_cut_short() {
     );
 }
 
+/// With `load.confirm_s`, each server's best sweep step is run again, and those runs, not the sweep's best
+/// steps, are the maxima: the ratio, the open-loop rate and the table come from them, and the sweep's
+/// own maxima are kept beside them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_best_steps_run_again_give_the_maxima() {
+    // 2 ms a predict, answered in parallel: hydrant's throughput is about concurrency / 2 ms, so its
+    // best step is the higher concurrency.
+    let gw = FakeGateway::start(FakeConfig {
+        delay: Duration::from_millis(2),
+        stats: true,
+        ..FakeConfig::default()
+    })
+    .await;
+    let s = scenario(
+        &gw.url(),
+        "mode = \"max-then-fraction\"\nconcurrency = [1, 4]\nfraction = 0.5\nstep_s = 1\nconfirm_s = 1\nduration_s = 1\nwarm_up_s = 0",
+        "[floor]\nenabled = true\nthreads = 1",
+    );
+    let out = run(s, &quiet(temp_dir("confirm")), Cancel::new())
+        .await
+        .expect("run");
+    let r = &out.result;
+    let c = r.confirm.as_ref().expect("the best steps ran again");
+    assert_eq!(c.concurrency, 4, "hydrant's best step");
+    let floor_best = r
+        .steps
+        .iter()
+        .max_by(|a, b| {
+            let rps = |s: &loadtest::report::StepResult| {
+                s.floor.as_ref().and_then(|f| f.achieved_rps).unwrap_or(0.0)
+            };
+            rps(a).total_cmp(&rps(b))
+        })
+        .and_then(|s| s.concurrency);
+    assert_eq!(c.floor_concurrency, floor_best, "the floor's own best step");
+    let sweep_best = r
+        .steps
+        .iter()
+        .filter_map(|s| s.hydrant.achieved_rps)
+        .fold(0.0, f64::max);
+    assert_eq!(c.sweep_max_rps, Some(sweep_best));
+
+    // The maxima are the runs again, measured apart from the sweep.
+    let max = c.hydrant.achieved_rps.expect("hydrant ran again");
+    let floor = c
+        .floor
+        .as_ref()
+        .and_then(|f| f.achieved_rps)
+        .expect("the floor ran again");
+    assert_eq!(r.max_rps, Some(max));
+    assert_eq!(r.floor_rps, Some(floor));
+    assert_eq!(r.ratio_to_floor, Some(max / floor));
+    assert!(
+        (500.0..=2_100.0).contains(&max),
+        "4 connections at 2 ms each: {max}"
+    );
+    assert_eq!(c.hydrant.errors, 0);
+    let offered = r.offered_rps.expect("the open loop ran");
+    assert!(
+        (offered - max * 0.5).abs() < 1e-6 * max,
+        "{offered} vs {max}"
+    );
+
+    // Its segments, at each one's concurrency: hydrant in halves around the floor.
+    let again: Vec<(String, loadtest::record::Which)> = r
+        .segments
+        .iter()
+        .filter(|s| s.label.starts_with("best step again"))
+        .map(|s| (s.label.clone(), s.which))
+        .collect();
+    let floor_c = c.floor_concurrency.expect("the floor ran");
+    assert_eq!(
+        again,
+        vec![
+            (
+                "best step again, concurrency 4".to_string(),
+                loadtest::record::Which::Hydrant
+            ),
+            (
+                format!("best step again, concurrency {floor_c}"),
+                loadtest::record::Which::Floor
+            ),
+            (
+                "best step again, concurrency 4".to_string(),
+                loadtest::record::Which::Hydrant
+            ),
+        ]
+    );
+
+    let v = result_json(&out);
+    assert_eq!(v["confirm"]["concurrency"], 4);
+    assert_eq!(v["confirm"]["duration_s"], 1.0);
+    assert!(v["confirm"]["sweep_ratio_to_floor"].is_number());
+    let table = loadtest::report::table::render(r);
+    assert!(
+        table.contains(&format!(
+            "best steps run again for 1 s: hydrant {} at concurrency 4, floor {} at concurrency {floor_c}",
+            loadtest::report::fmt_rate(max),
+            loadtest::report::fmt_rate(floor)
+        )),
+        "{table}"
+    );
+    assert!(
+        table.contains(&format!(
+            "max throughput: {} (floor {}, ratio {:.2}); the sweep's best steps: {} and ",
+            loadtest::report::fmt_rate(max),
+            loadtest::report::fmt_rate(floor),
+            max / floor,
+            loadtest::report::fmt_rate(sweep_best)
+        )),
+        "{table}"
+    );
+    let html = std::fs::read_to_string(&out.html_path).expect("html file");
+    assert!(
+        html.contains("the sweep&#39;s best steps: ") || html.contains("the sweep's best steps: "),
+        "the HTML says it too"
+    );
+}
+
+/// Ctrl-C while the best steps run again: those runs are partial, so the sweep's maxima stand.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_while_the_best_steps_run_again_keeps_the_sweeps_maxima() {
+    let out = interrupted_with_floor(
+        "mode = \"max-then-fraction\"\nconcurrency = [1]\nfraction = 0.5\nstep_s = 0.5\nconfirm_s = 60\nduration_s = 60\nwarm_up_s = 0",
+        "confirm-then-cut",
+        Duration::from_millis(2500),
+    )
+    .await;
+    let r = &out.result;
+    assert!(r.interrupted);
+    assert_eq!(r.offered_rps, None, "no open loop after Ctrl-C");
+    let c = r.confirm.as_ref().expect("the runs again had started");
+    assert_eq!(r.max_rps, c.sweep_max_rps);
+    assert_eq!(r.floor_rps, c.sweep_floor_rps);
+    assert_eq!(r.max_rps, r.steps[0].hydrant.achieved_rps);
+}
+
 /// The terminal table: columns as wide as their values stay apart, and a flood of distinct error codes
 /// is cut to the most frequent, with a count of the rest.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -28,6 +28,7 @@ const NAMES: &[&str] = &[
     "rate",
     "concurrency",
     "step_s",
+    "confirm_s",
     "fraction",
     "duration_s",
     "warm_up_s",

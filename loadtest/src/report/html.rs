@@ -286,6 +286,14 @@ pub fn render(r: &RunResult) -> String {
             let _ = write!(out, "<p class=\"note\">{}.</p>", esc(&line));
         }
     }
+    if let Some(c) = &r.confirm {
+        let _ = write!(
+            out,
+            "<p class=\"note\">Maximum throughput: the {}; {}. Each best step is chosen by the sweep and measured apart from it, since the best of several noisy steps overstates a level curve's maximum.</p>",
+            esc(&super::table::confirm_line(c)),
+            esc(&super::table::sweep_maxima(c))
+        );
+    }
 
     // Latency over time.
     let mut series = latency_series(&r.timeline, "hydrant", HYDRANT, HYDRANT_2, false);

@@ -3,8 +3,8 @@
 use std::fmt::Write as _;
 
 use super::{
-    LatencySummary, RunResult, fmt_latency, fmt_pct, fmt_rate, fmt_ratio, fmt_rps, fmt_us,
-    rps_ratio, us_or_nan,
+    ConfirmResult, LatencySummary, RunResult, fmt_latency, fmt_pct, fmt_rate, fmt_ratio, fmt_rps,
+    fmt_us, rps_ratio, us_or_nan,
 };
 
 fn row(out: &mut String, name: &str, h: String, f: Option<String>, r: Option<String>) {
@@ -80,10 +80,16 @@ pub fn render(r: &RunResult) -> String {
                     .map_or_else(|| "-".to_string(), |f| fmt_latency(f.p99_us)),
             );
         }
+        if let Some(c) = &r.confirm {
+            let _ = writeln!(out, "  {}", confirm_line(c));
+        }
         if let Some(m) = r.max_rps {
             let _ = write!(out, "  max throughput: {}", fmt_rate(m));
             if let (Some(f), Some(ratio)) = (r.floor_rps, r.ratio_to_floor) {
                 let _ = write!(out, " (floor {}, ratio {:.2})", fmt_rate(f), ratio);
+            }
+            if let Some(c) = &r.confirm {
+                let _ = write!(out, "; {}", sweep_maxima(c));
             }
             out.push('\n');
             if let Some(line) = threads_line(r) {
@@ -266,6 +272,34 @@ pub fn render(r: &RunResult) -> String {
 }
 
 /// What each server ran on: the gateway's async workers and the in-process floor's threads.
+/// What the best steps gave when run again (`load.confirm_s`).
+pub fn confirm_line(c: &ConfirmResult) -> String {
+    let rate = |v: Option<f64>| v.map_or_else(|| "-".to_string(), fmt_rate);
+    let mut line = format!(
+        "best steps run again for {:.0} s: hydrant {} at concurrency {}",
+        c.duration_s,
+        rate(c.hydrant.achieved_rps),
+        c.concurrency
+    );
+    if let (Some(f), Some(fc)) = (&c.floor, c.floor_concurrency) {
+        let _ = write!(line, ", floor {} at concurrency {fc}", rate(f.achieved_rps));
+    }
+    line
+}
+
+/// The sweep's own maxima, which the run of its best steps replaced.
+pub fn sweep_maxima(c: &ConfirmResult) -> String {
+    let rate = |v: Option<f64>| v.map_or_else(|| "-".to_string(), fmt_rate);
+    match (c.sweep_floor_rps, c.sweep_ratio_to_floor) {
+        (Some(f), Some(ratio)) => format!(
+            "the sweep's best steps: {} and {} (ratio {ratio:.2})",
+            rate(c.sweep_max_rps),
+            fmt_rate(f)
+        ),
+        _ => format!("the sweep's best step: {}", rate(c.sweep_max_rps)),
+    }
+}
+
 pub fn threads_line(r: &RunResult) -> Option<String> {
     let floor = r.floor_threads?;
     let threads = |n: u64| format!("{n} thread{}", if n == 1 { "" } else { "s" });
