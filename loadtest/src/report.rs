@@ -72,6 +72,8 @@ pub struct ConfirmResult {
     pub floor_concurrency: Option<usize>,
     pub hydrant: LatencySummary,
     pub floor: Option<LatencySummary>,
+    /// Cut short by Ctrl-C: `max_rps` and `floor_rps` are the sweep's.
+    pub cut: bool,
     pub sweep_max_rps: Option<f64>,
     pub sweep_floor_rps: Option<f64>,
     pub sweep_ratio_to_floor: Option<f64>,

@@ -639,6 +639,8 @@ struct Confirmed {
     floor_concurrency: Option<usize>,
     hydrant: Segment,
     floor: Option<Segment>,
+    /// Cut short by Ctrl-C: the sweep's maxima stand.
+    cut: bool,
     /// The sweep's best steps, which chose the concurrencies.
     sweep_max_rps: Option<f64>,
     sweep_floor_max_rps: Option<f64>,
@@ -756,7 +758,7 @@ impl Runner {
                     let again = self.confirm(c, floor_c, *confirm).await;
                     // Cut short by Ctrl-C, the runs are partial and the open loop does not run: the
                     // sweep's maxima stand.
-                    if !self.cancel.is_cancelled() {
+                    if !again.cut {
                         ex.max_rps = again.hydrant.achieved_rps();
                         ex.floor_max_rps = again.floor.as_ref().and_then(Segment::achieved_rps);
                     }
@@ -857,6 +859,7 @@ impl Runner {
             floor_concurrency: floor.as_ref().and(floor_c),
             hydrant,
             floor,
+            cut: self.cancel.is_cancelled(),
             sweep_max_rps: None,
             sweep_floor_max_rps: None,
         }
@@ -1245,6 +1248,7 @@ fn assemble(
             floor_concurrency: c.floor_concurrency,
             hydrant: h,
             floor: f,
+            cut: c.cut,
             sweep_max_rps: c.sweep_max_rps,
             sweep_floor_rps: c.sweep_floor_max_rps,
             sweep_ratio_to_floor: c

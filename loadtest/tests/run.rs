@@ -831,6 +831,7 @@ async fn the_best_steps_run_again_give_the_maxima() {
         "4 connections at 2 ms each: {max}"
     );
     assert_eq!(c.hydrant.errors, 0);
+    assert!(!c.cut);
     let offered = r.offered_rps.expect("the open loop ran");
     assert!(
         (offered - max * 0.5).abs() < 1e-6 * max,
@@ -906,9 +907,15 @@ async fn ctrl_c_while_the_best_steps_run_again_keeps_the_sweeps_maxima() {
     assert!(r.interrupted);
     assert_eq!(r.offered_rps, None, "no open loop after Ctrl-C");
     let c = r.confirm.as_ref().expect("the runs again had started");
+    assert!(c.cut);
     assert_eq!(r.max_rps, c.sweep_max_rps);
     assert_eq!(r.floor_rps, c.sweep_floor_rps);
     assert_eq!(r.max_rps, r.steps[0].hydrant.achieved_rps);
+    let table = loadtest::report::table::render(r);
+    assert!(
+        table.contains("(cut short by Ctrl-C: the sweep's maxima stand)"),
+        "{table}"
+    );
 }
 
 /// The terminal table: columns as wide as their values stay apart, and a flood of distinct error codes

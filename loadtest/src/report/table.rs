@@ -284,6 +284,9 @@ pub fn confirm_line(c: &ConfirmResult) -> String {
     if let (Some(f), Some(fc)) = (&c.floor, c.floor_concurrency) {
         let _ = write!(line, ", floor {} at concurrency {fc}", rate(f.achieved_rps));
     }
+    if c.cut {
+        line.push_str(" (cut short by Ctrl-C: the sweep's maxima stand)");
+    }
     line
 }
 
