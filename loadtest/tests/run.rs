@@ -21,21 +21,12 @@ fn closed_port() -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_then_fraction_with_floor_writes_json_and_html() {
-    let gw = FakeGateway::start(FakeConfig {
-        delay: Duration::from_millis(2),
-        stats: true,
-        ..FakeConfig::default()
-    })
-    .await;
-    let s = scenario(
-        &gw.url(),
-        "mode = \"max-then-fraction\"\nconcurrency = [1, 4]\nfraction = 0.5\nstep_s = 1\nduration_s = 2\nwarm_up_s = 0.5",
-        "[floor]\nenabled = true\nthreads = 1",
-    );
     let dir = temp_dir("full");
-    let out = run(s, &quiet(dir.clone()), Cancel::new())
-        .await
-        .expect("run");
+    let out = sweep_with_floor(
+        "mode = \"max-then-fraction\"\nconcurrency = [1, 4]\nfraction = 0.5\nstep_s = 1\nduration_s = 2\nwarm_up_s = 0.5",
+        dir.clone(),
+    )
+    .await;
     assert_eq!(out.json_path, dir.join("test.json"));
 
     let v = result_json(&out);
@@ -104,6 +95,19 @@ async fn max_then_fraction_with_floor_writes_json_and_html() {
     for external in ["<script", "<link", "src=", "@import", "https://"] {
         assert!(!html.contains(external), "html must not contain {external}");
     }
+}
+
+/// A run of `load` with the in-process floor on one thread, against a gateway that answers every predict
+/// in 2 ms, in parallel (so its throughput grows with the concurrency), its report written to `dir`.
+async fn sweep_with_floor(load: &str, dir: std::path::PathBuf) -> loadtest::run::RunOutput {
+    let gw = FakeGateway::start(FakeConfig {
+        delay: Duration::from_millis(2),
+        stats: true,
+        ..FakeConfig::default()
+    })
+    .await;
+    let s = scenario(&gw.url(), load, "[floor]\nenabled = true\nthreads = 1");
+    run(s, &quiet(dir), Cancel::new()).await.expect("run")
 }
 
 /// The in-process floor runs on as many threads as the gateway says it runs async workers, unless the
@@ -781,20 +785,11 @@ async fn a_sweep_keeps_its_floor_ratio_when_the_open_loop_phase_is_cut_short() {
 async fn the_best_steps_run_again_give_the_maxima() {
     // 2 ms a predict, answered in parallel: hydrant's throughput is about concurrency / 2 ms, so its
     // best step is the higher concurrency.
-    let gw = FakeGateway::start(FakeConfig {
-        delay: Duration::from_millis(2),
-        stats: true,
-        ..FakeConfig::default()
-    })
-    .await;
-    let s = scenario(
-        &gw.url(),
+    let out = sweep_with_floor(
         "mode = \"max-then-fraction\"\nconcurrency = [1, 4]\nfraction = 0.5\nstep_s = 1\nconfirm_s = 1\nduration_s = 1\nwarm_up_s = 0",
-        "[floor]\nenabled = true\nthreads = 1",
-    );
-    let out = run(s, &quiet(temp_dir("confirm")), Cancel::new())
-        .await
-        .expect("run");
+        temp_dir("confirm"),
+    )
+    .await;
     let r = &out.result;
     let c = r.confirm.as_ref().expect("the best steps ran again");
     assert_eq!(c.concurrency, 4, "hydrant's best step");
