@@ -1,5 +1,5 @@
-//! The files a person writes, mutated: schema files, the config file and its environment overrides, and
-//! feature rows for the bulk loader. Whatever the mutation, hydrant refuses with a message that says where
+//! The files a person writes, mutated: schema files, kept schema versions edited by hand, the config file
+//! and its environment overrides, and feature rows for the bulk loader. Whatever the mutation, hydrant refuses with a message that says where
 //! (the file, the key, the line) or accepts, and never panics; a row the loader accepts reads back as
 //! loaded.
 //!
@@ -395,4 +395,131 @@ async fn mutated_feature_rows_are_loaded_or_rejected_by_line() {
     }
     eprintln!("row mutations: {written} rows written, {rejected} rejected");
     assert!(rejected > 0 && written > 0);
+}
+
+/// A kept version edited by hand (`.versions/view/user_profile/1.yaml`), mutated: showing it answers 200
+/// or 409 naming the file, a rollback to it is registered or refused with a code, never a 5xx, and a
+/// refused one leaves version 2 running and serving as before; one that was registered is undone by
+/// rolling forward to version 2 again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutated_kept_versions_are_shown_or_refused_and_a_refusal_changes_nothing() {
+    let cases = env_number("MUTATION_CASES", 150) / 3;
+    let mut rng = Rng(env_number("MUTATION_SEED", SEED) ^ 0x6b);
+    let dir = common::schemas_with_ctr_edit("version: 1", "version: 1");
+    let mut config = common::test_config();
+    config.registry.schemas = dir.path().to_owned();
+    config.registry.writes = true;
+    config.inference.default_sessions = 1;
+    let (store, store_dir) = common::demo_store().await;
+    let app = common::TestApp::spawn_with(config, store, Some(store_dir)).await;
+
+    // Version 2 registered, with one feature more: version 1 is kept.
+    let v1 = std::fs::read_to_string(dir.path().join("user_profile.yaml")).expect("v1");
+    let age = "  - {name: age, dtype: int64, default: 30}\n";
+    assert!(v1.contains("version: 1\n") && v1.contains(age), "{v1}");
+    let v2 = v1.replacen("version: 1\n", "version: 2\n", 1).replacen(
+        age,
+        &format!("{age}  - {{name: tenure_days, dtype: int64, default: 7}}\n"),
+        1,
+    );
+    let put = app
+        .client
+        .put(format!("{}/v1/schemas/views/user_profile", app.addr))
+        .header("content-type", "application/yaml")
+        .body(v2)
+        .send()
+        .await
+        .expect("put");
+    assert_eq!(put.status(), 200, "{:?}", put.text().await);
+    let kept = dir.path().join(".versions/view/user_profile/1.yaml");
+    let kept_text = std::fs::read_to_string(&kept).expect("version 1 kept");
+
+    let rollback = |version: u32| {
+        let app = &app;
+        async move {
+            app.post_json(
+                "/v1/schemas/views/user_profile/rollback",
+                &serde_json::json!({ "version": version }),
+            )
+            .await
+        }
+    };
+    let running = || async {
+        let r = app.get("/v1/schemas/views/user_profile").await;
+        assert_eq!(r.status, 200);
+        r.json()["version"].clone()
+    };
+    let (mut registered, mut refused) = (0, 0);
+    for i in 0..cases {
+        let case_seed = rng.next();
+        let mut r = Rng(case_seed);
+        let bytes = mutated(
+            &mut r,
+            SCHEMA_NAMES,
+            kept_text.as_bytes(),
+            common::yaml_documents(&kept_text),
+            print_yaml_documents,
+        );
+        std::fs::write(&kept, &bytes).expect("edit the kept file");
+        let case = format!("case {i} (seed {case_seed:#x}): {}", describe(&bytes));
+
+        let shown = app.get("/v1/schemas/views/user_profile/versions/1").await;
+        match shown.status {
+            200 => {}
+            409 => {
+                assert!(
+                    ["kept_version_unreadable", "kept_version_mismatch"]
+                        .contains(&shown.code().as_str()),
+                    "{case}: {}",
+                    shown.message()
+                );
+                assert!(
+                    shown.message().contains("1.yaml"),
+                    "{case}: {}",
+                    shown.message()
+                );
+            }
+            s => panic!(
+                "{case}: showing the kept version answered {s}: {}",
+                shown.message()
+            ),
+        }
+
+        let back = rollback(1).await;
+        match back.status {
+            200 => {
+                registered += 1;
+                assert_eq!(running().await, 1, "{case}");
+                let forward = rollback(2).await;
+                assert_eq!(forward.status, 200, "{case}: {}", forward.message());
+            }
+            400..=499 => {
+                refused += 1;
+                assert!(
+                    !back.code().is_empty() && !back.message().is_empty(),
+                    "{case}"
+                );
+            }
+            s => panic!("{case}: the rollback answered {s}: {}", back.message()),
+        }
+        // Either way version 2 runs, and the gateway serves it.
+        assert_eq!(running().await, 2, "{case}");
+        let p = app
+            .predict(
+                "ctr",
+                &serde_json::json!({"entities": {"user_id": "u_6"}, "candidates": [{"item_id": "i_1"}]}),
+            )
+            .await;
+        assert_eq!(
+            p.status,
+            200,
+            "{case}: {}",
+            String::from_utf8_lossy(&p.body)
+        );
+    }
+    eprintln!(
+        "kept-version mutations: {registered} rolled back to and forward again, {refused} refused"
+    );
+    assert!(refused > 0, "no mutation was refused in {cases} cases");
+    app.stop().await;
 }
