@@ -365,10 +365,35 @@ pub struct Record {
     pub schema_version: u32,
     /// When the values were true (milliseconds since the Unix epoch); `max_age` is measured from it.
     pub event_ts_ms: i64,
+    #[serde(deserialize_with = "values_reserving_little")]
     pub values: Vec<Value>,
     /// The view's [`layout`] when written; 0 for records written before layouts existed.
     #[serde(default)]
     pub layout: u32,
+}
+
+/// Values a record's list is given room for before they are read: more than views have features.
+const RESERVED_VALUES: usize = 256;
+
+/// A record's values, with room reserved for at most [`RESERVED_VALUES`] up front (the list grows past
+/// it as values are read). The declared length is a claim a damaged record makes too: serde's own reading
+/// of a list reserves up to 1 MiB on it, for a record that may be 8 bytes long.
+fn values_reserving_little<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Value>, D::Error> {
+    struct Values;
+    impl<'de> Visitor<'de> for Values {
+        type Value = Vec<Value>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a sequence")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Value>, A::Error> {
+            let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(RESERVED_VALUES));
+            while let Some(v) = seq.next_element()? {
+                out.push(v);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_seq(Values)
 }
 
 /// A hash of a view's features in order (FNV-1a over each name and type): two views with the same

@@ -360,3 +360,38 @@ fn a_v2_list_where_a_number_belongs_is_quoted_in_part_and_not_held() {
         body.len()
     );
 }
+
+/// A stored record is a claim too: a damaged one that declares four billion values is refused without
+/// reserving room for them (serde's own reading of a list reserves up to 1 MiB on a declared length).
+#[test]
+fn a_damaged_record_is_refused_without_reserving_for_the_values_it_claims() {
+    // [schema_version 1, event_ts_ms 0, values: an array declaring 2^32 - 1 elements], then the end.
+    let damaged = [0x94, 0x01, 0x00, 0xdd, 0xff, 0xff, 0xff, 0xff];
+    let mut result = None;
+    let info = allocation_counter::measure(|| {
+        result = Some(hydrant::value::Record::decode(&damaged));
+    });
+    let err = result.expect("ran").expect_err("a damaged record");
+    assert!(err.starts_with("not a valid record"), "{err}");
+    assert!(
+        info.bytes_max < 16 << 10,
+        "{} bytes held to refuse an {}-byte record",
+        info.bytes_max,
+        damaged.len()
+    );
+    // A whole record still reads back as written.
+    let record = hydrant::value::Record {
+        schema_version: 3,
+        event_ts_ms: 1_700_000_000_000,
+        values: vec![
+            hydrant::value::Value::Int(7),
+            hydrant::value::Value::Str("de".into()),
+            hydrant::value::Value::Null,
+        ],
+        layout: 9,
+    };
+    assert_eq!(
+        hydrant::value::Record::decode(&record.encode()).expect("decodes"),
+        record
+    );
+}
