@@ -422,15 +422,8 @@ async fn mutated_kept_versions_are_shown_or_refused_and_a_refusal_changes_nothin
         &format!("{age}  - {{name: tenure_days, dtype: int64, default: 7}}\n"),
         1,
     );
-    let put = app
-        .client
-        .put(format!("{}/v1/schemas/views/user_profile", app.addr))
-        .header("content-type", "application/yaml")
-        .body(v2)
-        .send()
-        .await
-        .expect("put");
-    assert_eq!(put.status(), 200, "{:?}", put.text().await);
+    let put = app.put_yaml("/v1/schemas/views/user_profile", &v2).await;
+    assert_eq!(put.status, 200, "{}", put.message());
     let kept = dir.path().join(".versions/view/user_profile/1.yaml");
     let kept_text = std::fs::read_to_string(&kept).expect("version 1 kept");
 

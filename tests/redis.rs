@@ -2777,15 +2777,13 @@ async fn rows_written_while_their_view_changes_version_are_written_again_in_its_
     let v1 = std::fs::read_to_string(dir.path().join("user_profile.yaml")).expect("view file");
     assert!(v1.contains("version: 1"), "{v1}");
     let v2 = v1.replacen("version: 1", "version: 2", 1);
-    let registered = app
-        .client
-        .put(format!("{}/v1/schemas/views/user_profile", app.addr))
-        .header("content-type", "application/yaml")
-        .body(v2)
-        .send()
-        .await
-        .expect("registration sent");
-    assert_eq!(registered.status(), 200, "{:?}", registered.text().await);
+    let registered = app.put_yaml("/v1/schemas/views/user_profile", &v2).await;
+    assert_eq!(
+        registered.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&registered.body)
+    );
     redis.resume();
     let r = write.await.expect("write task");
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));

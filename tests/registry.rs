@@ -64,12 +64,7 @@ async fn send(app: &TestApp, method: reqwest::Method, path: &str, body: Option<&
             .header("content-type", "application/yaml")
             .body(body.to_owned());
     }
-    let resp = req.send().await.expect("request sent");
-    Reply {
-        status: resp.status().as_u16(),
-        headers: resp.headers().clone(),
-        body: resp.bytes().await.expect("body").to_vec(),
-    }
+    Reply::read(req.send().await.expect("request sent")).await
 }
 
 async fn put(app: &TestApp, path: &str, body: &str) -> Reply {

@@ -63,6 +63,15 @@ pub struct Reply {
 }
 
 impl Reply {
+    /// The whole of `resp`: status, headers and body.
+    pub async fn read(resp: reqwest::Response) -> Self {
+        Reply {
+            status: resp.status().as_u16(),
+            headers: resp.headers().clone(),
+            body: resp.bytes().await.expect("body").to_vec(),
+        }
+    }
+
     pub fn json(&self) -> Json {
         serde_json::from_slice(&self.body).unwrap_or_else(|e| {
             panic!(
@@ -276,26 +285,18 @@ impl TestApp {
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
-        let resp = req.send().await.expect("request sent");
-        Reply {
-            status: resp.status().as_u16(),
-            headers: resp.headers().clone(),
-            body: resp.bytes().await.expect("body").to_vec(),
-        }
+        Reply::read(req.send().await.expect("request sent")).await
     }
 
     pub async fn get(&self, path: &str) -> Reply {
-        let resp = self
-            .client
-            .get(format!("{}{path}", self.addr))
-            .send()
-            .await
-            .expect("request sent");
-        Reply {
-            status: resp.status().as_u16(),
-            headers: resp.headers().clone(),
-            body: resp.bytes().await.expect("body").to_vec(),
-        }
+        Reply::read(
+            self.client
+                .get(format!("{}{path}", self.addr))
+                .send()
+                .await
+                .expect("request sent"),
+        )
+        .await
     }
 
     /// `POST path` with a JSON body.
@@ -306,6 +307,16 @@ impl TestApp {
             serde_json::to_vec(body).expect("json"),
         )
         .await
+    }
+
+    /// `PUT path` with a YAML body: a schema document registered in place of the running one.
+    pub async fn put_yaml(&self, path: &str, yaml: &str) -> Reply {
+        let req = self
+            .client
+            .put(format!("{}{path}", self.addr))
+            .header("content-type", "application/yaml")
+            .body(yaml.to_owned());
+        Reply::read(req.send().await.expect("request sent")).await
     }
 
     /// `POST /v1/models/{model}/predict` with a JSON body.
