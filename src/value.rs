@@ -372,12 +372,9 @@ pub struct Record {
     pub layout: u32,
 }
 
-/// Values a record's list is given room for before they are read: more than views have features.
-const RESERVED_VALUES: usize = 256;
-
-/// A record's values, with room reserved for at most [`RESERVED_VALUES`] up front (the list grows past
-/// it as values are read). The declared length is a claim a damaged record makes too: serde's own reading
-/// of a list reserves up to 1 MiB on it, for a record that may be 8 bytes long.
+/// A record's values, read as [`crate::decode::read_capped`] reads a list (room for a few up front, grown
+/// as values arrive), every one kept. The declared length is a claim a damaged record makes too: serde's
+/// own reading of a list reserves up to 1 MiB on it, for a record that may be 8 bytes long.
 fn values_reserving_little<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Value>, D::Error> {
     struct Values;
     impl<'de> Visitor<'de> for Values {
@@ -385,12 +382,8 @@ fn values_reserving_little<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Value>
         fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             f.write_str("a sequence")
         }
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Value>, A::Error> {
-            let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(RESERVED_VALUES));
-            while let Some(v) = seq.next_element()? {
-                out.push(v);
-            }
-            Ok(out)
+        fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Vec<Value>, A::Error> {
+            crate::decode::read_capped(seq, usize::MAX).map(|(values, _)| values)
         }
     }
     d.deserialize_seq(Values)

@@ -754,18 +754,36 @@ impl Runner {
                     && !confirm.is_zero()
                     && !self.cancel.is_cancelled()
                 {
+                    // The sweep only chooses: each server runs again at its best step, measured apart
+                    // from the sweep, since the best of several noisy steps overstates a level curve's
+                    // maximum (the floor's, level from a few connections on) more than a rising one's.
                     let floor_c = floor_best.and_then(|b| step_of(b.0));
-                    let again = self.confirm(c, floor_c, *confirm).await;
+                    let label = |c: usize| format!("best step again, concurrency {c}");
+                    let floor_label = floor_c.map(label);
+                    let (hydrant, floor) = self
+                        .alternate(
+                            &label(c),
+                            Shape::Closed(c),
+                            floor_label.as_deref().zip(floor_c.map(Shape::Closed)),
+                            *confirm,
+                        )
+                        .await;
+                    let cut = self.cancel.is_cancelled();
                     // Cut short by Ctrl-C, the runs are partial and the open loop does not run: the
                     // sweep's maxima stand.
-                    if !again.cut {
-                        ex.max_rps = again.hydrant.achieved_rps();
-                        ex.floor_max_rps = again.floor.as_ref().and_then(Segment::achieved_rps);
+                    if !cut {
+                        ex.max_rps = hydrant.achieved_rps();
+                        ex.floor_max_rps = floor.as_ref().and_then(Segment::achieved_rps);
                     }
                     ex.confirm = Some(Confirmed {
+                        duration: *confirm,
+                        concurrency: c,
+                        floor_concurrency: floor.as_ref().and(floor_c),
+                        hydrant,
+                        floor,
+                        cut,
                         sweep_max_rps: best.map(|b| b.1),
                         sweep_floor_max_rps: floor_best.map(|b| b.1),
-                        ..again
                     });
                 }
                 let max = ex.max_rps.unwrap_or(0.0);
@@ -823,70 +841,44 @@ impl Runner {
         ex
     }
 
-    /// Hydrant at concurrency `c` and the floor at `floor_c` (each its best sweep step) for `duration`
-    /// each, hydrant in halves around the floor as in a phase. Picking the best of several noisy steps
-    /// overstates a level curve's maximum (the floor's, level from a few connections on) more than a
-    /// rising one's (hydrant's, best at its last steps); a run chosen by the sweep but measured apart
-    /// from it does not.
-    async fn confirm(&mut self, c: usize, floor_c: Option<usize>, duration: Duration) -> Confirmed {
-        let label = |c: usize| format!("best step again, concurrency {c}");
-        let shape = Shape::Closed(c);
-        let (hydrant, floor) = match floor_c.filter(|_| self.floor.is_some()) {
-            Some(fc) => {
+    /// Hydrant (`label`, `shape`) for half of `duration`, the floor (`floor`: its label and shape) for
+    /// all of it, then hydrant for the other half, so both get the same time and slow drift on the machine
+    /// hits both equally; hydrant alone without a floor (or without a floor shape).
+    async fn alternate(
+        &mut self,
+        label: &str,
+        shape: Shape,
+        floor: Option<(&str, Shape)>,
+        duration: Duration,
+    ) -> (Segment, Option<Segment>) {
+        match floor.filter(|_| self.floor.is_some()) {
+            Some((floor_label, floor_shape)) => {
                 let half = duration / 2;
-                let mut h = self
-                    .segment(Which::Hydrant, &label(c), shape, half, true)
-                    .await;
+                let mut h = self.segment(Which::Hydrant, label, shape, half, true).await;
                 let f = self
-                    .segment(Which::Floor, &label(fc), Shape::Closed(fc), duration, true)
+                    .segment(Which::Floor, floor_label, floor_shape, duration, true)
                     .await;
                 let h2 = self
-                    .segment(Which::Hydrant, &label(c), shape, duration - half, true)
+                    .segment(Which::Hydrant, label, shape, duration - half, true)
                     .await;
                 h.merge(&h2);
+                // After Ctrl-C in the first half the floor never ran: it has no numbers, not zeros.
                 (h, ran(&f).then_some(f))
             }
             None => {
                 let h = self
-                    .segment(Which::Hydrant, &label(c), shape, duration, true)
+                    .segment(Which::Hydrant, label, shape, duration, true)
                     .await;
                 (h, None)
             }
-        };
-        Confirmed {
-            duration,
-            concurrency: c,
-            floor_concurrency: floor.as_ref().and(floor_c),
-            hydrant,
-            floor,
-            cut: self.cancel.is_cancelled(),
-            sweep_max_rps: None,
-            sweep_floor_max_rps: None,
         }
     }
 
     async fn phase(&mut self, label: String, shape: Shape, duration: Duration) -> Phase {
         let stats_before = stats::fetch(&self.stats_pool).await.ok();
-        let (hydrant, floor) = if self.floor.is_some() {
-            let half = duration / 2;
-            let mut h = self
-                .segment(Which::Hydrant, &label, shape, half, true)
-                .await;
-            let f = self
-                .segment(Which::Floor, &label, shape, duration, true)
-                .await;
-            let h2 = self
-                .segment(Which::Hydrant, &label, shape, duration - half, true)
-                .await;
-            h.merge(&h2);
-            // After Ctrl-C in the first half the floor never ran: it has no numbers, not zeros.
-            (h, ran(&f).then_some(f))
-        } else {
-            let h = self
-                .segment(Which::Hydrant, &label, shape, duration, true)
-                .await;
-            (h, None)
-        };
+        let (hydrant, floor) = self
+            .alternate(&label, shape, Some((&label, shape)), duration)
+            .await;
         // Read before the stats: a Ctrl-C during that last request does not cut a step that ran whole.
         let cut = self.cancel.is_cancelled();
         let stats_after = stats::fetch(&self.stats_pool).await.ok();

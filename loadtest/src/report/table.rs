@@ -271,7 +271,6 @@ pub fn render(r: &RunResult) -> String {
     out
 }
 
-/// What each server ran on: the gateway's async workers and the in-process floor's threads.
 /// What the best steps gave when run again (`load.confirm_s`).
 pub fn confirm_line(c: &ConfirmResult) -> String {
     let rate = |v: Option<f64>| v.map_or_else(|| "-".to_string(), fmt_rate);
@@ -303,6 +302,7 @@ pub fn sweep_maxima(c: &ConfirmResult) -> String {
     }
 }
 
+/// What each server ran on: the gateway's async workers and the in-process floor's threads.
 pub fn threads_line(r: &RunResult) -> Option<String> {
     let floor = r.floor_threads?;
     let threads = |n: u64| format!("{n} thread{}", if n == 1 { "" } else { "s" });
