@@ -17,15 +17,24 @@ cleanup() {
 trap cleanup EXIT
 # Ctrl-C reaches the foreground command (the load tester), which writes its partial report and exits;
 # bash runs this trap only after that, then cleans up on exit. Servers a report depends on (redis-server
-# here, hydrant in loadtest.sh) run in their own sessions (`setsid`), so the terminal's Ctrl-C does not
-# stop them under the load tester's feet.
+# here, hydrant in loadtest.sh) run in process groups of their own (`detached`), so the terminal's Ctrl-C
+# does not stop them under the load tester's feet.
 trap 'exit 130' INT TERM
+
+# "${detached[@]}" COMMAND... &: runs COMMAND in a process group of its own, out of reach of the
+# terminal's Ctrl-C, but in this session. Not `setsid`: a new session is a new scheduling group (the
+# kernel's autogroup, wherever kernel.sched_autogroup_enabled is 1), and the kernel shares the cores
+# between groups before threads. A gateway in a session of its own got about one core of two beside the
+# load tester, while the floor, in the load tester's process, shared the load tester's group: the ratio to
+# the floor compared unlike things (docs/performance.md, 2026-11-29, a seventeenth session). An array,
+# not a function, so that `$!` is the server's own process id.
+detached=(python3 -c 'import os, sys; os.setpgid(0, 0); os.execvp(sys.argv[1], sys.argv[1:])')
 
 # Starts redis-server on a free port (no persistence), sets $redis_port and points the gateway at it.
 start_redis() {
   redis_port="$(free_port)"
   # As docker-compose.yml's redis: no persistence, and a full memory refuses writes rather than evicting.
-  setsid redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --maxmemory-policy noeviction --dir "$work" >"$work/redis.log" 2>&1 &
+  "${detached[@]}" redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --maxmemory-policy noeviction --dir "$work" </dev/null >"$work/redis.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 1 100); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break; sleep 0.05; done
   export HYDRANT_STORE__REDIS__URL="redis://127.0.0.1:$redis_port"

@@ -24,7 +24,7 @@ start_redis
 port="$(free_port)"
 HYDRANT_SERVER__BIND="127.0.0.1:$port" HYDRANT_TELEMETRY__LOG_LEVEL="${LOG_LEVEL:-warn}" \
   HYDRANT_SERVER__WORKERS="${WORKERS:-1}" \
-  setsid "$bin/hydrant" serve >"$work/hydrant.log" 2>&1 &
+  "${detached[@]}" "$bin/hydrant" serve </dev/null >"$work/hydrant.log" 2>&1 &
 pids+=($!)
 wait_ready "$port" "$work/hydrant.log"
 
