@@ -420,6 +420,55 @@ fn millis(s: f64) -> f64 {
     (s * 1000.0).round() / 1000.0
 }
 
+/// The group the kernel shares CPU time by for this process, as far as `/proc` tells: its cpu cgroup, and,
+/// in the root cgroup where `kernel.sched_autogroup_enabled` is 1, its session's autogroup. The kernel
+/// divides the cores between groups before it divides a group's share between threads, so a server in a
+/// group of its own beside a busy load generator gets about its group's share, however many threads it
+/// runs. `/v1/stats` says it (`sched_group`), and the load tester compares it with its own, whose
+/// in-process floor shares its group. None where `/proc` says nothing (not Linux).
+pub fn sched_group() -> Option<String> {
+    let read = |path: &str| std::fs::read_to_string(path).ok();
+    sched_group_of(
+        &read("/proc/self/cgroup")?,
+        read("/proc/sys/kernel/sched_autogroup_enabled").as_deref(),
+        read("/proc/self/autogroup").as_deref(),
+    )
+}
+
+/// [`sched_group`] from the contents of `/proc/self/cgroup`, `/proc/sys/kernel/sched_autogroup_enabled`
+/// and `/proc/self/autogroup`.
+fn sched_group_of(
+    cgroup: &str,
+    autogroup_on: Option<&str>,
+    autogroup: Option<&str>,
+) -> Option<String> {
+    // cgroup v1 names the cpu controller ("4:cpu,cpuacct:/path"); v2 has one line for all ("0::/path").
+    fn field(line: &str) -> Option<(&str, &str)> {
+        let mut parts = line.splitn(3, ':');
+        let _id = parts.next()?;
+        Some((parts.next()?, parts.next()?))
+    }
+    let v1 = cgroup
+        .lines()
+        .filter_map(field)
+        .find_map(|(controllers, path)| controllers.split(',').any(|c| c == "cpu").then_some(path));
+    let v2 = || {
+        cgroup
+            .lines()
+            .filter_map(field)
+            .find_map(|(c, path)| c.is_empty().then_some(path))
+    };
+    let path = v1.or_else(v2)?.trim();
+    // Autogroups are used only for tasks in the root cgroup, and only when enabled.
+    let auto = (path == "/" && autogroup_on.is_some_and(|on| on.trim() == "1"))
+        .then(|| autogroup?.split_whitespace().next())
+        .flatten();
+    Some(match auto {
+        Some(a) => format!("cpu cgroup {path}, {a}"),
+        None => format!("cpu cgroup {path}"),
+    })
+}
+
 /// The `/v1/stats` document.
 pub fn stats(gw: &Gateway) -> Json {
     let t = &gw.telemetry;
@@ -517,6 +566,8 @@ pub fn stats(gw: &Gateway) -> Json {
         "window_s": millis(window_s.unwrap_or_else(|| t.window_s())),
         // The async workers serving requests (`server.workers`): a load tester runs its floor with as many.
         "workers": tokio::runtime::Handle::try_current().map_or(0, |h| h.metrics().num_workers()),
+        // Where the kernel shares CPU time (`sched_group`): a load tester warns when its floor's differs.
+        "sched_group": sched_group(),
         "store": gw.hydrator.store().backend(),
         "stores": stores,
         "prefetch": {
@@ -531,4 +582,43 @@ pub fn stats(gw: &Gateway) -> Json {
         "models": models,
         "views": views,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sched_group_of;
+
+    #[test]
+    fn the_sched_group_is_the_cpu_cgroup_and_in_the_root_one_the_autogroup() {
+        let v1 = "9:name=systemd:/\n4:memory:/box\n2:cpu,cpuacct:/\n0::/\n";
+        let on = Some("1\n");
+        let auto = Some("/autogroup-229 nice 0\n");
+        assert_eq!(
+            sched_group_of(v1, on, auto).as_deref(),
+            Some("cpu cgroup /, /autogroup-229")
+        );
+        // Autogroups are not used when disabled, nor for a task in a cgroup of its own.
+        assert_eq!(
+            sched_group_of(v1, Some("0\n"), auto).as_deref(),
+            Some("cpu cgroup /")
+        );
+        let boxed = "2:cpu,cpuacct:/docker/abc\n";
+        assert_eq!(
+            sched_group_of(boxed, on, auto).as_deref(),
+            Some("cpu cgroup /docker/abc")
+        );
+        // cgroup v2: one line for every controller.
+        let v2 = "0::/system.slice/hydrant.service\n";
+        assert_eq!(
+            sched_group_of(v2, on, auto).as_deref(),
+            Some("cpu cgroup /system.slice/hydrant.service")
+        );
+        assert_eq!(
+            sched_group_of("0::/\n", on, None).as_deref(),
+            Some("cpu cgroup /")
+        );
+        // Nothing that names a cpu cgroup.
+        assert_eq!(sched_group_of("4:memory:/box\n", on, auto), None);
+        assert_eq!(sched_group_of("", on, auto), None);
+    }
 }

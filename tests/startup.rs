@@ -1075,7 +1075,7 @@ fn get(port: u16, path: &str) -> String {
 }
 
 /// The async workers are as many as `server.workers` says, one per core when it is 0, and `/v1/stats`
-/// says how many (a load tester runs its floor with as many).
+/// says how many (a load tester runs its floor with as many), and the scheduling group it runs in.
 #[test]
 fn the_async_workers_are_as_many_as_server_workers_says() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -1093,6 +1093,12 @@ fn the_async_workers_are_as_many_as_server_workers_says() {
         let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
         let stats: serde_json::Value = serde_json::from_str(body).expect("stats JSON");
         assert_eq!(stats["workers"], expected, "{workers:?}: {stats}");
+        // Started from this process's session and cgroup: the kernel shares CPU time in the same group.
+        assert_eq!(
+            stats["sched_group"],
+            serde_json::json!(hydrant::observe::sched_group()),
+            "{stats}"
+        );
     }
 }
 

@@ -422,6 +422,7 @@ pub async fn run(
     probe_model(&hydrant_pool, &scenario, &cancel).await?;
     // What the in-process floor runs on, and the gateway's async workers it goes by.
     let (mut gateway_workers, mut floor_threads) = (None, None);
+    let mut sched_warning = None;
 
     let mut floor_server = None;
     let floor_pool = match &scenario.floor {
@@ -432,11 +433,13 @@ pub async fn run(
                 None => {
                     let bind = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
                     // As many threads as the gateway's async workers, unless the scenario says.
-                    gateway_workers = stats::fetch(&hydrant_pool)
-                        .await
-                        .ok()
-                        .map(|s| s.workers)
-                        .filter(|&w| w > 0);
+                    let gw = stats::fetch(&hydrant_pool).await.ok();
+                    gateway_workers = gw.as_ref().map(|s| s.workers).filter(|&w| w > 0);
+                    sched_warning = sched_group_warning(
+                        &scenario.target,
+                        gw.and_then(|s| s.sched_group),
+                        hydrant::observe::sched_group(),
+                    );
                     let threads = floor_threads_for(f.threads, gateway_workers);
                     floor_threads = Some(threads);
                     let h = FloorHandle::spawn(bind, f.scores, threads)
@@ -527,6 +530,7 @@ pub async fn run(
 
     result.gateway_workers = gateway_workers;
     result.floor_threads = floor_threads;
+    result.warnings.extend(sched_warning);
     if opts.redis_url.is_some() && cancel.is_cancelled() {
         result
             .warnings
@@ -568,6 +572,30 @@ pub async fn run(
 /// The in-process floor's worker threads: the scenario's `floor.threads`, else as many as the gateway's
 /// async workers (at most [`MAX_FLOOR_THREADS`]), else [`DEFAULT_FLOOR_THREADS`] for a gateway that does
 /// not say.
+/// A warning when the gateway runs on this machine in another scheduling group (see
+/// [`hydrant::observe::sched_group`]) than the load tester, whose in-process floor shares the load
+/// tester's: the kernel divides the cores between the groups first, so the two servers did not get the
+/// cores alike beside the load. Started with `setsid`, the gateway got about one core of two, and its
+/// ratio to the floor fell from 0.83-0.86x to 0.59-0.76x (docs/performance.md).
+fn sched_group_warning(
+    target: &TargetUrl,
+    gateway: Option<String>,
+    ours: Option<String>,
+) -> Option<String> {
+    if !target.addr.ip().is_loopback() {
+        return None;
+    }
+    let (gateway, ours) = (gateway?, ours?);
+    (gateway != ours).then(|| {
+        format!(
+            "the gateway runs in another scheduling group ({gateway}) than the load tester and its \
+             floor ({ours}): the kernel shares the cores between groups before threads, so the two \
+             servers did not get the cores alike and the ratio to the floor is not like for like; start \
+             the gateway from the load tester's session (not with setsid), as `make loadtest` does"
+        )
+    })
+}
+
 fn floor_threads_for(set: Option<usize>, gateway_workers: Option<u64>) -> usize {
     set.unwrap_or_else(|| {
         gateway_workers.map_or(DEFAULT_FLOOR_THREADS, |w| {

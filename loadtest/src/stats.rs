@@ -26,6 +26,9 @@ pub struct Stats {
     pub window_s: f64,
     /// The gateway's async worker threads (`server.workers`); 0 from a gateway that does not say.
     pub workers: u64,
+    /// Where the kernel shares the gateway's CPU time (`hydrant::observe::sched_group`); None from a
+    /// gateway that does not say.
+    pub sched_group: Option<String>,
     pub models: BTreeMap<String, ModelStats>,
     pub views: BTreeMap<String, ViewStats>,
 }

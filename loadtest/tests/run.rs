@@ -153,6 +153,39 @@ async fn the_floor_runs_on_as_many_threads_as_the_gateways_workers() {
     }
 }
 
+/// A gateway on this machine in another scheduling group than the load tester (and so than its
+/// in-process floor) is warned of, by name; one in the same group is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_in_another_scheduling_group_than_the_floor_is_warned_of() {
+    let Some(ours) = hydrant::observe::sched_group() else {
+        // Nothing to compare where /proc says nothing (not Linux).
+        return;
+    };
+    let load = "mode = \"closed-loop\"\nconcurrency = [2]\nduration_s = 0.3\nwarm_up_s = 0";
+    for (group, warned) in [
+        ("cpu cgroup /, /autogroup-999999".to_string(), true),
+        (ours.clone(), false),
+    ] {
+        let gw = FakeGateway::start(FakeConfig {
+            delay: Duration::from_millis(1),
+            stats: true,
+            sched_group: Some(group.clone()),
+            ..FakeConfig::default()
+        })
+        .await;
+        let s = scenario(&gw.url(), load, "[floor]\nenabled = true\nthreads = 1");
+        let dir = temp_dir(&format!("sched-group-{warned}"));
+        let out = run(s, &quiet(dir), Cancel::new()).await.expect("run");
+        let warnings = out.result.warnings.join("\n");
+        let says = format!(
+            "another scheduling group ({group}) than the load tester and its floor ({ours})"
+        );
+        assert_eq!(warnings.contains(&says), warned, "{group}: {warnings}");
+        let summary = loadtest::report::table::render(&out.result);
+        assert_eq!(summary.contains("not like for like"), warned, "{summary}");
+    }
+}
+
 /// A max-then-fraction run (`load`) against a fake gateway (`fake`) whose open-loop phase does not run:
 /// the result and the failure it reports, which is also among its warnings.
 async fn without_open_loop(

@@ -32,6 +32,8 @@ pub struct FakeConfig {
     pub stats: bool,
     /// The async workers `/v1/stats` says the gateway runs (left out when `None`).
     pub workers: Option<u64>,
+    /// The scheduling group `/v1/stats` says the gateway runs in (left out when `None`).
+    pub sched_group: Option<String>,
     /// The models served (predict for any other answers 404 `unknown_model`, as hydrant does);
     /// `None` serves every model.
     pub models: Option<Vec<String>>,
@@ -248,6 +250,9 @@ async fn stats(State(st): State<Arc<Fake>>) -> Response {
     });
     if let Some(w) = st.cfg.workers {
         doc["workers"] = w.into();
+    }
+    if let Some(g) = &st.cfg.sched_group {
+        doc["sched_group"] = g.as_str().into();
     }
     axum::Json(doc).into_response()
 }
