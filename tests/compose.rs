@@ -37,6 +37,7 @@ fn docker_compose_config_accepts_the_file_and_it_has_every_service() {
         "seed",
         "hydrant",
         "loadtest",
+        "floor",
         "prometheus",
         "grafana",
     ] {
@@ -64,6 +65,30 @@ fn docker_compose_config_accepts_the_file_and_it_has_every_service() {
     // It measures what `make loadtest` measures, the Redis round trip included.
     let run = serde_yaml::to_string(&doc["services"]["loadtest"]["command"]).expect("yaml");
     assert!(run.contains("--redis-url"), "{run}");
+    // Its floor is a container of its own, as hydrant is, so the kernel shares the cores between the two
+    // servers alike; on as many threads as hydrant's async workers.
+    assert!(
+        run.contains("--floor-url") && run.contains("http://floor:9100"),
+        "{run}"
+    );
+    let floor = &doc["services"]["floor"]["command"];
+    let floor_args: Vec<&str> = floor
+        .as_sequence()
+        .expect("floor command")
+        .iter()
+        .filter_map(|a| a.as_str())
+        .collect();
+    assert_eq!(floor_args.first(), Some(&"floor"), "{floor_args:?}");
+    assert!(floor_args.contains(&"0.0.0.0:9100"), "{floor_args:?}");
+    let threads = floor_args
+        .iter()
+        .position(|&a| a == "--threads")
+        .and_then(|i| floor_args.get(i + 1));
+    assert_eq!(
+        threads.copied(),
+        doc["services"]["hydrant"]["environment"]["HYDRANT_SERVER__WORKERS"].as_str(),
+        "{floor_args:?}"
+    );
     // The build context leaves out the host's build output (tens of GB) and local stores.
     let ignored = std::fs::read_to_string(root().join(".dockerignore")).expect(".dockerignore");
     for path in ["target", ".git", ".ort", "data"] {

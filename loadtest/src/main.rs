@@ -29,9 +29,12 @@ enum Command {
     Run(RunArgs),
     /// Serve the floor: the cheapest server on hydrant's own HTTP stack, answering predict with a fixed body.
     Floor {
-        /// Address to listen on (loopback only), e.g. 127.0.0.1:9100.
+        /// Address to listen on (loopback only, unless --allow-remote), e.g. 127.0.0.1:9100.
         #[arg(long)]
         bind: String,
+        /// Allow an address beyond loopback (0.0.0.0:9100 in a compose network); refused by default.
+        #[arg(long)]
+        allow_remote: bool,
         // A negative number is taken as the value (and refused with the reason), not as an unknown flag.
         /// Scores in the fixed answer (its size should match the real answers).
         #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
@@ -71,9 +74,13 @@ struct RunArgs {
     /// Also measure plain Redis GET round trips against this server, reported beside the gateway.
     #[arg(long)]
     redis_url: Option<String>,
-    /// Allow non-loopback targets (a compose network); refused by default.
+    /// Allow non-loopback targets and floors (a compose network); refused by default.
     #[arg(long)]
     allow_remote: bool,
+    /// Drive the floor already serving at this URL (`loadtest floor`) rather than one inside the load
+    /// tester, turning the floor on if the scenario left it off (loopback only, unless --allow-remote).
+    #[arg(long)]
+    floor_url: Option<String>,
     /// A file whose first token (one per line, `#` comments) is sent as `Authorization: Bearer`,
     /// for a gateway with `[auth]` on.
     #[arg(long)]
@@ -89,11 +96,12 @@ fn main() -> ExitCode {
         Command::Run(args) => run(args),
         Command::Floor {
             bind,
+            allow_remote,
             scores,
             threads,
             for_s,
         } => {
-            let addr = match floor_addr(&bind, scores, threads) {
+            let addr = match floor_addr(&bind, allow_remote, scores, threads) {
                 Ok(addr) => addr,
                 Err(e) => {
                     loadtest::errln!("error: {e}");
@@ -177,6 +185,7 @@ fn run(args: RunArgs) -> ExitCode {
         quiet,
         redis_url,
         allow_remote,
+        floor_url,
         token_file,
     } = args;
     let progress = !quiet;
@@ -191,6 +200,12 @@ fn run(args: RunArgs) -> ExitCode {
         } else {
             s.override_target(&t)
         }
+    {
+        loadtest::errln!("error: {e}");
+        return ExitCode::from(e.exit_code());
+    }
+    if let Some(u) = &floor_url
+        && let Err(e) = s.override_floor_url(u, allow_remote)
     {
         loadtest::errln!("error: {e}");
         return ExitCode::from(e.exit_code());
@@ -329,9 +344,14 @@ fn run(args: RunArgs) -> ExitCode {
 }
 
 /// The floor's arguments, checked: the address to listen on.
-fn floor_addr(bind: &str, scores: usize, threads: usize) -> Result<SocketAddr, String> {
-    // Same rule and host syntax as targets (localhost included): this tool only listens on
-    // loopback. Port 0 picks a free port.
+fn floor_addr(
+    bind: &str,
+    allow_remote: bool,
+    scores: usize,
+    threads: usize,
+) -> Result<SocketAddr, String> {
+    // Same rule and host syntax as targets (localhost included): loopback unless --allow-remote.
+    // Port 0 picks a free port.
     if bind.contains("://") {
         return Err(format!(
             "--bind {bind:?} takes an address, not a URL: e.g. 127.0.0.1:9100"
@@ -350,10 +370,20 @@ fn floor_addr(bind: &str, scores: usize, threads: usize) -> Result<SocketAddr, S
             "--bind {bind:?}: the port must be 0-65535 (0 picks a free one)"
         ));
     };
-    let mut addr: SocketAddr = parse_loopback_url(&format!("http://{host}"))
-        .map_err(|reason| format!("--bind {bind:?}: {reason}"))?
-        .addr;
-    addr.set_port(port);
+    let addr = if allow_remote {
+        std::net::ToSocketAddrs::to_socket_addrs(&(host.trim_matches(['[', ']']), port))
+            .map_err(|e| format!("--bind {bind:?}: cannot resolve {host}: {e}"))?
+            .next()
+            .ok_or_else(|| format!("--bind {bind:?}: {host} resolves to no address"))?
+    } else {
+        let mut addr: SocketAddr = parse_loopback_url(&format!("http://{host}"))
+            .map_err(|reason| {
+                format!("--bind {bind:?}: {reason} (--allow-remote to listen beyond loopback)")
+            })?
+            .addr;
+        addr.set_port(port);
+        addr
+    };
     if !(1..=10_000).contains(&scores) {
         return Err(format!(
             "--scores must be between 1 and 10000 (got {scores})"

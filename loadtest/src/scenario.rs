@@ -425,6 +425,42 @@ pub fn parse_loopback_url(text: &str) -> Result<TargetUrl, String> {
     })
 }
 
+/// An http:// URL with any host (`--allow-remote`), resolved once here; errors name `key`.
+fn remote_target(key: &str, url: &str) -> Result<TargetUrl, ScenarioError> {
+    let fail = |reason: String| ScenarioError::Invalid {
+        origin: "command line".to_string(),
+        key: key.to_string(),
+        reason,
+    };
+    let uri: hyper::Uri = url
+        .parse()
+        .map_err(|e| fail(format!("is not a valid URL ({e}): {url:?}")))?;
+    if uri.scheme_str() != Some("http") {
+        return Err(fail("only http:// targets are supported".to_string()));
+    }
+    let authority = uri
+        .authority()
+        .ok_or_else(|| fail(format!("has no host: {url:?}")))?;
+    let port = url_port(authority).map_err(fail)?;
+    let host = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let unresolved = |reason: String| ScenarioError::Unresolved {
+        url: url.to_string(),
+        reason,
+    };
+    let addr = std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
+        .map_err(|e| unresolved(format!("cannot resolve {host}: {e}")))?
+        .next()
+        .ok_or_else(|| unresolved(format!("{host} resolves to no address")))?;
+    Ok(TargetUrl {
+        addr,
+        authority: authority.as_str().to_string(),
+        base_path: uri.path().trim_end_matches('/').to_string(),
+    })
+}
+
 /// The URL's port, 80 when it names none. (`Authority::port` is `None` both for no port and for one
 /// past 65535, which would silently load port 80; so the text after the host is read here.)
 fn url_port(authority: &hyper::http::uri::Authority) -> Result<u16, String> {
@@ -845,39 +881,38 @@ impl Scenario {
 
     /// `--target` with `--allow-remote`: any http:// host, resolved once here (the compose network).
     pub fn override_target_remote(&mut self, url: &str) -> Result<(), ScenarioError> {
-        let fail = |reason: String| ScenarioError::Invalid {
-            origin: "command line".to_string(),
-            key: "--target".to_string(),
-            reason,
-        };
-        let uri: hyper::Uri = url
-            .parse()
-            .map_err(|e| fail(format!("is not a valid URL ({e}): {url:?}")))?;
-        if uri.scheme_str() != Some("http") {
-            return Err(fail("only http:// targets are supported".to_string()));
-        }
-        let authority = uri
-            .authority()
-            .ok_or_else(|| fail(format!("has no host: {url:?}")))?;
-        let port = url_port(authority).map_err(fail)?;
-        let host = authority
-            .host()
-            .trim_start_matches('[')
-            .trim_end_matches(']');
-        let unresolved = |reason: String| ScenarioError::Unresolved {
-            url: url.to_string(),
-            reason,
-        };
-        let addr = std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
-            .map_err(|e| unresolved(format!("cannot resolve {host}: {e}")))?
-            .next()
-            .ok_or_else(|| unresolved(format!("{host} resolves to no address")))?;
-        self.target = TargetUrl {
-            addr,
-            authority: authority.as_str().to_string(),
-            base_path: uri.path().trim_end_matches('/').to_string(),
-        };
+        self.target = remote_target("--target", url)?;
         self.note_override(&format!("--target {url} --allow-remote"));
+        Ok(())
+    }
+
+    /// `--floor-url`: drive the floor at `url` (a `loadtest floor` already running) rather than one
+    /// in-process, turning the floor on if the scenario left it off. Loopback only unless
+    /// `allow_remote` (the compose network, where the floor is a service of its own).
+    pub fn override_floor_url(
+        &mut self,
+        url: &str,
+        allow_remote: bool,
+    ) -> Result<(), ScenarioError> {
+        let target = if allow_remote {
+            remote_target("--floor-url", url)?
+        } else {
+            Check {
+                origin: "command line",
+            }
+            .target("--floor-url", url)?
+        };
+        match &mut self.floor {
+            Some(f) => f.url = Some(target),
+            None => {
+                self.floor = Some(Floor {
+                    url: Some(target),
+                    scores: self.candidates.max,
+                    threads: None,
+                })
+            }
+        }
+        self.note_override(&format!("--floor-url {url}"));
         Ok(())
     }
 

@@ -1323,3 +1323,65 @@ async fn the_floor_answers_in_the_format_it_was_asked() {
         assert_eq!(v["outputs"]["score"].as_array().map(Vec::len), Some(3));
     }
 }
+
+/// `--floor-url` drives a floor that is already running (a compose service of its own) instead of one
+/// inside the load tester, turning the floor on for a scenario that left it off; a floor beyond loopback
+/// needs `--allow-remote`, as a target does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn floor_url_on_the_command_line_drives_that_floor() {
+    let gw = FakeGateway::start(FakeConfig {
+        delay: Duration::from_millis(1),
+        ..FakeConfig::default()
+    })
+    .await;
+    let floor = FakeGateway::start(FakeConfig {
+        delay: Duration::from_millis(1),
+        ..FakeConfig::default()
+    })
+    .await;
+    let dir = temp_dir("bin-floor-url");
+    let smoke = crate_path("scenarios/smoke.toml");
+    let mut cmd = run_command("1", &gw.url(), &dir, &smoke);
+    cmd.args(["--floor-url", &floor.url()]);
+    let out = output(cmd).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("smoke.json")).expect("json"))
+            .expect("json");
+    assert!(floor.predicts() > 0, "the floor at --floor-url was driven");
+    assert!(
+        v["floor_rps"].as_f64().is_some_and(|r| r > 0.0),
+        "{}",
+        v["floor_rps"]
+    );
+    // Not an in-process floor: no thread count of its own.
+    assert!(v["floor_threads"].is_null(), "{}", v["floor_threads"]);
+
+    // Beyond loopback only with --allow-remote: refused (exit 2) naming the flag, before any load.
+    let mut cmd = run_command("1", &gw.url(), &dir, &smoke);
+    cmd.args(["--floor-url", "http://10.255.255.1:9100"]);
+    let out = output(cmd).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--floor-url"), "{stderr}");
+}
+
+/// `loadtest floor` listens on loopback unless `--allow-remote` (a compose network), and says so.
+#[test]
+fn the_floor_listens_beyond_loopback_only_when_allowed() {
+    let floor = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_loadtest"))
+            .args(["floor", "--bind", "0.0.0.0:0", "--for-s", "1"])
+            .args(extra)
+            .output()
+            .expect("run the binary")
+    };
+    let refused = floor(&[]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--allow-remote"), "{stderr}");
+    let served = floor(&["--allow-remote"]);
+    let stderr = String::from_utf8_lossy(&served.stderr);
+    assert_eq!(served.status.code(), Some(0), "{stderr}");
+}
