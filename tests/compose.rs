@@ -107,6 +107,13 @@ fn docker_compose_config_accepts_the_file_and_it_has_every_service() {
             "both seed with `{cmd}`"
         );
     }
+    // Locally the gateway starts in the load tester's session (a process group of its own keeps the
+    // terminal's Ctrl-C off it): a session of its own is a scheduling group of its own, which the kernel
+    // gives its share of the cores apart from the in-process floor's (docs/performance.md).
+    assert!(
+        local.contains("\"${detached[@]}\" \"$bin/hydrant\" serve") && !local.contains("setsid"),
+        "scripts/loadtest.sh starts the gateway with `detached`, not setsid"
+    );
     // The gateway runs at the log level `make loadtest` runs it at (the request span off), and Redis
     // with the same settings, so the two topologies' figures compare.
     assert_eq!(env["HYDRANT_TELEMETRY__LOG_LEVEL"].as_str(), Some("warn"));
@@ -116,6 +123,10 @@ fn docker_compose_config_accepts_the_file_and_it_has_every_service() {
     assert!(local.contains("HYDRANT_SERVER__WORKERS=\"${WORKERS:-1}\""));
     let redis = serde_yaml::to_string(&doc["services"]["redis"]["command"]).expect("yaml");
     let lib = std::fs::read_to_string(root().join("scripts/lib.sh")).expect("lib.sh");
+    assert!(
+        !lib.contains("setsid redis-server"),
+        "Redis starts in the session too"
+    );
     for flag in ["--save", "--appendonly", "--maxmemory-policy"] {
         assert!(
             redis.contains(flag) && lib.contains(flag),
