@@ -448,17 +448,18 @@ fn sched_group_of(
         let _id = parts.next()?;
         Some((parts.next()?, parts.next()?))
     }
-    let v1 = cgroup
-        .lines()
-        .filter_map(field)
-        .find_map(|(controllers, path)| controllers.split(',').any(|c| c == "cpu").then_some(path));
-    let v2 = || {
-        cgroup
-            .lines()
-            .filter_map(field)
-            .find_map(|(c, path)| c.is_empty().then_some(path))
-    };
-    let path = v1.or_else(v2)?.trim();
+    let mut v2 = None;
+    let mut path = None;
+    for (controllers, p) in cgroup.lines().filter_map(field) {
+        if controllers.split(',').any(|c| c == "cpu") {
+            path = Some(p);
+            break;
+        }
+        if controllers.is_empty() {
+            v2 = v2.or(Some(p));
+        }
+    }
+    let path = path.or(v2)?.trim();
     // Autogroups are used only for tasks in the root cgroup, and only when enabled.
     let auto = (path == "/" && autogroup_on.is_some_and(|on| on.trim() == "1"))
         .then(|| autogroup?.split_whitespace().next())

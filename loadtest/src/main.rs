@@ -371,10 +371,8 @@ fn floor_addr(
         ));
     };
     let addr = if allow_remote {
-        std::net::ToSocketAddrs::to_socket_addrs(&(host.trim_matches(['[', ']']), port))
-            .map_err(|e| format!("--bind {bind:?}: cannot resolve {host}: {e}"))?
-            .next()
-            .ok_or_else(|| format!("--bind {bind:?}: {host} resolves to no address"))?
+        loadtest::scenario::resolve(host.trim_matches(['[', ']']), port)
+            .map_err(|reason| format!("--bind {bind:?}: {reason}"))?
     } else {
         let mut addr: SocketAddr = parse_loopback_url(&format!("http://{host}"))
             .map_err(|reason| {

@@ -569,9 +569,6 @@ pub async fn run(
     write_outputs(result, &opts.out_dir)
 }
 
-/// The in-process floor's worker threads: the scenario's `floor.threads`, else as many as the gateway's
-/// async workers (at most [`MAX_FLOOR_THREADS`]), else [`DEFAULT_FLOOR_THREADS`] for a gateway that does
-/// not say.
 /// A warning when the gateway runs on this machine in another scheduling group (see
 /// [`hydrant::observe::sched_group`]) than the load tester, whose in-process floor shares the load
 /// tester's: the kernel divides the cores between the groups first, so the two servers did not get the
@@ -596,6 +593,9 @@ fn sched_group_warning(
     })
 }
 
+/// The in-process floor's worker threads: the scenario's `floor.threads`, else as many as the gateway's
+/// async workers (at most [`MAX_FLOOR_THREADS`]), else [`DEFAULT_FLOOR_THREADS`] for a gateway that does
+/// not say.
 fn floor_threads_for(set: Option<usize>, gateway_workers: Option<u64>) -> usize {
     set.unwrap_or_else(|| {
         gateway_workers.map_or(DEFAULT_FLOOR_THREADS, |w| {

@@ -425,6 +425,15 @@ pub fn parse_loopback_url(text: &str) -> Result<TargetUrl, String> {
     })
 }
 
+/// `host` (a name, or an address without brackets) and `port` as the first address they resolve to
+/// (`--allow-remote`: a compose network's service names).
+pub fn resolve(host: &str, port: u16) -> Result<SocketAddr, String> {
+    std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
+        .map_err(|e| format!("cannot resolve {host}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{host} resolves to no address"))
+}
+
 /// An http:// URL with any host (`--allow-remote`), resolved once here; errors name `key`.
 fn remote_target(key: &str, url: &str) -> Result<TargetUrl, ScenarioError> {
     let fail = |reason: String| ScenarioError::Invalid {
@@ -450,10 +459,7 @@ fn remote_target(key: &str, url: &str) -> Result<TargetUrl, ScenarioError> {
         url: url.to_string(),
         reason,
     };
-    let addr = std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
-        .map_err(|e| unresolved(format!("cannot resolve {host}: {e}")))?
-        .next()
-        .ok_or_else(|| unresolved(format!("{host} resolves to no address")))?;
+    let addr = resolve(host, port).map_err(unresolved)?;
     Ok(TargetUrl {
         addr,
         authority: authority.as_str().to_string(),
